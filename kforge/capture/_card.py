@@ -1,0 +1,116 @@
+"""Operator cards: one per variant the model actually ran."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Sequence
+
+from ..ops import Variant, get_spec
+
+
+@dataclass(frozen=True)
+class Card:
+    """One operator variant as the model ran it: how often, how long, and what share of the time."""
+
+    variant: Variant
+    calls: int
+    eager_us: float            # one call, measured in isolation like candidates are
+    share: float               # calls * eager_us over the sum across cards
+    vendor: str | None
+    examples: int = 0          # examples stored on disk
+    eager_spread: float = 0.0  # coefficient of variation of the eager timing
+
+    @property
+    def key(self) -> str:
+        return self.variant.key
+
+    @property
+    def op(self) -> str:
+        return self.variant.op
+
+    @property
+    def signature(self) -> str:
+        return self.variant.signature
+
+    @property
+    def total_us(self) -> float:
+        return self.calls * self.eager_us
+
+    @property
+    def kind(self) -> str:
+        return get_spec(self.op).kind
+
+    def with_share(self, share: float) -> "Card":
+        return replace(self, share=share)
+
+    def roofline_us(self, bandwidth_gbs: float) -> float:
+        """Time to move the variant's bytes once at ``bandwidth_gbs``."""
+        return self.variant.io_bytes / (bandwidth_gbs * 1e9) * 1e6
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant.to_json(), "calls": self.calls, "eager_us": self.eager_us,
+                "share": self.share, "vendor": self.vendor, "examples": self.examples,
+                "eager_spread": self.eager_spread}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Card":
+        return cls(Variant.from_json(d["variant"]), d["calls"], d["eager_us"], d["share"], d["vendor"],
+                   d.get("examples", 0), d.get("eager_spread", 0.0))
+
+
+@dataclass(frozen=True)
+class Cards(Sequence[Card]):
+    """The cards of one capture, sorted by share (largest first)."""
+
+    items: tuple[Card, ...] = ()
+    model_us: float | None = None     # the model's own eager forward time, per batch set
+    uncaptured: tuple[tuple[str, int], ...] = field(default=())  # unsupported calls seen: (name, count)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, str):
+            for c in self.items:
+                if c.key == i or c.key.startswith(i):
+                    return c
+            raise KeyError(f"no card with key {i!r}")
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Card]:
+        return iter(self.items)
+
+    @property
+    def captured_us(self) -> float:
+        return sum(c.total_us for c in self.items)
+
+    @property
+    def coverage(self) -> float | None:
+        """Captured operators' time over the model's forward time (what kforge can reach)."""
+        if not self.model_us:
+            return None
+        return self.captured_us / self.model_us
+
+    def by_op(self, op: str) -> list[Card]:
+        return [c for c in self.items if c.op == op]
+
+    def to_frame(self):
+        import pandas as pd
+
+        rows = [{"key": c.key, "op": c.op, "signature": c.signature, "calls": c.calls,
+                 "eager_us": c.eager_us, "total_us": c.total_us, "share": c.share,
+                 "vendor": c.vendor or "", "examples": c.examples} for c in self.items]
+        cols = ["key", "op", "signature", "calls", "eager_us", "total_us", "share", "vendor", "examples"]
+        return pd.DataFrame(rows, columns=cols)
+
+    def table(self, limit: int | None = None) -> str:
+        lines = [f"{'share':>6}  {'calls':>5}  {'eager us':>9}  {'vendor':<6}  signature"]
+        for c in self.items[:limit]:
+            lines.append(f"{c.share * 100:5.1f}%  {c.calls:5d}  {c.eager_us:9.2f}  {(c.vendor or '-'):<6}  "
+                         f"{c.signature}")
+        if self.coverage is not None:
+            lines.append(f"captured operators: {self.captured_us:.0f} us of the model's "
+                         f"{self.model_us:.0f} us forward ({self.coverage * 100:.0f}%)")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(self.table())

@@ -1,0 +1,7 @@
+"""Deciding whether a candidate is correct and how fast it is, in worker processes."""
+from __future__ import annotations
+
+from ._result import Evaluation, Status
+from .timing import Timing, bench, bench_many, bench_pair
+
+__all__ = ["Evaluation", "Status", "Timing", "bench", "bench_many", "bench_pair"]

@@ -1,0 +1,76 @@
+"""What an evaluation says about a candidate."""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Outcome of evaluating one candidate. Exactly one per evaluation."""
+
+    COMPILE_ERROR = "compile_error"   # the compiler rejected the source
+    LAUNCH_ERROR = "launch_error"     # kf_launch returned an error (bad config, too much shared memory)
+    CRASHED = "crashed"               # the worker died: segfault, illegal address, abort
+    TIMED_OUT = "timed_out"           # no answer within the time limit; the worker was killed
+    WRONG_RESULT = "wrong_result"     # ran, but an output disagreed with eager (or inputs changed)
+    SLOWER = "slower"                 # correct, and slower than eager beyond the noise
+    NO_GAIN = "no_gain"               # correct, within the timing noise of eager
+    FASTER = "faster"                 # correct, and faster than eager beyond the noise
+
+    @property
+    def is_correct(self) -> bool:
+        return self in (Status.SLOWER, Status.NO_GAIN, Status.FASTER)
+
+    @property
+    def is_failure(self) -> bool:
+        return not self.is_correct
+
+    @property
+    def is_win(self) -> bool:
+        return self is Status.FASTER
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The evaluator's verdict on one candidate for one card, with everything a proposer needs."""
+
+    status: Status
+    message: str = ""
+    compile_log: str = ""
+    compile_s: float = 0.0
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    mismatch_fraction: float | None = None
+    candidate_us: float | None = None
+    eager_us: float | None = None
+    candidate_spread: float | None = None   # coefficient of variation of the candidate's timings
+    eager_spread: float | None = None
+    speedup: float = 0.0                     # eager median / candidate median; 0 for failures
+    roofline_fraction: float | None = None   # fewest bytes / candidate time, over measured bandwidth
+    checks: tuple[str, ...] = field(default=())
+    wall_s: float = 0.0
+
+    @property
+    def score(self) -> float:
+        """Search value: the speedup if correct, 0 for every failure."""
+        return self.speedup if self.status.is_correct else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["checks"] = list(self.checks)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Evaluation":
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        d["checks"] = tuple(d.get("checks", ()))
+        return cls(**d)
+
+    def summary(self) -> str:
+        if self.status.is_correct:
+            return (f"{self.status.value}: {self.candidate_us:.2f} us vs eager {self.eager_us:.2f} us "
+                    f"({self.speedup:.2f}x)")
+        return f"{self.status.value}: {self.message}"

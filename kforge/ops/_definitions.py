@@ -1,0 +1,400 @@
+"""The operators kforge captures, one spec each. Adding an operator means adding one spec here."""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._registry import Call, OpSpec, Unsupported, random_tensor, register
+from ._signature import Variant
+
+T = torch.Tensor
+
+
+def _dim(dim: int, ndim: int) -> int:
+    if dim is None:
+        raise Unsupported("implicit dim")
+    return dim + ndim if dim < 0 else dim
+
+
+def _tuple(v: Any, n: int) -> tuple:
+    if isinstance(v, (list, tuple)):
+        return tuple(int(x) for x in v) if len(v) == n else tuple(int(x) for x in v) * (n // len(v))
+    return (int(v),) * n
+
+
+def _dtype_param(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _as_dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name)
+
+
+def _positive(names: set[str]):
+    """Sampler drawing strictly positive values for the named inputs (variances, scales)."""
+
+    def sample(variant: Variant, seed: int, gen: torch.Generator) -> list:
+        from . import get_spec
+
+        spec = get_spec(variant.op)
+        return [None if s is None else random_tensor(s, gen, positive=n in names)
+                for n, s in zip(spec.inputs, variant.inputs)]
+
+    return sample
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def _bind_softmax(input, dim=None, _stacklevel=3, dtype=None, **_):
+    if not isinstance(input, torch.Tensor):
+        raise Unsupported("input is not a tensor")
+    return Call((input,), {"dim": _dim(dim, input.dim()), "dtype": _dtype_param(dtype)})
+
+
+register(OpSpec(
+    name="softmax", kind="reduction",
+    targets=(F.softmax, torch.softmax, T.softmax, torch.special.softmax),
+    inputs=("input",), params=("dim", "dtype"), bind=_bind_softmax,
+    reference=lambda x, p: torch.softmax(x[0], p["dim"], dtype=_as_dtype(p["dtype"])),
+    doc="softmax along one dimension"))
+
+register(OpSpec(
+    name="log_softmax", kind="reduction",
+    targets=(F.log_softmax, torch.log_softmax, T.log_softmax, torch.special.log_softmax),
+    inputs=("input",), params=("dim", "dtype"), bind=_bind_softmax,
+    reference=lambda x, p: torch.log_softmax(x[0], p["dim"], dtype=_as_dtype(p["dtype"])),
+    doc="log of softmax along one dimension"))
+
+
+def _bind_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *_a, **_k):
+    return Call((input, weight, bias), {"normalized_shape": tuple(normalized_shape), "eps": float(eps)})
+
+
+register(OpSpec(
+    name="layer_norm", kind="normalization",
+    targets=(F.layer_norm, torch.layer_norm),
+    inputs=("input", "weight", "bias"), params=("normalized_shape", "eps"), bind=_bind_layer_norm,
+    reference=lambda x, p: F.layer_norm(x[0], p["normalized_shape"], x[1], x[2], p["eps"]),
+    doc="layer normalization over the trailing dimensions"))
+
+
+def _bind_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, *_a, **_k):
+    return Call((input, weight, bias), {"num_groups": int(num_groups), "eps": float(eps)})
+
+
+register(OpSpec(
+    name="group_norm", kind="normalization",
+    targets=(F.group_norm, torch.group_norm),
+    inputs=("input", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_group_norm,
+    reference=lambda x, p: F.group_norm(x[0], p["num_groups"], x[1], x[2], p["eps"]),
+    doc="group normalization of an N,C,* tensor"))
+
+
+def _bind_rms_norm(input, normalized_shape, weight=None, eps=None):
+    return Call((input, weight), {"normalized_shape": tuple(normalized_shape),
+                                  "eps": None if eps is None else float(eps)})
+
+
+register(OpSpec(
+    name="rms_norm", kind="normalization",
+    targets=(getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None)),
+    inputs=("input", "weight"), params=("normalized_shape", "eps"), bind=_bind_rms_norm,
+    reference=lambda x, p: F.rms_norm(x[0], p["normalized_shape"], x[1], p["eps"]),
+    doc="root-mean-square normalization over the trailing dimensions"))
+
+
+def _bind_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+                     momentum=0.1, eps=1e-5, *_a, **_k):
+    if training or running_mean is None:
+        raise Unsupported("training-mode batch_norm updates running statistics")
+    return Call((input, running_mean, running_var, weight, bias), {"eps": float(eps)})
+
+
+register(OpSpec(
+    name="batch_norm", kind="normalization",
+    targets=(F.batch_norm,),
+    inputs=("input", "running_mean", "running_var", "weight", "bias"), params=("eps",),
+    bind=_bind_batch_norm,
+    reference=lambda x, p: F.batch_norm(x[0], x[1], x[2], x[3], x[4], False, 0.0, p["eps"]),
+    sample=_positive({"running_var"}), vendor="cudnn",
+    doc="batch normalization with running statistics (inference)"))
+
+# ----------------------------------------------------------------------------- pooling
+
+
+def _bind_adaptive_avg_pool2d(input, output_size):
+    size = _tuple(output_size, 2)
+    if any(s is None for s in size):
+        raise Unsupported("None in output_size")
+    return Call((input,), {"output_size": size})
+
+
+register(OpSpec(
+    name="adaptive_avg_pool2d", kind="pooling",
+    targets=(F.adaptive_avg_pool2d, torch._C._nn.adaptive_avg_pool2d),
+    inputs=("input",), params=("output_size",), bind=_bind_adaptive_avg_pool2d,
+    reference=lambda x, p: F.adaptive_avg_pool2d(x[0], p["output_size"]),
+    doc="adaptive average pooling over H, W"))
+
+
+def _bind_max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                     return_indices=False):
+    if return_indices:
+        raise Unsupported("return_indices")
+    k = _tuple(kernel_size, 2)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _tuple(stride, 2)
+    return Call((input,), {"kernel_size": k, "stride": s, "padding": _tuple(padding, 2),
+                           "dilation": _tuple(dilation, 2), "ceil_mode": bool(ceil_mode)})
+
+
+register(OpSpec(
+    name="max_pool2d", kind="pooling",
+    targets=(F.max_pool2d, F._max_pool2d, torch.max_pool2d),
+    inputs=("input",), params=("kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+    bind=_bind_max_pool2d,
+    reference=lambda x, p: F.max_pool2d(x[0], p["kernel_size"], p["stride"], p["padding"],
+                                        p["dilation"], p["ceil_mode"]),
+    doc="max pooling over H, W"))
+
+
+def _bind_avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+                     count_include_pad=True, divisor_override=None):
+    k = _tuple(kernel_size, 2)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and not stride) else _tuple(stride, 2)
+    return Call((input,), {"kernel_size": k, "stride": s, "padding": _tuple(padding, 2),
+                           "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad),
+                           "divisor_override": divisor_override})
+
+
+register(OpSpec(
+    name="avg_pool2d", kind="pooling",
+    targets=(F.avg_pool2d, torch._C._nn.avg_pool2d),
+    inputs=("input",),
+    params=("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"),
+    bind=_bind_avg_pool2d,
+    reference=lambda x, p: F.avg_pool2d(x[0], p["kernel_size"], p["stride"], p["padding"],
+                                        p["ceil_mode"], p["count_include_pad"], p["divisor_override"]),
+    doc="average pooling over H, W"))
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+def _binary(name: str, fn, out_of_place, inplace_targets: tuple, with_alpha: bool):
+    def bind(input, other, *, alpha=1, out=None):
+        if out is not None:
+            raise Unsupported("out=")
+        if not isinstance(input, torch.Tensor):
+            input, other = other, input  # 1 + x arrives as (1, x) through torch.add
+        scalar = None
+        if isinstance(other, numbers.Number):
+            scalar, other = other, None
+        elif not isinstance(other, torch.Tensor):
+            raise Unsupported("other is neither a tensor nor a number")
+        params = {"scalar": scalar, "inplace": False}
+        if with_alpha:
+            params["alpha"] = alpha
+        return Call((input, other), params)
+
+    def bind_inplace(input, other, *, alpha=1):
+        call = bind(input, other, alpha=alpha)
+        call.params["inplace"] = True
+        return call
+
+    def reference(x, p):
+        other = x[1] if x[1] is not None else p["scalar"]
+        if with_alpha:
+            return out_of_place(x[0], other, alpha=p["alpha"])
+        return out_of_place(x[0], other)
+
+    return bind, bind_inplace, reference
+
+
+def _register_binary(name: str, targets: tuple, inplace: tuple, fn, with_alpha: bool, doc: str):
+    bind, bind_inplace, reference = _binary(name, fn, fn, inplace, with_alpha)
+
+    def dispatch_bind(*args, **kwargs):
+        return bind(*args, **kwargs)
+
+    params = ("scalar", "alpha", "inplace") if with_alpha else ("scalar", "inplace")
+    spec = register(OpSpec(name=name, kind="elementwise", targets=targets + inplace,
+                           inputs=("input", "other"), params=params, bind=dispatch_bind,
+                           reference=reference, inplace_targets=inplace, doc=doc))
+    _INPLACE_BINDERS[spec.name] = bind_inplace
+
+
+_INPLACE_BINDERS: dict[str, Any] = {}
+
+_register_binary("add", (torch.add, T.add, T.__add__, T.__radd__), (T.add_, T.__iadd__), torch.add,
+                 True, "elementwise sum with broadcasting")
+_register_binary("mul", (torch.mul, T.mul, T.__mul__, T.__rmul__, torch.multiply, T.multiply),
+                 (T.mul_, T.__imul__), torch.mul, False, "elementwise product with broadcasting")
+
+
+def _unary(name: str, fn, targets: tuple, inplace: tuple, doc: str, extra: tuple[str, ...] = (),
+           bind=None, reference=None):
+    def default_bind(input, inplace=False, *_, **__):
+        if not isinstance(input, torch.Tensor):
+            raise Unsupported("input is not a tensor")
+        return Call((input,), {"inplace": bool(inplace)})
+
+    register(OpSpec(name=name, kind="elementwise", targets=targets + inplace, inputs=("input",),
+                    params=extra + ("inplace",), bind=bind or default_bind,
+                    reference=reference or (lambda x, p: fn(x[0])), inplace_targets=inplace,
+                    doc=doc))
+
+
+_unary("relu", torch.relu, (F.relu, torch.relu, T.relu), (torch.relu_, T.relu_, F.relu_),
+       "max(x, 0)")
+_unary("silu", F.silu, (F.silu,), (), "x * sigmoid(x)")
+_unary("sigmoid", torch.sigmoid, (F.sigmoid, torch.sigmoid, T.sigmoid), (torch.sigmoid_, T.sigmoid_),
+       "1 / (1 + exp(-x))")
+_unary("tanh", torch.tanh, (F.tanh, torch.tanh, T.tanh), (torch.tanh_, T.tanh_), "hyperbolic tangent")
+
+
+def _bind_gelu(input, approximate="none"):
+    return Call((input,), {"approximate": str(approximate), "inplace": False})
+
+
+_unary("gelu", None, (F.gelu,), (), "Gaussian error linear unit, exact erf or tanh approximation",
+       extra=("approximate",), bind=_bind_gelu,
+       reference=lambda x, p: F.gelu(x[0], approximate=p["approximate"]))
+
+
+def _bind_softplus(input, beta=1.0, threshold=20.0):
+    return Call((input,), {"beta": float(beta), "threshold": float(threshold), "inplace": False})
+
+
+_unary("softplus", None, (F.softplus,), (), "log(1 + exp(beta x)) / beta, linear above threshold",
+       extra=("beta", "threshold"), bind=_bind_softplus,
+       reference=lambda x, p: F.softplus(x[0], p["beta"], p["threshold"]))
+
+
+def _bind_pad(input, pad, mode="constant", value=None):
+    return Call((input,), {"pad": tuple(int(v) for v in pad), "mode": str(mode),
+                           "value": None if value is None else float(value)})
+
+
+register(OpSpec(
+    name="pad", kind="data", targets=(F.pad, torch._C._nn.pad),
+    inputs=("input",), params=("pad", "mode", "value"), bind=_bind_pad,
+    reference=lambda x, p: F.pad(x[0], p["pad"], p["mode"], p["value"]),
+    doc="pad the trailing dimensions (constant, reflect, replicate, circular)"))
+
+
+def _bind_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+                    scale_grad_by_freq=False, sparse=False):
+    if max_norm is not None:
+        raise Unsupported("max_norm renormalises the weight in place")
+    return Call((input, weight), {"padding_idx": padding_idx})
+
+
+def _sample_embedding(variant: Variant, seed: int, gen: torch.Generator) -> list:
+    idx_sig, w_sig = variant.inputs
+    weight = random_tensor(w_sig, gen)
+    idx = torch.randint(0, w_sig.shape[0], idx_sig.shape, generator=gen,
+                        dtype=getattr(torch, idx_sig.dtype))
+    idx = torch.empty_strided(idx_sig.shape, idx_sig.stride, dtype=idx.dtype).copy_(idx)
+    return [idx.to(idx_sig.device), weight]
+
+
+register(OpSpec(
+    name="embedding", kind="data", targets=(F.embedding, torch.embedding),
+    inputs=("indices", "weight"), params=("padding_idx",), bind=_bind_embedding,
+    reference=lambda x, p: F.embedding(x[0], x[1], p["padding_idx"]),
+    sample=_sample_embedding, doc="gather rows of a weight table by index"))
+
+# ----------------------------------------------------------------------------- vendor-backed
+
+
+def _bind_conv(nd: int):
+    def bind(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if isinstance(padding, str):
+            pad: Any = padding
+        else:
+            pad = _tuple(padding, nd)
+        return Call((input, weight, bias), {"stride": _tuple(stride, nd), "padding": pad,
+                                            "dilation": _tuple(dilation, nd), "groups": int(groups)})
+    return bind
+
+
+register(OpSpec(
+    name="conv1d", kind="vendor", vendor="cudnn", targets=(F.conv1d, torch.conv1d),
+    inputs=("input", "weight", "bias"), params=("stride", "padding", "dilation", "groups"),
+    bind=_bind_conv(1),
+    reference=lambda x, p: F.conv1d(x[0], x[1], x[2], p["stride"], p["padding"], p["dilation"], p["groups"]),
+    doc="1-D convolution"))
+
+register(OpSpec(
+    name="conv2d", kind="vendor", vendor="cudnn", targets=(F.conv2d, torch.conv2d),
+    inputs=("input", "weight", "bias"), params=("stride", "padding", "dilation", "groups"),
+    bind=_bind_conv(2),
+    reference=lambda x, p: F.conv2d(x[0], x[1], x[2], p["stride"], p["padding"], p["dilation"], p["groups"]),
+    doc="2-D convolution"))
+
+
+def _bind_linear(input, weight, bias=None):
+    return Call((input, weight, bias), {})
+
+
+register(OpSpec(
+    name="linear", kind="vendor", vendor="cublas", targets=(F.linear,),
+    inputs=("input", "weight", "bias"), params=(), bind=_bind_linear,
+    reference=lambda x, p: F.linear(x[0], x[1], x[2]), doc="x @ weight.T + bias"))
+
+
+def _bind_matmul(input, other, *, out=None):
+    if out is not None:
+        raise Unsupported("out=")
+    if not isinstance(other, torch.Tensor):
+        raise Unsupported("other is not a tensor")
+    return Call((input, other), {})
+
+
+register(OpSpec(
+    name="matmul", kind="vendor", vendor="cublas",
+    targets=(torch.matmul, T.matmul, T.__matmul__, torch.bmm, T.bmm, torch.mm, T.mm),
+    inputs=("input", "other"), params=(), bind=_bind_matmul,
+    reference=lambda x, p: torch.matmul(x[0], x[1]), doc="matrix product (matmul, mm, bmm, @)"))
+
+
+def _bind_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+    if dropout_p:
+        raise Unsupported("dropout")
+    return Call((query, key, value, attn_mask),
+                {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
+                 "enable_gqa": bool(enable_gqa)})
+
+
+def _sdpa_reference(x, p):
+    kwargs = {"attn_mask": x[3], "is_causal": p["is_causal"], "scale": p["scale"]}
+    if p["enable_gqa"]:
+        kwargs["enable_gqa"] = True
+    return F.scaled_dot_product_attention(x[0], x[1], x[2], **kwargs)
+
+
+register(OpSpec(
+    name="scaled_dot_product_attention", kind="vendor", vendor="flash",
+    targets=(F.scaled_dot_product_attention,),
+    inputs=("query", "key", "value", "attn_mask"), params=("is_causal", "scale", "enable_gqa"),
+    bind=_bind_sdpa, reference=_sdpa_reference,
+    doc="softmax(q k^T * scale + mask) v"))
+
+
+def inplace_binder(spec: OpSpec, func) -> Any:
+    """The binder for an in-place spelling of ``spec`` (marks the call in-place)."""
+    if func not in spec.inplace_targets:
+        return spec.bind
+    if spec.name in _INPLACE_BINDERS:
+        return _INPLACE_BINDERS[spec.name]
+
+    def bind(*args, **kwargs):
+        call = spec.bind(*args, **kwargs)
+        call.params["inplace"] = True
+        return call
+
+    return bind

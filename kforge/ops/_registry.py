@@ -1,0 +1,119 @@
+"""The operator registry: one OpSpec per supported operator."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ._signature import TensorSig, Variant, freeze_params, torch_dtype
+
+
+@dataclass
+class Call:
+    """A torch call normalised into tensor inputs (spec order) and static parameters."""
+
+    inputs: tuple[torch.Tensor | None, ...]
+    params: dict[str, Any]
+
+
+class Unsupported(Exception):
+    """Raised by a binder for a call form kforge does not optimize (the call stays eager)."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything kforge knows about one operator.
+
+    ``bind`` takes the arguments of any intercepted spelling (``targets``) and returns a
+    :class:`Call`; ``reference`` recomputes the original torch call from a Call's inputs and
+    params. ``vendor`` names the library eager dispatches to (``"cudnn"``, ``"cublas"``,
+    ``"flash"``) or is None when eager runs PyTorch's own kernels.
+    """
+
+    name: str
+    targets: tuple[Callable, ...]
+    inputs: tuple[str, ...]
+    params: tuple[str, ...]
+    bind: Callable[..., Call]
+    reference: Callable[[Sequence[torch.Tensor | None], dict[str, Any]], Any]
+    vendor: str | None = None
+    kind: str = "other"  # elementwise | normalization | reduction | pooling | vendor | data
+    doc: str = ""
+    sample: Callable[[Variant, int, torch.Generator], list] | None = None
+    inplace_targets: tuple[Callable, ...] = field(default=())
+
+    def variant(self, call: Call, outputs: Iterable[torch.Tensor]) -> Variant:
+        sigs = tuple(TensorSig.of(t) if t is not None else None for t in call.inputs)
+        return Variant(self.name, sigs, freeze_params(self.params, call.params),
+                       tuple(TensorSig.of(o) for o in outputs))
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        """(rtol, atol-relative-to-reference-scale) for an output dtype."""
+        if dtype in ("float32", "float64"):
+            return (1e-5, 1e-5) if self.kind != "vendor" else (1e-3, 1e-3)
+        if dtype == "float16":
+            return (5e-3, 5e-3)
+        if dtype == "bfloat16":
+            return (1.6e-2, 1.6e-2)
+        return (0.0, 0.0)
+
+    def random_inputs(self, variant: Variant, seed: int) -> list[torch.Tensor | None]:
+        """Fresh inputs of the variant's exact signature, with values valid for the operator."""
+        gen = torch.Generator().manual_seed(seed)
+        if self.sample is not None:
+            return self.sample(variant, seed, gen)
+        return [random_tensor(s, gen) if s is not None else None for s in variant.inputs]
+
+
+def random_tensor(sig: TensorSig, gen: torch.Generator, *, low: float = -3.0, high: float = 3.0,
+                  positive: bool = False) -> torch.Tensor:
+    """A tensor with ``sig``'s exact shape, dtype and strides, filled on the CPU then moved."""
+    dtype = torch_dtype(sig.dtype)
+    extent = 1 + sum((s - 1) * st for s, st in zip(sig.shape, sig.stride) if s > 0) if all(sig.shape) else 0
+    if sig.is_floating:
+        flat = torch.randn(max(extent, 1), generator=gen, dtype=torch.float32)
+        flat = flat.abs() + 0.1 if positive else flat.clamp(low, high)
+        flat = flat.to(dtype)
+    elif sig.dtype == "bool":
+        flat = torch.rand(max(extent, 1), generator=gen) > 0.5
+    else:
+        flat = torch.randint(0, 16, (max(extent, 1),), generator=gen, dtype=torch.int64).to(dtype)
+    t = torch.as_strided(flat, sig.shape, sig.stride)
+    return t.to(sig.device) if sig.device != "cpu" else t
+
+
+_SPECS: dict[str, OpSpec] = {}
+_BY_TARGET: dict[Any, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in _SPECS:
+        raise ValueError(f"operator {spec.name!r} is registered twice")
+    _SPECS[spec.name] = spec
+    for target in spec.targets:
+        if target is None:
+            continue
+        if target in _BY_TARGET and _BY_TARGET[target] is not spec:
+            raise ValueError(f"{target} is claimed by both {_BY_TARGET[target].name} and {spec.name}")
+        _BY_TARGET[target] = spec
+    return spec
+
+
+def get_spec(name: str) -> OpSpec:
+    try:
+        return _SPECS[name]
+    except KeyError:
+        known = ", ".join(sorted(_SPECS))
+        raise KeyError(f"unknown operator {name!r}; kforge knows: {known}") from None
+
+
+def spec_for(func: Any) -> OpSpec | None:
+    try:
+        return _BY_TARGET.get(func)
+    except TypeError:  # unhashable callable
+        return None
+
+
+def all_specs() -> list[OpSpec]:
+    return list(_SPECS.values())
