@@ -178,7 +178,7 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, tuple):
-        return "(" + ",".join(_fmt(x) for x in v) + ")"
+        return "(" + ",".join(_fmt(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     return str(v)
 
 

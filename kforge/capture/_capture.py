@@ -1,0 +1,210 @@
+"""Run a model eagerly under a recording mode and turn what ran into operator cards."""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..evaluate.timing import bench
+from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
+from ..store import Store, iter_tensors
+from ._card import Card, Cards
+
+
+class CaptureError(RuntimeError):
+    """The model could not be captured as given; the message says what to do."""
+
+
+class Batches(list):
+    """Several example batches for one capture: ``kforge.Batches([batch1, batch2])``.
+
+    Each batch is what ``example_inputs`` may be: a tensor, a tuple/list of positional
+    arguments, or a dict of keyword arguments.
+    """
+
+
+@dataclass
+class CaptureLimits:
+    """Bounds on what a capture keeps."""
+
+    examples_per_variant: int = 2
+    max_example_bytes: int = 1 << 30   # all examples together, each distinct tensor counted once
+    max_tensor_bytes: int = 256 << 20  # an example with a larger tensor is not stored
+
+
+def split_batch(batch: Any) -> tuple[tuple, dict]:
+    if isinstance(batch, dict):
+        return (), dict(batch)
+    if isinstance(batch, (tuple, list)) and not isinstance(batch, Batches):
+        return tuple(batch), {}
+    return (batch,), {}
+
+
+@dataclass
+class _VariantRecord:
+    variant: Variant
+    calls: int = 0
+    examples: list[tuple[list[str | None], list[str]]] = field(default_factory=list)
+
+
+class _Recorder(TorchFunctionMode):
+    """Sees every torch call in the model; records the ones a spec claims.
+
+    NB: while a claimed call runs, this mode is popped, so the calls it makes internally
+    (F.layer_norm calling torch.layer_norm) are not counted twice.
+    """
+
+    def __init__(self, store: Store | None, limits: CaptureLimits, stored_bytes: list[int], seen_blobs: set[str]):
+        super().__init__()
+        self.store = store
+        self.limits = limits
+        self.records: dict[str, _VariantRecord] = {}
+        self.sequence: list[str] = []
+        self.uncaptured: collections.Counter[str] = collections.Counter()
+        self._stored_bytes = stored_bytes
+        self._seen_blobs = seen_blobs
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        spec = spec_for(func)
+        if spec is None:
+            return func(*args, **kwargs)
+        try:
+            call = inplace_binder(spec, func)(*args, **kwargs)
+        except (Unsupported, TypeError, ValueError):
+            self.uncaptured[spec.name] += 1
+            return func(*args, **kwargs)
+        want_example = self._wants_example(spec, call)
+        before = [t.detach().clone() if isinstance(t, torch.Tensor) else None for t in call.inputs] \
+            if want_example and call.params.get("inplace") else None
+        result = func(*args, **kwargs)
+        outputs = [o for o in (result if isinstance(result, (tuple, list)) else (result,))]
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            self.uncaptured[spec.name] += 1
+            return result
+        try:
+            variant = spec.variant(call, outputs)
+        except TypeError:  # a dtype kforge does not handle
+            self.uncaptured[spec.name] += 1
+            return result
+        rec = self.records.setdefault(variant.key, _VariantRecord(variant))
+        rec.calls += 1
+        self.sequence.append(variant.key)
+        if want_example and len(rec.examples) < self.limits.examples_per_variant:
+            self._store_example(rec, before if before is not None else list(call.inputs), outputs)
+        return result
+
+    def _wants_example(self, spec: OpSpec, call) -> bool:
+        if self.store is None:
+            return False
+        big = any(t is not None and t.numel() * t.element_size() > self.limits.max_tensor_bytes
+                  for t in call.inputs if isinstance(t, torch.Tensor))
+        return not big
+
+    def _store_example(self, rec: _VariantRecord, inputs: Sequence, outputs: Sequence[torch.Tensor]) -> None:
+        tensors = [t for t in list(inputs) + list(outputs) if t is not None]
+        new_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        if self._stored_bytes[0] + new_bytes > self.limits.max_example_bytes:
+            return
+        ins = [self.store.put_tensor(t) if t is not None else None for t in inputs]
+        outs = [self.store.put_tensor(o) for o in outputs]
+        for digest, t in zip(ins + outs, list(inputs) + list(outputs)):
+            if digest is not None and digest not in self._seen_blobs:
+                self._seen_blobs.add(digest)
+                self._stored_bytes[0] += t.numel() * t.element_size()
+        rec.examples.append((ins, outs))
+
+
+def _check_devices(model: Any, batches: Sequence[Any], device: str) -> None:
+    want = torch.device(device).type
+    for b in batches:
+        for t in iter_tensors(split_batch(b)):
+            if t.device.type != want:
+                raise CaptureError(
+                    f"an example input is on {t.device} but the session's device is {device!r}: move the "
+                    f"inputs with .to({device!r}) or create the session with device={t.device.type!r}")
+    if isinstance(model, torch.nn.Module):
+        for name, p in list(model.named_parameters())[:1000]:
+            if p.device.type != want:
+                raise CaptureError(
+                    f"model parameter {name!r} is on {p.device} but the session's device is {device!r}: "
+                    f"call model.to({device!r}) first, or create the session with device={p.device.type!r}")
+
+
+def _run(model: Callable, batch: Any) -> Any:
+    args, kwargs = split_batch(batch)
+    try:
+        return model(*args, **kwargs)
+    except Exception as exc:
+        raise CaptureError(
+            f"the model raised {type(exc).__name__} while running on the example inputs: {exc}. "
+            "Check that model(*example_inputs) runs on its own before capturing it") from exc
+
+
+def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store: Store | None,
+                  limits: CaptureLimits | None = None, timing_budget_ms: float = 100.0,
+                  check_repeatable: bool = True) -> Cards:
+    """Run ``model`` on each batch under the recorder, then time each variant in isolation."""
+    limits = limits or CaptureLimits()
+    _check_devices(model, batches, device)
+    stored, seen = [0], set()
+    records: dict[str, _VariantRecord] = {}
+    uncaptured: collections.Counter[str] = collections.Counter()
+    with torch.no_grad():
+        for i, batch in enumerate(batches):
+            rec = _Recorder(store, limits, stored, seen)
+            with rec:
+                _run(model, batch)
+            if check_repeatable:
+                again = _Recorder(None, limits, [0], set())
+                with again:
+                    _run(model, batch)
+                if again.sequence != rec.sequence:
+                    raise CaptureError(
+                        f"batch {i}: the model ran different operators on two runs of the same inputs "
+                        "(data-dependent control flow or randomness such as dropout). Call model.eval(), fix "
+                        "the seed, or pass check_repeatable=False to capture the first run as it is")
+            for key, r in rec.records.items():
+                mine = records.setdefault(key, _VariantRecord(r.variant))
+                mine.calls += r.calls
+                room = limits.examples_per_variant - len(mine.examples)
+                mine.examples.extend(r.examples[:max(room, 0)])
+            uncaptured.update(rec.uncaptured)
+    if not records:
+        raise CaptureError(
+            "no operator kforge supports ran in this model"
+            + (f" (unsupported call forms seen: {dict(uncaptured)})" if uncaptured else "")
+            + ". See kforge.ops.all_specs() for the supported operators")
+
+    cards = []
+    for key, r in records.items():
+        timing = time_variant(r.variant, store, key, device, timing_budget_ms)
+        if store is not None:
+            for idx, (ins, outs) in enumerate(r.examples):
+                store.save_example(key, idx, ins, outs)
+        cards.append(Card(r.variant, r.calls, timing.median_us, 0.0, get_spec(r.variant.op).vendor,
+                          len(r.examples), timing.spread))
+    total = sum(c.total_us for c in cards) or 1.0
+    cards = sorted((c.with_share(c.total_us / total) for c in cards), key=lambda c: -c.share)
+    model_us = _time_model(model, batches, device, timing_budget_ms)
+    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())))
+
+
+def time_variant(variant: Variant, store: Store | None, key: str, device: str, budget_ms: float):
+    """Eager time of one call of ``variant``, replayed in isolation on its stored or fresh inputs."""
+    spec = get_spec(variant.op)
+    examples = store.load_examples(key, device) if store is not None else []
+    inputs = examples[0][0] if examples else spec.random_inputs(variant, seed=0)
+    params = variant.param_dict
+    with torch.no_grad():
+        return bench(lambda: spec.reference(inputs, params), device=device, budget_ms=budget_ms,
+                     min_reps=10 if device == "cpu" else 50)
+
+
+def _time_model(model: Callable, batches: Sequence[Any], device: str, budget_ms: float) -> float:
+    with torch.no_grad():
+        return sum(bench(lambda b=b: _run(model, b), device=device, flush_l2=False, warmup=1,
+                         budget_ms=budget_ms * 5, min_reps=3, max_reps=50).median_us for b in batches)

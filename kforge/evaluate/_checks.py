@@ -1,0 +1,135 @@
+"""Validation of one candidate run: poisoned and guarded outputs, unchanged inputs, tolerances."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..ops import OpSpec, TensorSig, torch_dtype
+
+GUARD_ELEMS = 1024  # canary elements on each side of every buffer a candidate can see
+
+
+@dataclass
+class Guarded:
+    """A tensor with the exact signature asked for, inside a larger buffer with canaries around it."""
+
+    tensor: torch.Tensor
+    buffer: torch.Tensor
+    lo: int
+    hi: int
+    canary: torch.Tensor
+
+    def guards_intact(self) -> bool:
+        return bool(torch.equal(_bits(self.buffer[:self.lo]), _bits(self.canary[:self.lo])) and
+                    torch.equal(_bits(self.buffer[self.hi:]), _bits(self.canary[self.lo:])))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8) if t.numel() else t
+
+
+def _extent(sig: TensorSig) -> int:
+    if not all(sig.shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(sig.shape, sig.stride))
+
+
+def poison_value(dtype: torch.dtype, round_: int) -> float | int | bool:
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return round_ % 2 == 0
+    info = torch.iinfo(dtype)
+    return info.max - 7 - round_ if round_ % 2 == 0 else info.min + 7 + round_
+
+
+def guarded_empty(sig: TensorSig, device: str, round_: int, generator: torch.Generator) -> Guarded:
+    """An output buffer filled with poison, surrounded by random canaries."""
+    dtype = torch_dtype(sig.dtype)
+    n = _extent(sig)
+    buf = torch.empty(n + 2 * GUARD_ELEMS, dtype=dtype, device=device)
+    canary = _random_like(2 * GUARD_ELEMS, dtype, generator).to(device)
+    buf[:GUARD_ELEMS] = canary[:GUARD_ELEMS]
+    buf[GUARD_ELEMS + n:] = canary[GUARD_ELEMS:]
+    buf[GUARD_ELEMS:GUARD_ELEMS + n].fill_(poison_value(dtype, round_))
+    t = torch.as_strided(buf, sig.shape, sig.stride, GUARD_ELEMS)
+    return Guarded(t, buf, GUARD_ELEMS, GUARD_ELEMS + n, canary)
+
+
+def guarded_copy(t: torch.Tensor, generator: torch.Generator) -> Guarded:
+    """A copy of ``t`` with the same shape and strides at a fresh address, with canaries around it."""
+    sig = TensorSig.of(t)
+    g = guarded_empty(sig, str(t.device), 0, generator)
+    g.tensor.copy_(t)
+    return g
+
+
+def _random_like(n: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=generator).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=generator) > 0.5
+    return torch.randint(-100, 100, (n,), generator=generator).to(dtype)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    ok: bool
+    message: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    fraction: float = 0.0
+
+
+def compare(spec: OpSpec, out: torch.Tensor, ref: torch.Tensor, name: str) -> Mismatch:
+    """Compare one output with eager's, with dtype-aware tolerances relative to the reference's scale."""
+    if out.shape != ref.shape:
+        return Mismatch(False, f"{name}: shape {tuple(out.shape)} but eager gives {tuple(ref.shape)}")
+    if not out.dtype.is_floating_point:
+        bad = (out != ref)
+        n = int(bad.sum())
+        return Mismatch(n == 0, f"{name}: {n} of {ref.numel()} elements differ (exact match required)" if n else "",
+                        fraction=n / max(ref.numel(), 1))
+    rtol, atol = spec.tolerance(str(ref.dtype).replace("torch.", ""))
+    o, r = out.double(), ref.double()
+    ref_finite = torch.isfinite(r)
+    out_finite = torch.isfinite(o)
+    nonfinite = ~out_finite & ref_finite
+    if bool(nonfinite.any()):
+        n = int(nonfinite.sum())
+        return Mismatch(False, f"{name}: {n} of {ref.numel()} elements are NaN/Inf (or never written) where "
+                        f"eager's are finite", float("inf"), float("inf"), n / ref.numel())
+    special = ~ref_finite
+    if bool(special.any()):
+        same = (o[special] == r[special]) | (torch.isnan(o[special]) & torch.isnan(r[special]))
+        if not bool(same.all()):
+            return Mismatch(False, f"{name}: eager's NaN/Inf elements are not reproduced")
+    if not bool(ref_finite.any()):
+        return Mismatch(True, "")
+    rf, of = r[ref_finite], o[ref_finite]
+    scale = float(rf.abs().max()) or 1.0
+    err = (of - rf).abs()
+    bound = rtol * rf.abs() + atol * scale
+    bad = err > bound
+    max_abs = float(err.max())
+    max_rel = float((err / (rf.abs() + atol * scale)).max())
+    n = int(bad.sum())
+    if n:
+        worst = int(torch.argmax(err - bound))
+        return Mismatch(False, f"{name}: {n} of {rf.numel()} elements outside tolerance (rtol {rtol:g}, atol "
+                        f"{atol:g} x scale {scale:.3g}); max abs error {max_abs:.3g}, max rel error {max_rel:.3g}; "
+                        f"worst: got {float(of[worst]):.6g}, eager {float(rf[worst]):.6g}",
+                        max_abs, max_rel, n / rf.numel())
+    return Mismatch(True, "", max_abs, max_rel, 0.0)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.stride() == b.stride() and bool(torch.equal(_bits(a), _bits(b)))
+
+
+def reference_outputs(spec: OpSpec, inputs: Sequence, params: dict) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = spec.reference(list(inputs), params)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
