@@ -7,4 +7,15 @@ from .capture import Batches, Card, Cards, CaptureError, CaptureLimits
 from .examples import example
 from .session import Session
 
-__all__ = ["Batches", "Card", "Cards", "CaptureError", "CaptureLimits", "Session", "example", "__version__"]
+
+def load(model, path, *, device=None, revalidate=None):
+    """Install the kernels exported to ``path`` into ``model`` (no LLM, no search, no store).
+
+    Returns a Deployment (``remove()`` undoes it). Kernels built for another GPU architecture or
+    torch version are rebuilt and re-validated against eager first; failures stay on eager.
+    """
+    from .deploy import load_artifact
+
+    return load_artifact(model, path, device=device, revalidate=revalidate)
+
+__all__ = ["Batches", "Card", "Cards", "CaptureError", "CaptureLimits", "Session", "example", "load", "__version__"]

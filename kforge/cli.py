@@ -24,10 +24,11 @@ def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _session(args: argparse.Namespace):
-    from .session import Session
+    from .session import Session, resolve_device
 
     if getattr(args, "resume", False):
         return Session.open(args.workdir)
+    args.device = resolve_device(args.device)
     model, inputs = _load_model(args)
     return Session(model, inputs, device=args.device, workdir=args.workdir)
 

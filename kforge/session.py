@@ -4,12 +4,17 @@ from __future__ import annotations
 import hashlib
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from .capture import Batches, CaptureError, CaptureLimits, Cards, capture_cards
 from .store import Store, WorkdirError
+
+if TYPE_CHECKING:
+    from .evaluate import Evaluator
+    from .deploy import Deployment
+    from .search import OptimizationRun, Results
 
 
 def model_fingerprint(model: Any) -> str:
@@ -19,6 +24,20 @@ def model_fingerprint(model: Any) -> str:
         for name, p in model.named_parameters():
             h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
     return h.hexdigest()[:16]
+
+
+def resolve_device(device: str | torch.device | None) -> str:
+    """The device a session runs on; a clear error for one kforge cannot use."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CaptureError(
+            'device="cuda" was asked for, but this machine has no usable CUDA GPU (torch.cuda.is_available() '
+            'is False): use device="cpu" to run kforge\'s CPU backend, or run on a GPU machine')
+    if device != "cpu" and not device.startswith("cuda"):
+        raise CaptureError(f"device {device!r} is not supported: use 'cuda', 'cuda:N' or 'cpu'")
+    return device
 
 
 class Session:
@@ -31,15 +50,7 @@ class Session:
 
     def __init__(self, model: Callable | None, example_inputs: Any = None, *, device: str | None = None,
                  workdir: str | Path | None = None, limits: CaptureLimits | None = None):
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        device = str(device)
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise CaptureError(
-                'device="cuda" was asked for, but this machine has no usable CUDA GPU (torch.cuda.is_available() '
-                'is False): use device="cpu" to run kforge\'s CPU backend, or run on a GPU machine')
-        if device != "cpu" and not device.startswith("cuda"):
-            raise CaptureError(f"device {device!r} is not supported: use 'cuda', 'cuda:N' or 'cpu'")
+        device = resolve_device(device)
         self.model = model
         self.device = device
         self.batches = Batches(example_inputs) if isinstance(example_inputs, Batches) else Batches([example_inputs])
@@ -49,6 +60,8 @@ class Session:
         self.workdir = Path(workdir)
         self.store = Store(self.workdir)
         self._cards: Cards | None = None
+        self._evaluator = None
+        self.run: OptimizationRun | None = None
         if model is not None:
             self._claim_workdir(model)
         if self.store.get_meta("device") is not None:
@@ -96,6 +109,115 @@ class Session:
         if self._cards is None:
             raise CaptureError("no cards yet: call session.capture() first")
         return self._cards
+
+    # ------------------------------------------------------------------ optimize
+
+    @property
+    def evaluator(self) -> "Evaluator":
+        """The session's evaluator (one worker process for its device, started on first use)."""
+        from .evaluate import Evaluator
+
+        if getattr(self, "_evaluator", None) is None:
+            self._evaluator = Evaluator(self.device)
+        return self._evaluator
+
+    def optimize(self, *, proposer: Any = "builtin", strategy: Any = "mcts", iterations: int = 50,
+                 dollars: float | None = None, seconds_per_card: float | None = None, parallel: int | None = None,
+                 ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
+                 max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
+                 on_event: Callable | None = None) -> "OptimizationRun":
+        """Search for faster kernels for the planned cards.
+
+        proposer: "builtin" (no network, no key), "anthropic[:model]", "openai[:model]",
+        "local:<url>" or a Proposer. strategy: "mcts", "linear" or "best_of_n". Budgets:
+        ``iterations`` candidates per card, ``dollars`` for the run, ``seconds_per_card``.
+        ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
+        unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
+        run's pause(), resume(), stop() and wait(). Re-running continues the same trees.
+        """
+        from .kernels import device_info
+        from .proposers import make_proposer
+        from .search import Budget, OptimizationRun, make_strategy, plan
+
+        if iterations < 1:
+            raise ValueError("iterations must be at least 1")
+        if dollars is not None and dollars <= 0:
+            raise ValueError("dollars must be positive (or None for no dollar budget)")
+        prop = make_proposer(proposer)
+        info = device_info(self.device)
+        chosen, skipped = plan(self.cards, info, ops=ops, keys=cards, include_vendor=include_vendor,
+                               max_cards=max_cards)
+        if not chosen:
+            raise ValueError("no card to optimize: " + ("; ".join(f"{p.card.op}: {p.reason}" for p in skipped[:5])
+                                                       or "the session has no cards"))
+        if parallel is None:
+            parallel = 1 if getattr(prop, "name", "") == "builtin" else 4
+        budget = Budget(iterations=iterations, dollars=dollars, seconds_per_card=seconds_per_card,
+                        parallel=parallel, confirm=confirm)
+        run = OptimizationRun(store=self.store, evaluator=self.evaluator, proposer=prop,
+                              strategy=make_strategy(strategy), planned=chosen, device=info, budget=budget,
+                              seed=seed, on_event=on_event)
+        self.run = run
+        return run.start(background)
+
+    @property
+    def results(self) -> "Results":
+        """Per card: status (winner / eager / not searched), speedup, candidates tried, cost."""
+        from .search import Results
+
+        return Results(self.cards, self.store)
+
+    def winners(self) -> list:
+        """(card, winning candidate) for every card whose search found a confirmed winner."""
+        out = []
+        for r in self.results.winners:
+            out.append((self.cards[r.key], self.store.candidate(r.winner_id)))
+        return out
+
+    # ------------------------------------------------------------------ deploy
+
+    def _compiled_winners(self) -> list:
+        from .deploy import ExportedKernel
+        from .kernels import backend_of, compile_source
+
+        backend = backend_of(self.device)
+        arch = self.evaluator.arch
+        out = []
+        for card, cand in self.winners():
+            built = compile_source(cand.source, backend, arch)
+            out.append(ExportedKernel(card.variant, cand.source, built.path, cand.id, cand.speedup))
+        return out
+
+    def apply(self, model: Any = None, *, scope: str = "model") -> "Deployment":
+        """Make the model run the winners: exact-signature calls use the kernel, all else eager.
+
+        Returns a Deployment: ``remove()`` undoes it, and ``with session.apply(): ...`` scopes it.
+        With scope="model" (default) the kernels are active only inside this model's forward;
+        scope="process" activates them for every torch call in the process.
+        """
+        from .deploy import DeployedKernel, Deployment
+        from .kernels import Kernel
+
+        if scope not in ("model", "process"):
+            raise ValueError("scope is 'model' or 'process'")
+        model = model if model is not None else self.model
+        if scope == "model" and not isinstance(model, torch.nn.Module):
+            raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
+        kernels = [DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup)
+                   for k in self._compiled_winners()]
+        return Deployment(kernels, model if scope == "model" else None).install()
+
+    def export(self, path: str | Path) -> Path:
+        """Write the winners to a self-contained artifact folder that kforge.load() installs."""
+        from .deploy import export_artifact
+
+        return export_artifact(path, self._compiled_winners(), self.device)
+
+    def close(self) -> None:
+        """Stop the evaluator's worker process and close the store."""
+        if getattr(self, "_evaluator", None) is not None:
+            self._evaluator.close()
+            self._evaluator = None
 
     def __repr__(self) -> str:
         n = len(self._cards) if self._cards is not None else 0

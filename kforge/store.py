@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     created_at REAL NOT NULL,
     evaluated_at REAL);
 CREATE INDEX IF NOT EXISTS candidates_card ON candidates(card_key);
+CREATE TABLE IF NOT EXISTS results (card_key TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     card_key TEXT,
@@ -246,6 +247,15 @@ class Store:
         rows = self._rows(f"SELECT {self._CAND_COLS} FROM candidates WHERE card_key = ? AND status = ? "
                           "ORDER BY speedup DESC, id LIMIT 1", (card_key, Status.FASTER.value))
         return self._candidate(rows[0]) if rows else None
+
+    # ------------------------------------------------------------------ per-card verdicts
+
+    def save_result(self, card_key: str, body: dict) -> None:
+        self._write("INSERT OR REPLACE INTO results (card_key, body, updated_at) VALUES (?, ?, ?)",
+                    (card_key, json.dumps(body), time.time()))
+
+    def results(self) -> dict[str, dict]:
+        return {k: json.loads(b) for k, b in self._rows("SELECT card_key, body FROM results")}
 
     # ------------------------------------------------------------------ LLM calls and cost
 

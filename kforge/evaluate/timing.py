@@ -2,7 +2,7 @@
 
 CUDA: warm-up, then per-repetition CUDA events around the call with the L2 cache flushed before
 each repetition, median of the repetitions. CPU: the same structure with a monotonic clock and
-the last-level cache flushed by writing a large buffer. ``bench_pair`` interleaves two callables
+caches flushed by writing a buffer. ``bench_pair`` interleaves two callables
 repetition by repetition so that both see the same clocks and the same neighbours.
 """
 from __future__ import annotations
@@ -39,7 +39,9 @@ def _flush_buffer(device: str) -> torch.Tensor:
             l2 = getattr(torch.cuda.get_device_properties(torch.device(device)), "L2_cache_size", 0) or (64 << 20)
             nbytes = max(2 * l2, 64 << 20)
         else:
-            nbytes = 32 << 20
+            # NB: 8 MB flushes the per-core L2 of current CPUs, not a whole shared last-level
+            # cache; writing more costs more time per repetition than the kernels being timed.
+            nbytes = 8 << 20
         _FLUSH[device] = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
     return _FLUSH[device]
 
@@ -67,7 +69,7 @@ def _cpu_samples(fns: Sequence[Callable[[], object]], device: str, reps: int, fl
     for _ in range(reps):
         for fn, samples in zip(fns, out):
             if buf is not None:
-                buf.add_(1)
+                buf.fill_(_)
             start = time.perf_counter_ns()
             fn()
             samples.append((time.perf_counter_ns() - start) / 1e3)

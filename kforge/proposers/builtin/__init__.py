@@ -1,2 +1,8 @@
-from ._strategy import Strategy, all_strategies, strategies_for
-from . import _softmax
+"""The built-in strategy library: kernels specialised to each variant, no network and no LLM."""
+from __future__ import annotations
+
+from . import _data, _elementwise, _norms, _pooling, _softmax  # noqa: F401  (register the families)
+from ._proposer import BuiltinProposer
+from ._strategy import Strategy, all_strategies, get_strategy, strategies_for
+
+__all__ = ["BuiltinProposer", "Strategy", "all_strategies", "get_strategy", "strategies_for"]

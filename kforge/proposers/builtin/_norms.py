@@ -219,7 +219,7 @@ def _render_block_register(v: Variant, c: dict, dev: DeviceInfo) -> str:
 
 
 def _register_threads(d: int, vec: int) -> int:
-    """Fewest threads (128..1024) that leave each at most 8 elements... or 32 when the row is long."""
+    """Fewest threads (128..1024) that leave each thread at most 8 elements of the row."""
     for threads in (128, 256, 512, 1024):
         if cdiv(d, threads * vec) * vec <= 8:
             return threads
@@ -240,7 +240,7 @@ static inline void write_row(const x_t* xr, const w_t* w, const b_t* b, y_t* yr,
     for (long i = 0; i < D; ++i) {
         const float v = x_ld(xr, i);
         float r;
-        if (RMS) { r = y_ld(&(y_t){0}, 0); y_st(yr, i, v * rstd); r = y_ld(yr, i); if (HAS_W) r *= w_ld(w, i); }
+        if (RMS) { y_st(yr, i, v * rstd); r = y_ld(yr, i); if (HAS_W) r *= w_ld(w, i); } /* round like torch */
         else { r = (v - mean) * rstd; if (HAS_W) r *= w_ld(w, i); if (HAS_B) r += b_ld(b, i); }
         y_st(yr, i, r);
     }
@@ -337,3 +337,370 @@ for _op in ("layer_norm", "rms_norm"):
         f"{_op}.cpu.one_pass", _op, "cpu", 1,
         "OpenMP over rows: sum and sum of squares in one SIMD pass (double accumulators), then normalise",
         {}, lambda v, d: _row_ok(v), lambda v, d: {}, _cpu_row_render(_CPU_ONE_PASS)))
+
+
+# ----------------------------------------------------------------------------- group_norm (CUDA)
+
+def _gn_dims(v: Variant) -> tuple[int, int, int, int]:
+    """(N, C, spatial size, groups)."""
+    shape = v.inputs[0].shape
+    return shape[0], shape[1], prod(shape[2:]), v.param_dict["num_groups"]
+
+
+def _gn_ok(v: Variant) -> bool:
+    if not _ok(v) or len(v.inputs[0].shape) < 2:
+        return False
+    n, c, hw, g = _gn_dims(v)
+    return c % g == 0 and all(s is None or s.numel == c for s in v.inputs[1:])
+
+
+def _gn_vmax(v: Variant) -> int:
+    return _vmax(v, _gn_dims(v)[2])
+
+
+def _gn_group_size(v: Variant) -> int:
+    n, c, hw, g = _gn_dims(v)
+    return c // g * hw
+
+
+_GN = CUDA + r"""
+{{types}}#define GROUPS {{GROUPS}}
+#define G {{G}}
+#define CPG {{CPG}}
+#define HW {{HW}}
+#define GSIZE ((long)CPG * HW)
+#define EPS {{EPS}}
+#define HAS_W {{HAS_W}}
+#define HAS_B {{HAS_B}}
+#define THREADS {{threads}}
+#define SPLIT {{split}}
+
+template <int V> struct Chunk { static constexpr long LEN = ((GSIZE + SPLIT - 1) / SPLIT + V - 1) / V * V; };
+
+/* Welford statistics of [begin, end) of one group, merged over the block. */
+template <int V>
+__device__ __forceinline__ Welford chunk_stats(const x_t* __restrict__ xg, long begin, long end, float* scratch) {
+    Welford acc = {0.f, 0.f, 0.f};
+    for (long i = begin + threadIdx.x * V; i < end; i += THREADS * V) {
+        float v[V], s = 0.f, q = 0.f;
+        load_vec<V>(xg + i, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += v[j];
+        const float m = s / V;
+#pragma unroll
+        for (int j = 0; j < V; ++j) q += (v[j] - m) * (v[j] - m);
+        acc.merge(V, m, q);
+    }
+    return block_welford<THREADS>(acc, scratch);
+}
+
+/* y = x * a + shift with a = rstd * w[c], shift = b[c] - mean * a (per channel, as torch). */
+template <int V>
+__device__ __forceinline__ void normalise(const x_t* __restrict__ xg, y_t* __restrict__ yg, const w_t* __restrict__ w,
+                                          const b_t* __restrict__ b, int c0, long begin, long end, float mean, float rstd) {
+    for (long i = begin + threadIdx.x * V; i < end; i += THREADS * V) {
+        const int c = c0 + (int)(i / HW);
+        const float a = HAS_W ? rstd * to_f(w[c]) : rstd;
+        const float shift = (HAS_B ? to_f(b[c]) : 0.f) - mean * a;
+        float v[V];
+        load_vec<V>(xg + i, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = v[j] * a + shift;
+        store_vec<V>(yg + i, v);
+    }
+}
+
+template <int V>
+__global__ void __launch_bounds__(THREADS) gn_fused(const x_t* __restrict__ x, const w_t* __restrict__ w,
+                                                   const b_t* __restrict__ b, y_t* __restrict__ y) {
+    __shared__ float scratch[96];
+    const long grp = blockIdx.x;
+    const Welford s = chunk_stats<V>(x + grp * GSIZE, 0, GSIZE, scratch);
+    normalise<V>(x + grp * GSIZE, y + grp * GSIZE, w, b, (int)(grp % G) * CPG, 0, GSIZE, s.mean, rsqrtf(s.m2 / GSIZE + EPS));
+}
+
+template <int V>
+__global__ void __launch_bounds__(THREADS) gn_partials(const x_t* __restrict__ x, float* __restrict__ part) {
+    __shared__ float scratch[96];
+    const long grp = blockIdx.y, begin = blockIdx.x * Chunk<V>::LEN;
+    const long end = begin + Chunk<V>::LEN < GSIZE ? begin + Chunk<V>::LEN : GSIZE;
+    const Welford s = chunk_stats<V>(x + grp * GSIZE, begin, end, scratch);
+    if (threadIdx.x == 0) {
+        float* p = part + 3 * (grp * SPLIT + blockIdx.x);
+        p[0] = s.n; p[1] = s.mean; p[2] = s.m2;
+    }
+}
+
+template <int V>
+__global__ void __launch_bounds__(THREADS) gn_normalise(const x_t* __restrict__ x, const float* __restrict__ part,
+                                                       const w_t* __restrict__ w, const b_t* __restrict__ b, y_t* __restrict__ y) {
+    __shared__ float stats[2];
+    const long grp = blockIdx.y, begin = blockIdx.x * Chunk<V>::LEN;
+    const long end = begin + Chunk<V>::LEN < GSIZE ? begin + Chunk<V>::LEN : GSIZE;
+    if (threadIdx.x < 32) {
+        Welford acc = {0.f, 0.f, 0.f};
+        for (int k = threadIdx.x; k < SPLIT; k += 32) {
+            const float* p = part + 3 * (grp * SPLIT + k);
+            acc.merge(p[0], p[1], p[2]);
+        }
+        acc.merge_lanes(32);
+        if (threadIdx.x == 0) { stats[0] = acc.mean; stats[1] = rsqrtf(acc.m2 / GSIZE + EPS); }
+    }
+    __syncthreads();
+    normalise<V>(x + grp * GSIZE, y + grp * GSIZE, w, b, (int)(grp % G) * CPG, begin, end, stats[0], stats[1]);
+}
+
+template <int V> static void run(const x_t* x, const w_t* w, const b_t* b, y_t* y, float* part, cudaStream_t stream) {
+    if (SPLIT == 1) {
+        gn_fused<V><<<GROUPS, THREADS, 0, stream>>>(x, w, b, y);
+    } else {
+        const dim3 grid(SPLIT, GROUPS);
+        gn_partials<V><<<grid, THREADS, 0, stream>>>(x, part);
+        gn_normalise<V><<<grid, THREADS, 0, stream>>>(x, part, w, b, y);
+    }
+}
+
+KF_ENTRY size_t kf_workspace_bytes(void) { return SPLIT == 1 ? 0 : sizeof(float) * 3 * (size_t)GROUPS * SPLIT; }
+
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    y_t* y = (y_t*)outputs[0].data;
+    if ({{vec}} > 1 && (uintptr_t)x % 16 == 0 && (uintptr_t)y % 16 == 0)
+        run<{{vec}}>(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, (float*)workspace, (cudaStream_t)stream);
+    else
+        run<1>(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, (float*)workspace, (cudaStream_t)stream);
+    return (int)cudaGetLastError();
+}
+"""
+
+
+def _gn_common(v: Variant, c: dict) -> dict:
+    n, ch, hw, g = _gn_dims(v)
+    sigs = _sigs(v)
+    return dict(types=_types(v), GROUPS=n * g, G=g, CPG=ch // g, HW=hw, EPS=_eps(v),
+                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, **c)
+
+
+def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
+    groups, size = _gn_dims(v)[0] * _gn_dims(v)[3], _gn_group_size(v)
+    split = 1
+    while split < 256 and groups * split < 4 * dev.sm_count and size // (split * 2) >= 8192:
+        split *= 2
+    return split
+
+
+register(Strategy(
+    "group_norm.cuda.block_group", "group_norm", "cuda", 1,
+    "one block per (sample, group): Welford statistics over 16-byte loads, then the per-channel affine",
+    {"threads": (256, 512, 1024), "vec": (1, 2, 4, 8)}, lambda v, d: _gn_ok(v),
+    lambda v, d: {"threads": 512, "vec": _gn_vmax(v)},
+    lambda v, c, d: fill(_GN, **_gn_common(v, {**c, "split": 1})),
+    valid_fn=lambda v, c, d: c["vec"] <= _gn_vmax(v),
+    fit_fn=lambda v, d: 3.0 if _gn_default_split(v, d) == 1 else 1.0))
+register(Strategy(
+    "group_norm.cuda.split", "group_norm", "cuda", 3,
+    "each group split over many blocks: Welford partials in the workspace, merged by the "
+    "normalise pass (second read mostly from L2)",
+    {"split": (2, 4, 8, 16, 32, 64, 128), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
+    lambda v, d: _gn_ok(v) and _gn_group_size(v) >= 16384,
+    lambda v, d: {"split": max(2, _gn_default_split(v, d)), "threads": 512, "vec": _gn_vmax(v)},
+    lambda v, c, d: fill(_GN, **_gn_common(v, c)),
+    valid_fn=lambda v, c, d: c["vec"] <= _gn_vmax(v),
+    fit_fn=lambda v, d: 4.0 if _gn_default_split(v, d) >= 4 else 0.5))
+
+# ----------------------------------------------------------------------------- group_norm (CPU)
+
+_CPU_GN_HEAD = CPU + r"""
+#include <stdlib.h>
+{{io}}#define GROUPS {{GROUPS}}
+#define G {{G}}
+#define CPG {{CPG}}
+#define HW {{HW}}
+#define GSIZE ((long)CPG * HW)
+#define EPS {{EPS}}
+#define HAS_W {{HAS_W}}
+#define HAS_B {{HAS_B}}
+
+/* Normalise channels [c_begin, c_end) of group `grp` with its statistics. */
+static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t* y, long grp, long c_begin,
+                                  long c_end, double mean, double var) {
+    const float rstd = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + EPS));
+    for (long cl = c_begin; cl < c_end; ++cl) {
+        const long c = (grp % G) * CPG + cl, base = grp * GSIZE + cl * HW;
+        const float a = HAS_W ? rstd * w_ld(w, c) : rstd;
+        const float shift = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a;
+        for (long i = 0; i < HW; ++i) y_st(y, base + i, x_ld(x, base + i) * a + shift);
+    }
+}
+"""
+
+# One thread per group: one double-precision pass for the statistics, one to normalise.
+_CPU_GN_PER_GROUP = _CPU_GN_HEAD + r"""
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    y_t* y = (y_t*)outputs[0].data;
+    #pragma omp parallel for schedule(static)
+    for (long grp = 0; grp < GROUPS; ++grp) {
+        double s = 0.0, q = 0.0;
+        #pragma omp simd reduction(+:s, q)
+        for (long i = 0; i < GSIZE; ++i) { const double v = x_ld(x, grp * GSIZE + i); s += v; q += v * v; }
+        const double mean = s / GSIZE;
+        write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, 0, CPG, mean, q / GSIZE - mean * mean);
+    }
+    return 0;
+}
+"""
+
+# Channels of every group spread over all threads: partial sums per channel, then normalise per channel.
+_CPU_GN_PER_CHANNEL = _CPU_GN_HEAD + r"""
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    y_t* y = (y_t*)outputs[0].data;
+    double* part = (double*)malloc(sizeof(double) * 2 * GROUPS * CPG);
+    if (!part) return 1;
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < (long)GROUPS * CPG; ++k) {
+        double s = 0.0, q = 0.0;
+        #pragma omp simd reduction(+:s, q)
+        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, k * HW + i); s += v; q += v * v; }
+        part[2 * k] = s; part[2 * k + 1] = q;
+    }
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < (long)GROUPS * CPG; ++k) {
+        const long grp = k / CPG;
+        double s = 0.0, q = 0.0;
+        for (long j = 0; j < CPG; ++j) { s += part[2 * (grp * CPG + j)]; q += part[2 * (grp * CPG + j) + 1]; }
+        const double mean = s / GSIZE;
+        write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, k % CPG, k % CPG + 1, mean, q / GSIZE - mean * mean);
+    }
+    free(part);
+    return 0;
+}
+"""
+
+
+def _cpu_gn_render(template: str):
+    def render(v: Variant, c: dict, dev: DeviceInfo) -> str:
+        common = _gn_common(v, {})
+        del common["types"]
+        return fill(template, io=_cpu_io(v), **common)
+    return render
+
+
+register(Strategy(
+    "group_norm.cpu.per_group", "group_norm", "cpu", 0,
+    "OpenMP over (sample, group): one double-precision statistics pass, then the per-channel affine",
+    {}, lambda v, d: _gn_ok(v), lambda v, d: {}, _cpu_gn_render(_CPU_GN_PER_GROUP)))
+register(Strategy(
+    "group_norm.cpu.per_channel", "group_norm", "cpu", 1,
+    "OpenMP over channels (parallel even with few groups): per-channel partial sums, then normalise",
+    {}, lambda v, d: _gn_ok(v), lambda v, d: {}, _cpu_gn_render(_CPU_GN_PER_CHANNEL),
+    fit_fn=lambda v, d: 1.0 if _gn_dims(v)[0] * _gn_dims(v)[3] < 4 * d.sm_count else 0.0))
+
+# ----------------------------------------------------------------------------- batch_norm (inference)
+
+
+def _bn_ok(v: Variant) -> bool:
+    return _ok(v) and len(v.inputs[0].shape) >= 2 and v.inputs[1] is not None and v.inputs[2] is not None
+
+
+def _bn_dims(v: Variant) -> tuple[int, int, int]:
+    shape = v.inputs[0].shape
+    return shape[0], shape[1], prod(shape[2:])
+
+
+def _bn_vmax(v: Variant) -> int:
+    return _vmax(v, _bn_dims(v)[2])
+
+
+_BN = CUDA + r"""
+{{types}}#define C {{C}}
+#define HW {{HW}}
+#define TOTAL {{TOTAL}}L
+#define EPS {{EPS}}
+#define HAS_W {{HAS_W}}
+#define HAS_B {{HAS_B}}
+#define THREADS {{threads}}
+
+/* Every vector lies in one channel (HW % V == 0): y = x * a[c] + shift[c]. */
+template <int V>
+__global__ void __launch_bounds__(THREADS) bn_affine(const x_t* __restrict__ x, const rm_t* __restrict__ rm, const rv_t* __restrict__ rv,
+                                                    const w_t* __restrict__ w, const b_t* __restrict__ b, y_t* __restrict__ y) {
+    for (long i = ((long)blockIdx.x * THREADS + threadIdx.x) * V; i < TOTAL; i += (long)gridDim.x * THREADS * V) {
+        const int c = (int)((i / HW) % C);
+        const float a = rsqrtf(to_f(rv[c]) + EPS) * (HAS_W ? to_f(w[c]) : 1.f);
+        const float shift = (HAS_B ? to_f(b[c]) : 0.f) - to_f(rm[c]) * a;
+        float v[V];
+        load_vec<V>(x + i, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = v[j] * a + shift;
+        store_vec<V>(y + i, v);
+    }
+}
+
+template <int V> static void run(const kf_tensor* in, y_t* y, cudaStream_t stream) {
+    long blocks = (TOTAL / V + THREADS - 1) / THREADS;
+    if (blocks > {{max_blocks}}) blocks = {{max_blocks}};
+    bn_affine<V><<<(int)blocks, THREADS, 0, stream>>>((const x_t*)in[0].data, (const rm_t*)in[1].data, (const rv_t*)in[2].data,
+                                                      (const w_t*)in[3].data, (const b_t*)in[4].data, y);
+}
+
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    y_t* y = (y_t*)outputs[0].data;
+    if ({{vec}} > 1 && (uintptr_t)inputs[0].data % 16 == 0 && (uintptr_t)y % 16 == 0) run<{{vec}}>(inputs, y, (cudaStream_t)stream);
+    else run<1>(inputs, y, (cudaStream_t)stream);
+    return (int)cudaGetLastError();
+}
+"""
+
+_CPU_BN = CPU + r"""
+{{io}}#define C {{C}}
+#define HW {{HW}}
+#define N {{N}}
+#define EPS {{EPS}}
+#define HAS_W {{HAS_W}}
+#define HAS_B {{HAS_B}}
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    const rm_t* rm = (const rm_t*)inputs[1].data;
+    const rv_t* rv = (const rv_t*)inputs[2].data;
+    const w_t* w = (const w_t*)inputs[3].data;
+    const b_t* b = (const b_t*)inputs[4].data;
+    y_t* y = (y_t*)outputs[0].data;
+    #pragma omp parallel for schedule(static)
+    for (long k = 0; k < (long)N * C; ++k) {
+        const long c = k % C;
+        const float a = (1.f / sqrtf(rv_ld(rv, c) + EPS)) * (HAS_W ? w_ld(w, c) : 1.f);
+        const float shift = (HAS_B ? b_ld(b, c) : 0.f) - rm_ld(rm, c) * a;
+        for (long i = 0; i < HW; ++i) y_st(y, k * HW + i, x_ld(x, k * HW + i) * a + shift);
+    }
+    return 0;
+}
+"""
+
+
+def _bn_common(v: Variant) -> dict:
+    n, c, hw = _bn_dims(v)
+    sigs = _sigs(v)
+    return dict(N=n, C=c, HW=hw, TOTAL=n * c * hw, EPS=_eps(v), HAS_W=sigs["w"] is not None,
+                HAS_B=sigs["b"] is not None)
+
+
+register(Strategy(
+    "batch_norm.cuda.affine", "batch_norm", "cuda", 1,
+    "inference batch norm as one per-channel affine: grid-stride over 16-byte vectors",
+    {"threads": (256, 512), "vec": (1, 2, 4, 8), "waves": (4, 8, 16)}, lambda v, d: _bn_ok(v),
+    lambda v, d: {"threads": 256, "vec": _bn_vmax(v), "waves": 8},
+    lambda v, c, d: fill(_BN, types=_types(v), threads=c["threads"], vec=c["vec"],
+                         max_blocks=c["waves"] * d.sm_count * 2048 // c["threads"], **_bn_common(v)),
+    valid_fn=lambda v, c, d: c["vec"] <= _bn_vmax(v)))
+register(Strategy(
+    "batch_norm.cpu.affine", "batch_norm", "cpu", 0,
+    "OpenMP over (sample, channel) planes: one per-channel affine",
+    {}, lambda v, d: _bn_ok(v), lambda v, d: {},
+    lambda v, c, d: fill(_CPU_BN, io=_cpu_io(v), **_bn_common(v))))

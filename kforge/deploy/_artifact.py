@@ -1,0 +1,175 @@
+"""Exported artifacts: a folder with a JSON manifest, each winner's source and binary, checksums.
+
+Loading never unpickles anything: the manifest is JSON and binaries are checked against their
+SHA-256 before they are loaded. On another GPU architecture, backend or torch version, each
+kernel is rebuilt from its source and re-validated against eager before use; any that fails stays
+on eager, and the report says so.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from .. import __version__
+from ..kernels import CONTRACT_VERSION, Kernel, backend_of, compile_source, device_info
+from ..ops import Variant
+from ._dispatch import DeployedKernel, Deployment
+
+FORMAT = "kforge-artifact"
+FORMAT_VERSION = 1
+
+
+class ArtifactError(RuntimeError):
+    """The artifact cannot be used: missing, malformed or tampered with."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _target(device: str) -> dict[str, Any]:
+    backend = backend_of(device)
+    info = device_info(device) if backend == "cuda" else None
+    return {"backend": backend, "arch": info.arch if info else f"native-{platform.machine()}",
+            "device_name": info.name if info else platform.processor() or platform.machine(),
+            "torch": torch.__version__.split("+")[0], "cuda": torch.version.cuda}
+
+
+@dataclass(frozen=True)
+class ExportedKernel:
+    variant: Variant
+    source: str
+    binary: Path
+    candidate_id: int | None
+    speedup: float | None
+
+
+def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str) -> Path:
+    """Write ``kernels`` (validated winners) to the folder ``path``; returns it."""
+    root = Path(path)
+    if root.exists() and any(root.iterdir()) and not (root / "manifest.json").exists():
+        raise ArtifactError(f"{root} exists and is not a kforge artifact; choose an empty or new folder")
+    if (root / "kernels").exists():
+        shutil.rmtree(root / "kernels")
+    (root / "kernels").mkdir(parents=True, exist_ok=True)
+    entries = []
+    ext = ".cu" if backend_of(device) == "cuda" else ".c"
+    for k in kernels:
+        stem = k.variant.key
+        src, lib = root / "kernels" / f"{stem}{ext}", root / "kernels" / f"{stem}.so"
+        src.write_text(k.source)
+        shutil.copyfile(k.binary, lib)
+        entries.append({"variant": k.variant.to_json(), "signature": k.variant.signature,
+                        "source": src.name, "source_sha256": _sha256(src),
+                        "binary": lib.name, "binary_sha256": _sha256(lib),
+                        "candidate_id": k.candidate_id, "speedup": k.speedup})
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": __version__,
+                "contract": CONTRACT_VERSION, "target": _target(device), "kernels": entries}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return root
+
+
+def read_manifest(path: str | Path) -> dict:
+    root = Path(path)
+    mf = root / "manifest.json"
+    if not mf.exists():
+        raise ArtifactError(f"{root} has no manifest.json: not a kforge artifact (make one with session.export)")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{mf} is not valid JSON ({exc}); the artifact is damaged") from None
+    if manifest.get("format") != FORMAT or manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise ArtifactError(f"{root} is not a kforge artifact this version can read "
+                            f"(format {manifest.get('format')!r} v{manifest.get('format_version')})")
+    for e in manifest["kernels"]:
+        for kind in ("source", "binary"):
+            name = e[kind]
+            if "/" in name or "\\" in name or name.startswith("."):
+                raise ArtifactError(f"manifest names a file outside the artifact: {name!r}")
+            p = root / "kernels" / name
+            if not p.exists():
+                raise ArtifactError(f"{p} is missing from the artifact")
+            if _sha256(p) != e[f"{kind}_sha256"]:
+                raise ArtifactError(f"{p} does not match its checksum in manifest.json: the artifact was modified "
+                                    "or damaged; refusing to load it. Export it again from the session")
+    return manifest
+
+
+def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
+                  install: bool = True) -> Deployment:
+    """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store.
+
+    ``revalidate``: None (default) re-validates only when the artifact was built for another
+    target (architecture, backend or torch version); True always; False never.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    here_device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    here = _target(here_device)
+    built = manifest["target"]
+    same_target = all(built.get(k) == here[k] for k in ("backend", "arch", "torch"))
+    if built["backend"] != here["backend"]:
+        raise ArtifactError(f"the artifact holds {built['backend']} kernels but this process runs on "
+                            f"{here['backend']}: export it again from a session on this backend")
+    check = (not same_target) if revalidate is None else revalidate
+    kernels: list[DeployedKernel] = []
+    skipped: list[tuple[str, str]] = []
+    evaluator = None
+    try:
+        for e in manifest["kernels"]:
+            variant = _retarget(Variant.from_json(e["variant"]), here_device)
+            source = (root / "kernels" / e["source"]).read_text()
+            if same_target:
+                binary = root / "kernels" / e["binary"]
+            else:
+                try:
+                    binary = compile_source(source, here["backend"], here["arch"] if here["backend"] == "cuda"
+                                            else "native").path
+                except Exception as exc:
+                    skipped.append((variant.signature, f"does not build for {here['arch']}: {exc}"))
+                    continue
+            if check:
+                if evaluator is None:
+                    from ..evaluate import Evaluator
+
+                    evaluator = Evaluator(here_device)
+                from ..capture import Card
+
+                from ..evaluate import Status
+
+                ev = evaluator.evaluate(Card(variant, 1, 0.0, 1.0, None), source)
+                if not ev.status.is_correct or ev.status is Status.SLOWER:
+                    skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
+                    continue
+            kernels.append(DeployedKernel(variant, Kernel(binary), e.get("candidate_id"), e.get("speedup")))
+    finally:
+        if evaluator is not None:
+            evaluator.close()
+    for sig, why in skipped:
+        warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=2)
+    dep = Deployment(kernels, model, skipped)
+    return dep.install() if install else dep
+
+
+def _retarget(variant: Variant, device: str) -> Variant:
+    """The variant on this process's device index (an artifact made on cuda:0 loads on cuda:1)."""
+    dev = str(torch.device(device)) if not device.startswith("cuda") else (
+        device if ":" in device else f"cuda:{torch.cuda.current_device()}")
+    if variant.device == dev:
+        return variant
+    from dataclasses import replace
+
+    fix = lambda s: None if s is None else replace(s, device=dev)  # noqa: E731
+    return replace(variant, inputs=tuple(fix(s) for s in variant.inputs), outputs=tuple(fix(s) for s in variant.outputs))

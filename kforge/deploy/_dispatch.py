@@ -1,0 +1,299 @@
+"""Putting kernels back into an unmodified model: guarded dispatch by exact signature.
+
+Only the torch callables of operators that have a winner are replaced. The replacement binds the
+call, builds a key from exactly what defines a variant (shapes, dtypes, strides, device of every
+tensor, every static parameter) and looks it up; any miss, autograd, or symbolic shape runs the
+original function. Everything else in the model never passes through kforge.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import Kernel, param_vector
+from ..kernels._library import KfTensor
+from ..ops import DTYPE_CODES, OpSpec, TensorSig, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
+
+_OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
+
+
+def _fast_key(inputs: Iterable[torch.Tensor | None], params: tuple) -> tuple:
+    return (tuple(None if t is None else (t.shape, t.dtype, t.stride(), t.device) for t in inputs), params)
+
+
+def _device(name: str) -> torch.device:
+    return torch.device(name)
+
+
+def variant_key(variant: Variant) -> tuple:
+    """The dispatch key of a variant, in the same form ``_fast_key`` builds from a live call."""
+    ins = tuple(None if s is None else (torch.Size(s.shape), torch_dtype(s.dtype), s.stride, _device(s.device))
+                for s in variant.inputs)
+    return (ins, tuple(v for _, v in variant.params))
+
+
+def _param_values(spec: OpSpec, params: dict) -> tuple:
+    from ..ops._signature import _freeze
+
+    return tuple(_freeze(params[n]) for n in spec.params)
+
+
+class DeployedKernel:
+    """A validated kernel for one variant, with its launch arguments prepared once."""
+
+    def __init__(self, variant: Variant, kernel: Kernel, candidate_id: int | None = None, speedup: float | None = None):
+        self.variant = variant
+        self.kernel = kernel
+        self.candidate_id = candidate_id
+        self.speedup = speedup
+        self.calls = 0
+        self.inplace = bool(variant.param_dict.get("inplace"))
+        self._cuda = variant.device.startswith("cuda")
+        self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
+        self._lock = threading.Lock()
+        n_in, n_out = len(variant.inputs), len(variant.outputs)
+        self._ins = (KfTensor * max(n_in, 1))()
+        self._out_structs = (KfTensor * max(n_out, 1))()
+        for slot, sig in zip(self._ins, variant.inputs):
+            _prefill(slot, sig)
+        for slot, sig in zip(self._out_structs, variant.outputs):
+            _prefill(slot, sig)
+        pv = param_vector(variant)
+        self._params = (ctypes.c_double * max(len(pv), 1))(*pv)
+        self._n = (n_in, n_out, len(pv))
+        self._workspace = (torch.empty(kernel.workspace_bytes, dtype=torch.uint8, device=variant.device)
+                           if kernel.workspace_bytes else None)
+        self._fn = kernel._launch
+
+    def __call__(self, inputs: tuple) -> list[torch.Tensor]:
+        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
+        stream = torch.cuda.current_stream().cuda_stream if self._cuda else None
+        # NB: the structs are shared, so two threads must not fill them at once.
+        with self._lock:
+            for slot, t in zip(self._ins, inputs):
+                if t is not None:
+                    slot.data = t.data_ptr()
+            for slot, t in zip(self._out_structs, outs):
+                slot.data = t.data_ptr()
+            ws = self._workspace.data_ptr() if self._workspace is not None else None
+            code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2], ws, stream)
+        if code != 0:
+            raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
+        self.calls += 1
+        return outs
+
+
+def _prefill(slot: KfTensor, sig: TensorSig | None) -> None:
+    if sig is None:
+        slot.data = None
+        slot.ndim = 0
+        slot.dtype = -1
+        return
+    slot.ndim = len(sig.shape)
+    slot.dtype = DTYPE_CODES[sig.dtype]
+    for i, (s, st) in enumerate(zip(sig.shape, sig.stride)):
+        slot.sizes[i] = s
+        slot.strides[i] = st
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    original: Callable
+    spec: OpSpec
+    owned: bool   # the attribute was in owner's own __dict__ (else it was inherited: delete to undo)
+
+
+class Dispatcher:
+    """Process-wide: which callables are patched and the active kernels per operator."""
+
+    def __init__(self):
+        self.tables: dict[str, dict[tuple, tuple[DeployedKernel, "Deployment"]]] = {}
+        self.patches: dict[tuple[int, str], _Patch] = {}
+        self.lock = threading.RLock()
+
+    def install(self, deployment: "Deployment") -> None:
+        with self.lock:
+            for dk in deployment.kernels:
+                spec = get_spec(dk.variant.op)
+                self.tables.setdefault(spec.name, {})[variant_key(dk.variant)] = (dk, deployment)
+                self._patch_op(spec)
+
+    def uninstall(self, deployment: "Deployment") -> None:
+        with self.lock:
+            for op, table in list(self.tables.items()):
+                for key, (dk, dep) in list(table.items()):
+                    if dep is deployment:
+                        del table[key]
+                if not table:
+                    del self.tables[op]
+                    self._unpatch_op(op)
+
+    def _patch_op(self, spec: OpSpec) -> None:
+        for target in spec.targets:
+            if target is None:
+                continue
+            for owner, name in _locations(target):
+                key = (id(owner), name)
+                if key in self.patches:
+                    continue
+                owned = name in (owner.__dict__ if isinstance(owner, type) else vars(owner))
+                self.patches[key] = _Patch(owner, name, target, spec, owned)
+                setattr(owner, name, _make_wrapper(self, spec, target, inplace_binder(spec, target)))
+
+    def _unpatch_op(self, op: str) -> None:
+        for key, patch in list(self.patches.items()):
+            if patch.spec.name == op:
+                if patch.owned:
+                    setattr(patch.owner, patch.name, patch.original)
+                else:
+                    delattr(patch.owner, patch.name)
+                del self.patches[key]
+
+
+def _locations(target: Any) -> list[tuple[Any, str]]:
+    """Every (owner, attribute) through which user code reaches ``target``."""
+    out = []
+    for owner in _OWNERS:
+        d = owner.__dict__ if isinstance(owner, type) else vars(owner)
+        for name, value in list(d.items()):
+            if value is target:
+                out.append((owner, name))
+    name = getattr(target, "__name__", None)
+    if not out and name and getattr(torch.Tensor, name, None) is target:
+        out.append((torch.Tensor, name))  # a TensorBase method: shadowed on Tensor, deleted to undo
+    return out
+
+
+def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind: Callable) -> Callable:
+    table = dispatcher.tables.setdefault(spec.name, {})
+
+    def kforge_dispatch(*args, **kwargs):
+        if not table:
+            return original(*args, **kwargs)
+        try:
+            call = bind(*args, **kwargs)
+            inputs = call.inputs
+            key = _fast_key(inputs, _param_values(spec, call.params))
+            entry = table.get(key)
+        except (Unsupported, TypeError, ValueError, AttributeError):
+            return original(*args, **kwargs)
+        if entry is None or not entry[1].active:
+            return original(*args, **kwargs)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+            return original(*args, **kwargs)
+        dk = entry[0]
+        if torch.compiler.is_compiling():
+            outs = torch.ops.kforge.run(entry[1].register_key(dk), list(inputs))
+        else:
+            outs = dk(inputs)
+        if dk.inplace:
+            return inputs[0].copy_(outs[0])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    kforge_dispatch.__wrapped__ = original  # type: ignore[attr-defined]
+    kforge_dispatch.__name__ = getattr(original, "__name__", spec.name)
+    kforge_dispatch.__doc__ = getattr(original, "__doc__", None)
+    return kforge_dispatch
+
+
+DISPATCHER = Dispatcher()
+
+
+@dataclass
+class Deployment:
+    """Kernels installed into the process, optionally scoped to one model's forward.
+
+    Use as a context manager, or call ``remove()`` to undo.
+    """
+
+    kernels: list[DeployedKernel]
+    model: Any = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (signature, reason)
+    _depth: int = 0
+    _hooks: list = field(default_factory=list)
+    installed: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.installed and (self.model is None or self._depth > 0)
+
+    def install(self) -> "Deployment":
+        if self.installed:
+            return self
+        DISPATCHER.install(self)
+        if isinstance(self.model, torch.nn.Module):
+            self._hooks.append(self.model.register_forward_pre_hook(self._enter))
+            self._hooks.append(self.model.register_forward_hook(self._exit, always_call=True))
+        for dk in self.kernels:
+            _RUN_TABLE[_register_name(dk)] = dk
+        self.installed = True
+        return self
+
+    def _enter(self, *_):
+        self._depth += 1
+
+    def _exit(self, *_):
+        self._depth -= 1
+
+    def remove(self) -> None:
+        """Undo: the model (and torch) run exactly as before."""
+        if not self.installed:
+            return
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        DISPATCHER.uninstall(self)
+        self.installed = False
+
+    def register_key(self, dk: DeployedKernel) -> str:
+        return _register_name(dk)
+
+    def __enter__(self) -> "Deployment":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {dk.variant.signature: dk.calls for dk in self.kernels}
+
+    def __repr__(self) -> str:
+        state = "installed" if self.installed else "removed"
+        return f"<kforge Deployment {state}: {len(self.kernels)} kernels, {len(self.skipped)} kept on eager>"
+
+
+_RUN_TABLE: dict[str, DeployedKernel] = {}
+
+
+def _register_name(dk: DeployedKernel) -> str:
+    return f"{dk.variant.key}:{id(dk.kernel)}"
+
+
+def _run_impl(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    return _RUN_TABLE[key](tuple(inputs))
+
+
+def _run_fake(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    dk = _RUN_TABLE[key]
+    return [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in dk._outs]
+
+
+def _register_custom_op() -> None:
+    # NB: under torch.compile the dispatched call is a custom op, so the graph keeps the kernel
+    # as one opaque node instead of breaking at a ctypes call.
+    lib = torch.library.Library("kforge", "FRAGMENT")
+    lib.define("run(str key, Tensor?[] inputs) -> Tensor[]")
+    lib.impl("run", _run_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake("kforge::run", _run_fake, lib=lib)
+    _register_custom_op.lib = lib  # type: ignore[attr-defined]
+
+
+_register_custom_op()

@@ -1,0 +1,258 @@
+"""Unary activations and broadcasting add/mul: grid-stride loops, 16-byte vectors when the layout allows."""
+from __future__ import annotations
+
+import math
+
+from ...kernels import DeviceInfo
+from ...ops import TensorSig, Variant
+from ._prelude import CPU, CUDA, cpu_io, cuda_types
+from ._strategy import Strategy, cdiv, fill, floats_only, register, vec_width
+
+_UNARY = {
+    "relu": "(x < 0.f ? 0.f : x)",
+    "silu": "x / (1.f + expf(-x))",
+    "sigmoid": "1.f / (1.f + expf(-x))",
+    "tanh": "tanhf(x)",
+}
+
+
+def _expr(v: Variant) -> str:
+    """The operation on floats ``x`` (and ``z`` for the second operand) as a C expression."""
+    p = v.param_dict
+    if v.op in _UNARY:
+        return _UNARY[v.op]
+    if v.op == "gelu":
+        if p["approximate"] == "tanh":
+            return "0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))"
+        return "0.5f * x * (1.f + erff(x * 0.70710678118654752f))"
+    if v.op == "softplus":
+        beta, threshold = float(p["beta"]), float(p["threshold"])
+        return f"(x * {beta!r}f > {threshold!r}f ? x : log1pf(expf(x * {beta!r}f)) / {beta!r}f)"
+    if v.op == "add":
+        alpha = p["alpha"]
+        return "x + z" if alpha == 1 else f"x + {float(alpha)!r}f * z"
+    return "x * z"
+
+
+def _operands(v: Variant) -> list[tuple[str, TensorSig | None]]:
+    """(role, signature) per operand; a binary op's scalar ``other`` has no signature."""
+    if v.op in ("add", "mul"):
+        return [("x", v.inputs[0]), ("z", v.inputs[1])]
+    return [("x", v.inputs[0])]
+
+
+def _bstrides(sig: TensorSig, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``sig``'s strides broadcast against ``shape`` (0 where it is broadcast)."""
+    pad = len(shape) - len(sig.shape)
+    return tuple(0 if d < pad or sig.shape[d - pad] == 1 else sig.stride[d - pad] for d in range(len(shape)))
+
+
+def _offset(sig: TensorSig, shape: tuple[int, ...]) -> str:
+    """C expression for the element offset of ``sig`` at linear index ``i`` of ``shape``."""
+    strides = _bstrides(sig, shape)
+    dense = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    if strides == tuple(dense) or sig.numel == math.prod(shape) == 1:
+        return "(i)"
+    terms = []
+    for d, (st, size) in enumerate(zip(strides, shape)):
+        if st == 0 or size == 1:
+            continue
+        coord = f"(i / {dense[d]}L)" if d == 0 else f"((i / {dense[d]}L) % {size}L)"
+        terms.append(f"{coord} * {st}L")
+    return "(" + (" + ".join(terms) or "0L") + ")"
+
+
+def _ok(v: Variant) -> bool:
+    y = v.outputs[0]
+    sigs = [s for _, s in _operands(v) if s is not None]
+    if not floats_only(y, *sigs) or y.numel == 0:
+        return False
+    if v.op in ("add", "mul") and v.inputs[1] is None and not isinstance(v.param_dict["scalar"], (int, float)):
+        return False
+    return all(len(s.shape) <= len(y.shape) for s in sigs)
+
+
+def _vec_mode(sig: TensorSig | None, shape: tuple[int, ...], width: int) -> str | None:
+    """How ``width``-element vectors of the contiguous output read ``sig``: "vec", "bcast" or None."""
+    if sig is None or sig.numel == 1:
+        return "bcast"
+    strides = _bstrides(sig, shape)
+    if shape[-1] % width:
+        return None
+    if strides[-1] == 0:
+        return "bcast"
+    if strides[-1] == 1 and all(st % width == 0 for st in strides[:-1]):
+        return "vec"
+    return None
+
+
+def _shape(v: Variant) -> tuple[int, ...]:
+    """The index space: flat when every tensor is contiguous with the output's shape."""
+    y = v.outputs[0]
+    if all(s is None or s.numel == 1 or (s.shape == y.shape and s.is_contiguous)
+           for _, s in _operands(v)) and y.is_contiguous:
+        return (y.numel,)
+    return y.shape or (1,)
+
+
+def _vmax(v: Variant) -> int:
+    y = v.outputs[0]
+    if not y.is_contiguous:
+        return 1
+    shape = _shape(v)
+    ops = _operands(v)
+    w = min([vec_width(y.dtype)] + [vec_width(s.dtype) for _, s in ops if s is not None])
+    while w > 1 and not all(_vec_mode(s, shape, w) for _, s in ops):
+        w //= 2
+    return w
+
+
+_CUDA_EW = CUDA + r"""
+{{types}}#define TOTAL {{TOTAL}}L
+#define THREADS {{threads}}
+#define ITEMS {{items}}
+
+template <int V>
+__global__ void __launch_bounds__(THREADS) elementwise({{params}}, y_t* __restrict__ y) {
+    const long step = (long)gridDim.x * THREADS * ITEMS * V;
+    for (long base = ((long)blockIdx.x * THREADS * ITEMS + threadIdx.x) * V; base < TOTAL; base += step) {
+#pragma unroll
+        for (int u = 0; u < ITEMS; ++u) {
+            const long i = base + (long)u * THREADS * V;
+            if (i < TOTAL) {
+{{loads}}                float r[V];
+#pragma unroll
+                for (int j = 0; j < V; ++j) { const float x = vx[j]; {{z}}r[j] = {{expr}}; }
+                {{store}}
+            }
+        }
+    }
+}
+
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    y_t* y = (y_t*)outputs[0].data;
+    long blocks = (TOTAL / {{vec}} + THREADS * ITEMS - 1) / (THREADS * ITEMS);
+    if (blocks > {{max_blocks}}) blocks = {{max_blocks}};
+    if ({{vec}} > 1 && (uintptr_t)y % 16 == 0{{aligned}})
+        elementwise<{{vec}}><<<(int)blocks, THREADS, 0, (cudaStream_t)stream>>>({{args}}, y);
+    else
+        elementwise<1><<<(int)((TOTAL + THREADS * ITEMS - 1) / (THREADS * ITEMS) < {{max_blocks}} ? (TOTAL + THREADS * ITEMS - 1) / (THREADS * ITEMS) : {{max_blocks}}),
+                        THREADS, 0, (cudaStream_t)stream>>>({{args}}, y);
+    return (int)cudaGetLastError();
+}
+"""
+
+
+def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    y = v.outputs[0]
+    shape = _shape(v)
+    vec = c["vec"]
+    params, args, loads, aligned = [], [], [], ""
+    roles = {"y": y}
+    for k, (role, sig) in enumerate(_operands(v)):
+        roles[role] = sig
+        if sig is None:  # a scalar operand, baked in
+            loads.append(f"float v{role}[V];\n#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[j] = "
+                         f"{float(v.param_dict['scalar'])!r}f;")
+            continue
+        params.append(f"const {role}_t* __restrict__ {role}")
+        args.append(f"(const {role}_t*)inputs[{k}].data")
+        off = _offset(sig, shape)
+        if _vec_mode(sig, shape, vec) == "vec" or vec == 1:
+            loads.append(f"float v{role}[V]; load_vec<V>({role} + {off}, v{role});")
+            aligned += f" && (uintptr_t)inputs[{k}].data % 16 == 0"
+        else:
+            loads.append(f"float v{role}[V]; {{ const float s = to_f({role}[{off}]);\n#pragma unroll\n"
+                         f"for (int j = 0; j < V; ++j) v{role}[j] = s; }}")
+    store = ("store_vec<V>(y + i, r);" if y.is_contiguous
+             else f"y[{_offset(y, shape)}] = from_f<y_t>(r[0]);")
+    return fill(_CUDA_EW, types=cuda_types(roles), TOTAL=y.numel, threads=c["threads"], items=c["items"],
+                vec=vec, max_blocks=c["waves"] * dev.sm_count * 2048 // c["threads"],
+                params=", ".join(params), args=", ".join(args), aligned=aligned,
+                loads="".join(" " * 16 + ln.replace("\n", "\n" + " " * 16) + "\n" for ln in loads),
+                z="const float z = vz[j]; " if len(_operands(v)) == 2 else "", expr=_expr(v), store=store)
+
+
+_CPU_FLAT = CPU + r"""
+{{io}}#define TOTAL {{TOTAL}}L
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+{{decls}}    y_t* y = (y_t*)outputs[0].data;
+    #pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < TOTAL; ++i) {
+{{loads}}        y_st(y, {{yoff}}, {{expr}});
+    }
+    return 0;
+}
+"""
+
+# Blocks of BLOCK elements: operands converted into float buffers, one vectorisable loop, then stored.
+_CPU_BLOCKED = CPU + r"""
+{{io}}#define TOTAL {{TOTAL}}L
+#define BLOCK {{block}}
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+{{decls}}    y_t* y = (y_t*)outputs[0].data;
+    #pragma omp parallel for schedule(static)
+    for (long start = 0; start < TOTAL; start += BLOCK) {
+        const long n = TOTAL - start < BLOCK ? TOTAL - start : BLOCK;
+        float bx[BLOCK], bz[BLOCK], r[BLOCK];
+        for (long k = 0; k < n; ++k) {
+            const long i = start + k;
+{{buffer_loads}}        }
+        #pragma omp simd
+        for (long k = 0; k < n; ++k) { const float x = bx[k]; const float z = bz[k]; r[k] = {{expr}}; }
+        for (long k = 0; k < n; ++k) { const long i = start + k; y_st(y, {{yoff}}, r[k]); }
+    }
+    return 0;
+}
+"""
+
+
+def _render_cpu(template: str):
+    def render(v: Variant, c: dict, dev: DeviceInfo) -> str:
+        y = v.outputs[0]
+        shape = _shape(v)
+        io, decls, loads, buffer_loads = cpu_io("y", y), "", "", ""
+        for k, (role, sig) in enumerate(_operands(v)):
+            if sig is None:
+                value = f"{float(v.param_dict['scalar'])!r}f"
+            else:
+                io += cpu_io(role, sig)
+                decls += f"    const {role}_t* p_{role} = (const {role}_t*)inputs[{k}].data;\n"
+                value = f"{role}_ld(p_{role}, {_offset(sig, shape)})"
+            loads += f"        const float {role} = {value};\n"
+            buffer_loads += f"            b{role}[k] = {value};\n"
+        if len(_operands(v)) == 1:
+            buffer_loads += "            bz[k] = 0.f;\n"
+        return fill(template, io=io, TOTAL=y.numel, decls=decls, loads=loads, buffer_loads=buffer_loads,
+                    yoff=_offset(y, shape), expr=_expr(v), **c)
+    return render
+
+
+for _op in ("relu", "silu", "sigmoid", "tanh", "gelu", "softplus", "add", "mul"):
+    register(Strategy(
+        f"{_op}.cuda.grid_stride", _op, "cuda", 0,
+        "one element per thread per step, grid-stride, any strides and broadcasting",
+        {"threads": (128, 256, 512), "waves": (2, 4, 8)}, lambda v, d: _ok(v),
+        lambda v, d: {"threads": 256, "waves": 4},
+        lambda v, c, d: _render_cuda(v, {**c, "vec": 1, "items": 1}, d)))
+    register(Strategy(
+        f"{_op}.cuda.vectorized", _op, "cuda", 1,
+        "16-byte vector loads and stores, several vectors in flight per thread, broadcast operands "
+        "read once per vector",
+        {"threads": (128, 256, 512), "items": (1, 2, 4), "vec": (2, 4, 8), "waves": (2, 4, 8)},
+        lambda v, d: _ok(v) and _vmax(v) > 1,
+        lambda v, d: {"threads": 256, "items": 2 if v.outputs[0].numel >= (1 << 22) else 1, "vec": _vmax(v),
+                      "waves": 4},
+        _render_cuda, valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
+    register(Strategy(
+        f"{_op}.cpu.flat", _op, "cpu", 0,
+        "one OpenMP SIMD loop over every output element, broadcasting by index",
+        {}, lambda v, d: _ok(v), lambda v, d: {}, _render_cpu(_CPU_FLAT)))
+    register(Strategy(
+        f"{_op}.cpu.blocked", _op, "cpu", 1,
+        "OpenMP over blocks: convert to float buffers, one vectorisable compute loop, store",
+        {"block": (256, 1024, 4096)}, lambda v, d: _ok(v), lambda v, d: {"block": 1024},
+        _render_cpu(_CPU_BLOCKED)))

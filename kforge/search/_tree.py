@@ -1,0 +1,166 @@
+"""The search tree of one card, rebuilt from the store, and the strategies that grow it.
+
+Node = candidate, edge = one revision, value = speedup over eager (failures 0). The root stands
+for eager itself; its children are first candidates.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from ..store import Candidate
+
+
+@dataclass
+class Node:
+    candidate: Candidate | None           # None for the root (eager)
+    parent: "Node | None" = None
+    children: list["Node"] = field(default_factory=list)
+    visits: int = 0
+    total: float = 0.0
+    pending: int = 0                      # proposals in flight below this node (virtual loss)
+
+    @property
+    def id(self) -> int | None:
+        return self.candidate.id if self.candidate else None
+
+    @property
+    def score(self) -> float:
+        return self.candidate.speedup if self.candidate else 1.0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.visits if self.visits else 0.0
+
+    def path(self) -> list["Node"]:
+        node, out = self, []
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return out[::-1]
+
+
+class Tree:
+    def __init__(self, candidates: Iterable[Candidate] = ()):
+        self.root = Node(None, visits=1, total=1.0)
+        self.nodes: dict[int, Node] = {}
+        for c in candidates:
+            self.add(c)
+
+    def add(self, candidate: Candidate) -> Node:
+        parent = self.nodes.get(candidate.parent_id) if candidate.parent_id is not None else self.root
+        node = Node(candidate, parent or self.root)
+        node.parent.children.append(node)
+        self.nodes[candidate.id] = node
+        if candidate.is_evaluated:
+            self.backup(node, candidate.speedup)
+        return node
+
+    def update(self, candidate: Candidate) -> Node:
+        node = self.nodes[candidate.id]
+        node.candidate = candidate
+        self.backup(node, candidate.speedup)
+        return node
+
+    @staticmethod
+    def backup(node: Node, value: float) -> None:
+        for n in node.path():
+            n.visits += 1
+            n.total += value
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def evaluated(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.candidate and n.candidate.is_evaluated]
+
+    def best(self) -> Node | None:
+        scored = [n for n in self.evaluated if n.candidate.status and n.candidate.status.is_correct]
+        return max(scored, key=lambda n: (n.score, -n.id)) if scored else None
+
+    def value_range(self) -> tuple[float, float]:
+        means = [n.mean for n in self.nodes.values() if n.visits] + [self.root.mean]
+        return min(means), max(means)
+
+
+class Strategy(Protocol):
+    name: str
+
+    def select(self, tree: Tree, rng: random.Random) -> Node:
+        """The node whose candidate the proposer revises next (the root: propose a first candidate)."""
+
+
+class MCTS:
+    """UCT on values normalised across the tree, with progressive widening.
+
+    A node may take a new child while it has fewer than ``k * visits ** alpha`` children, so good
+    nodes are revised again and again; the exploration term brings the search back to branches
+    that looked poor early.
+    """
+
+    name = "mcts"
+
+    def __init__(self, c: float = 0.7, k: float = 1.0, alpha: float = 0.5, root_children: int = 2):
+        self.c, self.k, self.alpha, self.root_children = c, k, alpha, root_children
+
+    def _can_widen(self, node: Node) -> bool:
+        n = node.visits + node.pending
+        limit = max(1, math.ceil(self.k * n ** self.alpha))
+        if node.candidate is None:
+            limit = max(limit, self.root_children)
+        return len(node.children) + node.pending < limit
+
+    def _uct(self, child: Node, parent: Node, lo: float, hi: float) -> float:
+        visits = child.visits + child.pending
+        if visits == 0:
+            return float("inf")
+        q = (child.total / visits - lo) / (hi - lo) if hi > lo else 0.5
+        return q + self.c * math.sqrt(math.log(max(parent.visits + parent.pending, 1)) / visits)
+
+    def select(self, tree: Tree, rng: random.Random) -> Node:
+        lo, hi = tree.value_range()
+        node = tree.root
+        while True:
+            evaluated_children = [ch for ch in node.children if ch.visits > 0 or ch.pending > 0]
+            if self._can_widen(node) or not evaluated_children:
+                return node
+            best = max(evaluated_children, key=lambda ch: (self._uct(ch, node, lo, hi), rng.random()))
+            node = best
+
+
+class LinearRefinement:
+    """Always revise the best correct candidate so far (the latest one when none is correct)."""
+
+    name = "linear"
+
+    def select(self, tree: Tree, rng: random.Random) -> Node:
+        best = tree.best()
+        if best is not None:
+            return best
+        if tree.evaluated:
+            return max(tree.evaluated, key=lambda n: n.id)
+        return tree.root
+
+
+class BestOfN:
+    """Independent samples: every candidate is a fresh first proposal."""
+
+    name = "best_of_n"
+
+    def select(self, tree: Tree, rng: random.Random) -> Node:
+        return tree.root
+
+
+STRATEGIES = {"mcts": MCTS, "linear": LinearRefinement, "best_of_n": BestOfN}
+
+
+def make_strategy(strategy: str | Strategy) -> Strategy:
+    if isinstance(strategy, str):
+        try:
+            return STRATEGIES[strategy]()
+        except KeyError:
+            raise ValueError(f"unknown search strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}") from None
+    return strategy

@@ -1,0 +1,219 @@
+"""The built-in strategy library: every CUDA strategy compiles, every CPU strategy matches torch,
+and the proposer revises without repeating itself."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kforge.evaluate import Evaluation, Status
+from kforge.kernels import CompileError, DeviceInfo, Kernel, compile_source, find_nvcc, param_vector
+from kforge.ops import Variant, get_spec
+from kforge.proposers._base import Attempt, ProposalRequest, ProposerError
+from kforge.proposers.builtin import BuiltinProposer, all_strategies, strategies_for
+
+H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4250.0, 50 << 20, 227 << 10)
+CPU = DeviceInfo("cpu", "test cpu", "x86_64", 2, 20.0)
+
+
+def variant(op: str, *args, **kwargs) -> Variant:
+    spec = get_spec(op)
+    call = spec.bind(*args, **kwargs)
+    out = spec.reference(list(call.inputs), call.params)
+    return spec.variant(call, out if isinstance(out, (tuple, list)) else (out,))
+
+
+def r(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+BF = torch.bfloat16
+
+# Seed shapes that matter on the GPU (tensors are only traced for their signature).
+SEEDS = {
+    "softmax_long": lambda: variant("softmax", torch.empty(8, 262144), -1),
+    "softmax_attn": lambda: variant("softmax", torch.empty(1, 8, 512, 512, dtype=BF), -1),
+    "softmax_router": lambda: variant("softmax", torch.empty(512, 256), -1),
+    "group_norm_128": lambda: variant("group_norm", torch.empty(1, 512, 128, 128, dtype=BF), 32,
+                                      torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
+    "layer_norm": lambda: variant("layer_norm", torch.empty(1, 4096, 1536, dtype=BF), (1536,),
+                                  torch.empty(1536, dtype=BF), torch.empty(1536, dtype=BF)),
+    "rms_norm": lambda: variant("rms_norm", torch.empty(1, 512, 1536, dtype=BF), (1536,),
+                                torch.empty(1536, dtype=BF), 1e-6),
+    "adaptive_avg_pool2d": lambda: variant("adaptive_avg_pool2d", torch.empty(8, 2048, 7, 7), (1, 1)),
+    "max_pool2d": lambda: variant("max_pool2d", torch.empty(8, 64, 112, 112), 3, 2, 1),
+    "silu": lambda: variant("silu", torch.empty(1, 512, 128, 128, dtype=BF)),
+    "gelu_tanh": lambda: variant("gelu", torch.empty(1, 4096, 6144, dtype=BF), approximate="tanh"),
+    "add_residual": lambda: variant("add", torch.empty(8, 256, 56, 56), torch.empty(8, 256, 56, 56)),
+    "add_bcast_bf16": lambda: variant("add", torch.empty(2, 64, 32, 32, dtype=BF), torch.empty(2, 64, 1, 1, dtype=BF)),
+    "relu": lambda: variant("relu", torch.empty(8, 64, 112, 112)),
+    "embedding": lambda: variant("embedding", torch.zeros(1, 512, dtype=torch.long), torch.empty(262144, 1536, dtype=BF)),
+}
+
+
+def small_variants(dtype: torch.dtype) -> list[Variant]:
+    """Small, odd shapes covering every operator and the awkward forms (tails, broadcasts, no affine)."""
+    w = lambda n: r(n, dtype=dtype)  # noqa: E731
+    x = lambda *s: r(*s, dtype=dtype)  # noqa: E731
+    return [
+        variant("softmax", x(6, 37), -1),
+        variant("softmax", x(3, 5000), -1),
+        variant("softmax", x(2, 7, 5), 1),
+        variant("softmax", x(4, 16), -1, dtype=torch.float32),
+        variant("log_softmax", x(5, 300), -1),
+        variant("log_softmax", x(2, 9000), 1),
+        variant("log_softmax", x(3, 6, 4), 1),
+        variant("layer_norm", x(7, 48), (48,), w(48), w(48), 1e-5),
+        variant("layer_norm", x(3, 4, 5), (4, 5), None, None),
+        variant("layer_norm", x(2, 3000), (3000,), w(3000), None),
+        variant("rms_norm", x(5, 40), (40,), w(40), None),
+        variant("rms_norm", x(3, 1030), (1030,), None, 1e-6),
+        variant("group_norm", x(2, 8, 5, 3), 4, w(8), w(8)),
+        variant("group_norm", x(1, 4, 64, 64), 2, None, None),
+        variant("batch_norm", x(2, 6, 5, 5), r(6).abs(), r(6).abs() + 0.5, r(6), r(6)),
+        variant("adaptive_avg_pool2d", x(2, 3, 7, 9), (3, 4)),
+        variant("adaptive_avg_pool2d", x(2, 5, 7, 7), (1, 1)),
+        variant("max_pool2d", x(2, 3, 11, 10), 3, 2, 1),
+        variant("max_pool2d", x(1, 2, 9, 9), 2, 2, 0, 2, True),
+        variant("avg_pool2d", x(2, 3, 10, 9), 3, 2, 1),
+        variant("avg_pool2d", x(1, 2, 7, 7), 2, 2, 1, True, False),
+        variant("avg_pool2d", x(1, 2, 8, 8), 3, 3, 0, False, True, 4),
+        variant("relu", x(1001)),
+        variant("silu", x(3, 333)),
+        variant("sigmoid", x(4, 8, 9)),
+        variant("tanh", x(3, 100)),
+        variant("gelu", x(5, 64)),
+        variant("gelu", x(5, 63), approximate="tanh"),
+        variant("softplus", x(4, 50) * 10, 2.0, 15.0),
+        variant("add", x(4, 6, 5, 8), x(4, 6, 5, 8)),
+        variant("add", x(4, 6, 5, 8), x(6, 1, 1), alpha=2),
+        variant("add", x(4, 6, 5, 8), x(8)),
+        variant("add", x(3, 7), 2.5),
+        variant("add", x(5, 4).t(), x(4, 5)),
+        variant("mul", x(6, 1, 8), x(5, 1)),
+        variant("mul", x(4, 32), 0.5),
+        variant("pad", x(2, 3, 5, 4), (1, 2, 0, 3), "constant", 1.5),
+        variant("pad", x(2, 3, 6), (2, 1), "reflect"),
+        variant("pad", x(2, 4, 5), (1, 1, 2, 0), "replicate"),
+        variant("pad", x(2, 3, 6), (2, 3), "circular"),
+        variant("embedding", torch.tensor([[3, 0, 7], [2, 2, 9]]), x(10, 24)),
+    ]
+
+
+# ----------------------------------------------------------------------------- CPU: real runs
+
+
+def _run(kernel: Kernel, v: Variant, inputs: list) -> list[torch.Tensor]:
+    outs = [torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype)).as_strided(s.shape, s.stride)
+            if s.is_contiguous else torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype)).fill_(float("nan"))
+            for s in v.outputs]
+    ws = torch.empty(max(kernel.workspace_bytes, 1), dtype=torch.uint8)
+    kernel.launch(inputs, outs, param_vector(v), workspace=ws)
+    return outs
+
+
+def _check(v: Variant, strategy, config: dict | None = None) -> None:
+    spec = get_spec(v.op)
+    config = config if config is not None else strategy.default(v, CPU)
+    built = compile_source(strategy.render(v, config, CPU), "cpu", "native")
+    kernel = Kernel(built.path)
+    inputs = spec.random_inputs(v, seed=1)
+    before = [t.clone() if t is not None else None for t in inputs]
+    (out,) = _run(kernel, v, inputs)
+    ref = spec.reference(inputs, v.param_dict)
+    for a, b in zip(inputs, before):
+        assert a is None or torch.equal(a, b), f"{strategy.name} modified an input"
+    rtol, atol = spec.tolerance(v.outputs[0].dtype)
+    scale = ref.float().abs().max().item() or 1.0
+    assert torch.isfinite(out.float()).all(), f"{strategy.name} left NaN/unwritten elements on {v.signature}"
+    err = (out.float() - ref.float()).abs()
+    bound = atol * scale + rtol * ref.float().abs()
+    assert (err <= bound).all(), f"{strategy.name} on {v.signature}: max error {err.max().item():.3g}"
+
+
+def _cpu_cases(dtype):
+    return [(v, s) for v in small_variants(dtype) for s in strategies_for(v.op, "cpu") if s.applies(v, CPU)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_every_cpu_strategy_matches_the_reference(dtype):
+    cases = _cpu_cases(dtype)
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:  # warm the compile cache in parallel
+        list(pool.map(lambda c: compile_source(c[1].render(c[0], c[1].default(c[0], CPU), CPU), "cpu", "native"), cases))
+    for v, s in cases:
+        _check(v, s)
+
+
+def test_cpu_search_space_configs_are_correct():
+    v = small_variants(torch.float32)[21]  # relu with a tail
+    (s,) = [s for s in strategies_for("relu", "cpu") if s.space]
+    for config in s.configs(v, CPU):
+        _check(v, s, config)
+
+
+def test_every_operator_family_has_cpu_and_cuda_strategies():
+    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "adaptive_avg_pool2d",
+           "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
+           "pad", "embedding", "batch_norm"}
+    for op in ops:
+        assert strategies_for(op, "cuda"), op
+        assert strategies_for(op, "cpu"), op
+    for op in ("softmax", "layer_norm", "group_norm", "rms_norm", "add", "relu", "silu", "gelu"):
+        assert len(strategies_for(op, "cpu")) >= 2, op
+    names = [s.name for s in all_strategies()]
+    assert len(names) == len(set(names))
+
+
+def test_strategies_refuse_forms_they_do_not_handle():
+    ints = variant("relu", torch.arange(10))
+    assert not any(s.applies(ints, CPU) for s in strategies_for("relu"))
+    with pytest.raises(ProposerError, match="no built-in strategy"):
+        BuiltinProposer().propose(_request(ints, CPU))
+
+
+# ----------------------------------------------------------------------------- CUDA: compile only
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+
+
+def _cuda_cases() -> list[tuple[str, str, str]]:
+    """(label, strategy, source): every CUDA strategy on the seed variants it applies to (default
+    and last config) and on at most one small float32 and one small bfloat16 variant (default)."""
+    seeds = [f() for f in SEEDS.values()]
+    small = {dt: small_variants(dt) for dt in (torch.float32, torch.bfloat16)}
+    cases = []
+    for s in all_strategies():
+        if s.backend != "cuda":
+            continue
+        picks = [(v, c) for v in seeds if s.applies(v, H200) for c in _first_last(s.configs(v, H200))]
+        for variants in small.values():
+            picks += [(v, s.default(v, H200)) for v in variants if s.applies(v, H200)][:1]
+        sources = {s.render(v, c, H200): f"{s.name} {c} {v.signature}" for v, c in picks}
+        cases += [(label, s.name, src) for src, label in sources.items()]
+    return cases
+
+
+def _first_last(configs) -> list[dict]:
+    configs = list(configs)
+    return configs[:1] + configs[-1:] if len(configs) > 1 else configs
+
+
+@needs_nvcc
+def test_every_cuda_strategy_compiles_for_sm90():
+    cases = _cuda_cases()
+    assert {name for _, name, _ in cases} == {s.name for s in all_strategies() if s.backend == "cuda"}
+
+    def build(case):
+        label, _, src = case
+        try:
+            compile_source(src, "cuda", "sm_90")
+            return None
+        except CompileError as e:
+            return f"{label}\n{e.log[-3000:]}"
+
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+        failures = [f for f in pool.map(build, cases) if f]
+    assert not failures, "\n\n".join(failures[:3])
