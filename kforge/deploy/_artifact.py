@@ -147,10 +147,8 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     evaluator = Evaluator(here_device)
                 from ..capture import Card
 
-                from ..evaluate import Status
-
                 ev = evaluator.evaluate(Card(variant, 1, 0.0, 1.0, None), source)
-                if not ev.status.is_correct or ev.status is Status.SLOWER:
+                if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
             kernels.append(DeployedKernel(variant, Kernel(binary), e.get("candidate_id"), e.get("speedup")))

@@ -57,7 +57,8 @@ def sd35_transformer(*, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
             config["num_layers"] = layers
             config["dual_attention_layers"] = [i for i in config["dual_attention_layers"] if i < layers]
         torch.manual_seed(0)
-        model = cls.from_config(config)
+        with torch.device(device):
+            model = cls.from_config(config)
     model = model.to(device=device, dtype=dtype).eval()
     cfg = model.config
     latent = resolution // 8
@@ -94,7 +95,8 @@ def sd35_vae_decoder(*, device: str = "cpu", dtype: torch.dtype = torch.bfloat16
                                   local_files_only=True)
     else:
         torch.manual_seed(0)
-        vae = cls.from_config(SD35_VAE_CONFIG)
+        with torch.device(device):
+            vae = cls.from_config(SD35_VAE_CONFIG)
     model = VAEDecoder(vae).to(device=device, dtype=dtype).eval()
     latent = resolution // 8
     g = torch.Generator().manual_seed(0)

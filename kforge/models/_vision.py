@@ -17,7 +17,8 @@ def resnet50(*, device: str = "cpu", dtype: torch.dtype = torch.bfloat16, batch:
     """
     models = require("torchvision", "resnet50").models
     torch.manual_seed(0)
-    model = models.resnet50(weights=None)
+    with torch.device(device):
+        model = models.resnet50(weights=None)
     if weights is not None:
         model.load_state_dict(torch.load(Path(weights), map_location="cpu", weights_only=True))
     model = model.to(device=device, dtype=dtype).eval()

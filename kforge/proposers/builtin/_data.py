@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-from ...kernels import DeviceInfo
 from ...ops import Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import Strategy, contiguous, fill, floats_only, register, vec_width

@@ -6,7 +6,7 @@ import math
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import Strategy, cdiv, fill, floats_only, register, vec_width
+from ._strategy import Strategy, fill, floats_only, register, vec_width
 
 _UNARY = {
     "relu": "(x < 0.f ? 0.f : x)",

