@@ -1,0 +1,137 @@
+"""The evaluator against a corpus of broken kernels (CPU backend; the CUDA corpus is in test_gpu.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kforge.capture import Card
+from kforge.evaluate import Evaluator, Status, bench_pair
+from kforge.kernels import CompileError, Kernel, compile_source, param_vector
+from kforge.ops import get_spec
+from conftest import kernel_source
+
+
+def _card(op: str, *args) -> Card:
+    spec = get_spec(op)
+    call = spec.bind(*args)
+    out = spec.reference(call.inputs, call.params)
+    return Card(spec.variant(call, [out]), 1, 1.0, 1.0, spec.vendor)
+
+
+SOFTMAX = _card("softmax", torch.randn(32, 256), -1)
+
+FAULTS = [
+    ("fault_oob_write", Status.WRONG_RESULT, "outside output"),
+    ("fault_oob_read", Status.WRONG_RESULT, "outside tolerance"),
+    ("fault_bad_pointer", Status.CRASHED, "SIGSEGV"),
+    ("fault_endless", Status.TIMED_OUT, "no result within"),
+    ("fault_race", Status.WRONG_RESULT, ""),
+    ("fault_partial", Status.WRONG_RESULT, "never written"),
+    ("fault_writes_input", Status.WRONG_RESULT, "modified an input"),
+    ("fault_nan", Status.WRONG_RESULT, "NaN/Inf"),
+    ("fault_previous_call", Status.WRONG_RESULT, ""),
+    ("fault_slower", Status.SLOWER, "over eager"),
+    ("fault_launch_error", Status.LAUNCH_ERROR, "error code 7"),
+]
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator("cpu", timeout_s=20) as ev:
+        yield ev
+
+
+def _memorising_kernel(card: Card) -> str:
+    """Outputs the reference of one fixed input (seed 1) whatever it is given."""
+    spec = get_spec(card.op)
+    ref = spec.reference(spec.random_inputs(card.variant, seed=1), card.variant.param_dict).flatten()
+    table = ",".join(f"{v:.9g}f" for v in ref.tolist())
+    return ('#include "kforge.h"\n#include <string.h>\nstatic const float answer[] = {' + table + '};\n'
+            "KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out,\n"
+            "  const double* params, int n_params, void* ws, void* stream) {\n"
+            "  memcpy(out[0].data, answer, sizeof(answer)); return 0; }\n")
+
+
+@pytest.mark.parametrize("name,status,message", FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_gets_its_status_and_the_pool_survives(evaluator, name, status, message):
+    ev = evaluator.evaluate(SOFTMAX, kernel_source("cpu", name))
+    assert ev.status is status, ev.summary()
+    assert message in ev.message
+    if status.is_failure:
+        assert ev.speedup == 0.0 and ev.score == 0.0
+    after = evaluator.evaluate(SOFTMAX, kernel_source("cpu", "softmax_rows"))
+    assert after.status.is_correct, after.summary()
+
+
+def test_memorised_outputs_fail_on_fresh_inputs(evaluator):
+    ev = evaluator.evaluate(SOFTMAX, _memorising_kernel(SOFTMAX))
+    assert ev.status is Status.WRONG_RESULT
+    assert ev.max_abs_error > 0 and ev.mismatch_fraction > 0.5
+
+
+def test_compile_error_keeps_the_log(evaluator):
+    ev = evaluator.evaluate(SOFTMAX, kernel_source("cpu", "softmax_rows").replace("float m", "flaot m"))
+    assert ev.status is Status.COMPILE_ERROR
+    assert "flaot" in ev.compile_log and "error" in ev.compile_log
+
+
+def test_correct_softmax_reports_timings_and_roofline(evaluator):
+    ev = evaluator.evaluate(SOFTMAX, kernel_source("cpu", "softmax_rows"))
+    assert ev.status.is_correct
+    assert ev.candidate_us > 0 and ev.eager_us > 0
+    assert ev.speedup == pytest.approx(ev.eager_us / ev.candidate_us)
+    assert ev.candidate_spread is not None and 0 < ev.roofline_fraction < 1
+    assert "second run at new addresses" in ev.checks and "random set 2" in ev.checks
+    assert ev.max_rel_error < 1e-5
+
+
+def test_correct_group_norm(evaluator):
+    x = torch.randn(2, 64, 16, 16)
+    card = _card("group_norm", x, 8, torch.randn(64), torch.randn(64), 1e-5)
+    ev = evaluator.evaluate(card, kernel_source("cpu", "group_norm"))
+    assert ev.status.is_correct, ev.summary()
+    wrong = kernel_source("cpu", "group_norm").replace("var / len", "var / (len - 1)")
+    assert evaluator.evaluate(card, wrong).status is Status.WRONG_RESULT
+
+
+def test_bfloat16_tolerance_is_loose_but_not_blind(evaluator):
+    """A float32 kernel result rounded to bf16 passes; an off-by-one-group result does not."""
+    x = torch.randn(2, 8, 4, 4, dtype=torch.bfloat16)
+    card = _card("relu", x)
+    src = ('#include "kforge.h"\nKF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, '
+           'int n_out, const double* p, int np, void* ws, void* s) {\n'
+           '  const uint16_t* x = (const uint16_t*)in[0].data; uint16_t* y = (uint16_t*)out[0].data;\n'
+           '  for (int i = 0; i < 256; ++i) { float v = kf_bf16_to_f32(x[i]); y[i] = kf_f32_to_bf16(v > 0 ? v : 0); }\n'
+           '  return 0; }\n')
+    assert evaluator.evaluate(card, src).status.is_correct
+    bad = src.replace("v > 0 ? v : 0", "v > 0 ? v * 1.05f : 0")
+    assert evaluator.evaluate(card, bad).status is Status.WRONG_RESULT
+
+
+def test_worker_restarts_are_counted(evaluator):
+    before = evaluator.restarts
+    evaluator.evaluate(SOFTMAX, kernel_source("cpu", "fault_bad_pointer"))
+    assert evaluator.restarts == before + 1
+
+
+def test_compiled_kernels_are_cached_by_source():
+    src = kernel_source("cpu", "softmax_rows") + "\n/* cache test */\n"
+    first = compile_source(src, "cpu", "native")
+    second = compile_source(src, "cpu", "native")
+    assert not first.cached and second.cached and first.path == second.path
+    with pytest.raises(CompileError) as exc:
+        compile_source("int main(", "cpu", "native")
+    assert exc.value.log
+
+
+def test_in_process_launch_matches_eager():
+    """The same kernel through Kernel.launch (what deploy and benchmarks use) against eager."""
+    src = kernel_source("cpu", "softmax_rows")
+    kernel = Kernel(compile_source(src, "cpu", "native").path)
+    x = torch.randn(32, 256)
+    y = torch.empty_like(x)
+    kernel.launch([x], [y], param_vector(SOFTMAX.variant))
+    torch.testing.assert_close(y, x.softmax(-1))
+    cand, eager = bench_pair(lambda: kernel.launch([x], [y], param_vector(SOFTMAX.variant)),
+                             lambda: x.softmax(-1), device="cpu", reps=20)
+    assert cand.reps == eager.reps == 20 and cand.median_us > 0
