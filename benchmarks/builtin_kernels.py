@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -172,31 +174,48 @@ def worker(jobs_path: str) -> None:
         print(json.dumps(result), flush=True)
 
 
-def run_all(jobs: list[dict]) -> None:
-    """Run the compiled jobs in worker processes, restarting after a crash."""
+def _lines(proc: subprocess.Popen, timeout_s: float):
+    """The worker's JSON messages; stops (killing the worker) after ``timeout_s`` of silence."""
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [q.put(ln) for ln in proc.stdout] + [q.put(None)], daemon=True).start()
+    while True:
+        try:
+            line = q.get(timeout=timeout_s)
+        except queue.Empty:
+            proc.kill()
+            return
+        if line is None:
+            return
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
+def run_all(jobs: list[dict], job_timeout_s: float = 90.0) -> None:
+    """Run the compiled jobs in worker processes, restarting after a crash or a hang."""
     pending = [j for j in jobs if "path" in j]
     tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"kforge-bench-{os.getpid()}.json")
     while pending:
         with open(tmp, "w") as f:
             json.dump(pending, f)
         proc = subprocess.Popen([sys.executable, __file__, "--worker", tmp], stdout=subprocess.PIPE, text=True)
-        current = None
-        for line in proc.stdout:
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        current, finished = None, False
+        for msg in _lines(proc, job_timeout_s):
             if "start" in msg:
-                current = msg["start"]
+                current, finished = msg["start"], False
             else:
                 pending[msg.pop("done")].update(msg)
+                finished = True
         proc.wait()
         if proc.returncode == 0 or current is None:
             break
-        crashed = pending[current]
-        crashed.update(correct=False, error=f"worker died (exit {proc.returncode}): crash or illegal address")
-        print(f"  ! {crashed['strategy']} {crashed['config']} on {crashed['variant']} crashed; restarting",
-              file=sys.stderr)
+        if not finished:
+            bad = pending[current]
+            bad.update(correct=False, error=f"worker died or hung (exit {proc.returncode}): crash, illegal "
+                                            f"address or no answer within {job_timeout_s:.0f} s")
+            print(f"  ! {bad['strategy']} {bad['config']} on {bad['variant']} failed hard; restarting the worker",
+                  file=sys.stderr)
         pending = pending[current + 1:]
     if os.path.exists(tmp):
         os.unlink(tmp)

@@ -107,8 +107,7 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
 
 
 def _run(kernel: Kernel, v: Variant, inputs: list) -> list[torch.Tensor]:
-    outs = [torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype)).as_strided(s.shape, s.stride)
-            if s.is_contiguous else torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype)).fill_(float("nan"))
+    outs = [torch.empty_strided(s.shape, s.stride, dtype=getattr(torch, s.dtype)).fill_(float("nan"))
             for s in v.outputs]
     ws = torch.empty(max(kernel.workspace_bytes, 1), dtype=torch.uint8)
     kernel.launch(inputs, outs, param_vector(v), workspace=ws)

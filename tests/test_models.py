@@ -99,7 +99,7 @@ def test_sd35_vae_decoder_captures_group_norm_silu_conv_and_attention(tmp_path):
     with torch.no_grad():
         assert model(latents).shape == (1, 3, 32, 32)
     calls, _ = _capture(model, latents, tmp_path)
-    # 3 mid-block + 4x3 up-block resnets with two norms each, the mid attention's norm, the output norm
+    # 2 mid-block + 4x3 up-block resnets with two norms each, the mid attention's norm, the output norm
     assert calls["group_norm"] == 30 and calls["silu"] == 29
     assert calls["conv2d"] > 30 and calls["scaled_dot_product_attention"] == 1
 

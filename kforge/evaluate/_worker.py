@@ -67,11 +67,23 @@ def _check_cuda(device: str) -> None:
 def evaluate_job(job: Job) -> Evaluation:
     start = time.perf_counter()
     try:
-        ev = _evaluate(job)
+        if job.backend == "cuda":
+            # NB: candidates run on a stream of their own, so one that launches elsewhere is
+            # caught by the timing check instead of hiding behind the default stream.
+            with torch.cuda.stream(torch.cuda.Stream(job.device)):
+                ev = _evaluate(job)
+        else:
+            ev = _evaluate(job)
     except _Fatal as exc:
-        ev = Evaluation(Status.CRASHED, str(exc))
-        ev = _with_wall(ev, start)
-        raise _FatalResult(ev) from exc
+        raise _FatalResult(_with_wall(Evaluation(Status.CRASHED, str(exc)), start)) from exc
+    except RuntimeError as exc:
+        # A candidate that swallowed a launch error or corrupted the context makes the next
+        # torch call fail: that is the candidate's fault, and the context must be replaced.
+        text = str(exc)
+        if job.backend == "cuda" and ("CUDA" in text or "cuda" in text):
+            raise _FatalResult(_with_wall(Evaluation(Status.CRASHED, f"CUDA error after the kernel ran: "
+                                                     f"{text.splitlines()[0]}"), start)) from exc
+        raise
     return _with_wall(ev, start)
 
 

@@ -316,7 +316,9 @@ for _op in ("layer_norm", "rms_norm"):
         lambda v, d: _row_ok(v) and _row_d(v) <= 2048,
         lambda v, d: {"rows_per_block": 4, "vec": _vmax(v, _row_d(v))}, _render_warp_row,
         valid_fn=lambda v, c, d: c["vec"] <= _vmax(v, _row_d(v)),
-        fit_fn=lambda v, d: 3.0 if _row_d(v) <= 1024 else 1.5))
+        fit_fn=lambda v, d: 3.0 if _row_d(v) <= 1024 else 1.5,
+        explain_fn=lambda v, c: (f"one warp per {_row_d(v)}-element row ({cdiv(_row_d(v), 32)} per lane in "
+                                 f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads")))
     register(Strategy(
         f"{_op}.cuda.block_register", _op, "cuda", 2,
         "one block per row held in registers: read once, exact two-pass statistics, written once",
@@ -326,7 +328,9 @@ for _op in ("layer_norm", "rms_norm"):
         _render_block_register,
         valid_fn=lambda v, c, d: (c["vec"] <= _vmax(v, _row_d(v))
                                   and cdiv(_row_d(v), c["threads"] * c["vec"]) * c["vec"] <= 32),
-        fit_fn=lambda v, d: 2.5 if _row_d(v) > 1024 else 2.0))
+        fit_fn=lambda v, d: 2.5 if _row_d(v) > 1024 else 2.0,
+        explain_fn=lambda v, c: (f"one {c['threads']}-thread block per {_row_d(v)}-element row held in "
+                                 f"registers, {c['vec']}-wide loads")))
     register(Strategy(
         f"{_op}.cpu.two_pass", _op, "cpu", 0,
         "OpenMP over rows: SIMD mean, then SIMD variance around it, then normalise",
@@ -505,7 +509,10 @@ register(Strategy(
     lambda v, d: {"split": max(2, _gn_default_split(v, d)), "threads": 512, "vec": _gn_vmax(v)},
     lambda v, c, d: fill(_GN, **_gn_common(v, c)),
     valid_fn=lambda v, c, d: c["vec"] <= _gn_vmax(v),
-    fit_fn=lambda v, d: 4.0 if _gn_default_split(v, d) >= 4 else 0.5))
+    fit_fn=lambda v, d: 4.0 if _gn_default_split(v, d) >= 4 else 0.5,
+    explain_fn=lambda v, c: (f"split each of the {_gn_dims(v)[0] * _gn_dims(v)[3]} groups of {_gn_group_size(v)} "
+                             f"elements over {c['split']} blocks of {c['threads']} threads, Welford partials "
+                             f"then normalise")))
 
 # ----------------------------------------------------------------------------- group_norm (CPU)
 

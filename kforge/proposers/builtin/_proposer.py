@@ -80,7 +80,7 @@ class BuiltinProposer:
             raise ProposerError(f"every built-in (strategy, config) for {variant.signature} was tried")
         strategy, config, why = choice
         return Proposal(source=strategy.render(variant, config, device),
-                        intent=self._intent(strategy, config, why, parent), strategy=strategy.name,
+                        intent=self._intent(strategy, variant, config, why, parent), strategy=strategy.name,
                         config=config)
 
     # ------------------------------------------------------------------------- moves
@@ -139,9 +139,8 @@ class BuiltinProposer:
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
     @staticmethod
-    def _intent(strategy: Strategy, config: Config, why: str, parent: Attempt | None) -> str:
-        knobs = ", ".join(f"{k}={v}" for k, v in config.items())
-        line = f"{strategy.name}: {strategy.doc}" + (f" [{knobs}]" if knobs else "") + f"; {why}"
+    def _intent(strategy: Strategy, variant: Variant, config: Config, why: str, parent: Attempt | None) -> str:
+        line = f"{strategy.name}: {strategy.explain(variant, config)}; {why}"
         if parent is not None and parent.evaluation.status.is_correct:
             ev = parent.evaluation
             line += f"; parent ran {ev.speedup:.2f}x eager"

@@ -357,7 +357,9 @@ for _op, _log in (("softmax", False), ("log_softmax", True)):
         lambda v, d: {"rows_per_block": 4, "vec": _vmax(v)},
         lambda v, c, d, _l=_log: fill(_REGISTER_ROW, group=32, **_common(v, c, _l)),
         valid_fn=lambda v, c, d: c["vec"] <= _vmax(v),
-        fit_fn=lambda v, d: 3.0 if _view(v)[1] <= 1024 else 1.0))
+        fit_fn=lambda v, d: 3.0 if _view(v)[1] <= 1024 else 1.0,
+        explain_fn=lambda v, c: (f"one warp per {_view(v)[1]}-element row ({cdiv(_view(v)[1], 32)} per lane in "
+                                 f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads")))
     register(Strategy(
         f"{_op}.cuda.block_register", _op, "cuda", 2,
         "one block per row held in registers (read once, written once), 16-byte loads",
@@ -368,7 +370,9 @@ for _op, _log in (("softmax", False), ("log_softmax", True)):
         lambda v, c, d, _l=_log: fill(_REGISTER_ROW, group=c["threads"], rows_per_block=1,
                                      **_common(v, c, _l)),
         valid_fn=lambda v, c, d: c["vec"] <= _vmax(v) and cdiv(_view(v)[1], c["threads"] * c["vec"]) * c["vec"] <= 32,
-        fit_fn=lambda v, d: 2.5 if _view(v)[1] > 1024 else 1.5))
+        fit_fn=lambda v, d: 2.5 if _view(v)[1] > 1024 else 1.5,
+        explain_fn=lambda v, c: (f"one {c['threads']}-thread block per {_view(v)[1]}-element row held in "
+                                 f"registers, {c['vec']}-wide loads")))
     register(Strategy(
         f"{_op}.cuda.online_split", _op, "cuda", 3,
         "each long row split over many blocks: online (max, sum) partials in the workspace, "
@@ -378,7 +382,9 @@ for _op, _log in (("softmax", False), ("log_softmax", True)):
         lambda v, d: {"split": max(2, _default_split(v, d)), "threads": 512, "vec": _vmax(v)},
         lambda v, c, d, _l=_log: fill(_ONLINE_SPLIT, **_common(v, c, _l)),
         valid_fn=lambda v, c, d: c["vec"] <= _vmax(v),
-        fit_fn=lambda v, d: 4.0 if _default_split(v, d) >= 4 else 0.5))
+        fit_fn=lambda v, d: 4.0 if _default_split(v, d) >= 4 else 0.5,
+        explain_fn=lambda v, c: (f"split each {_view(v)[1]}-element row over {c['split']} blocks of {c['threads']} "
+                                 f"threads ({_view(v)[0] * c['split']} blocks), online partials then normalise")))
     register(Strategy(
         f"{_op}.cuda.strided", _op, "cuda", 0,
         "reduced dimension not innermost: one thread per column, coalesced across the inner dims",

@@ -38,6 +38,7 @@ class Strategy:
     render_fn: Callable[[Variant, Config, DeviceInfo], str] = field(compare=False)
     valid_fn: Callable[[Variant, Config, DeviceInfo], bool] | None = field(default=None, compare=False)
     fit_fn: Callable[[Variant, DeviceInfo], float] | None = field(default=None, compare=False)
+    explain_fn: Callable[[Variant, Config], str] | None = field(default=None, compare=False)
 
     def applies(self, variant: Variant, device: DeviceInfo) -> bool:
         return variant.op == self.op and device.backend == self.backend and self.applies_fn(variant, device)
@@ -50,6 +51,13 @@ class Strategy:
 
     def fit(self, variant: Variant, device: DeviceInfo) -> float:
         return self.fit_fn(variant, device) if self.fit_fn is not None else float(self.level)
+
+    def explain(self, variant: Variant, config: Config) -> str:
+        """What this configuration does on this variant, in one short phrase."""
+        if self.explain_fn is not None:
+            return self.explain_fn(variant, config)
+        knobs = ", ".join(f"{k}={v}" for k, v in config.items())
+        return self.doc + (f" [{knobs}]" if knobs else "")
 
     def configs(self, variant: Variant, device: DeviceInfo) -> Iterator[Config]:
         """Every valid configuration of the space for ``variant``, the default first."""

@@ -1,0 +1,92 @@
+"""How fast and how steady the evaluator is: compile time per candidate, evaluations per minute,
+and the run-to-run spread of one kernel timed twice.
+
+    python benchmarks/evaluator.py --device cuda     # on the H200 (device tool)
+    python benchmarks/evaluator.py --device cpu
+
+Writes JSON to $OUT/evaluator_<device>.json when OUT is set and prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kforge.capture import Card  # noqa: E402
+from kforge.evaluate import Evaluator  # noqa: E402
+from kforge.kernels import compile_source, device_info  # noqa: E402
+from kforge.ops import get_spec  # noqa: E402
+
+KERNELS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
+
+
+def _card(op, *args) -> Card:
+    spec = get_spec(op)
+    call = spec.bind(*args)
+    return Card(spec.variant(call, [spec.reference(call.inputs, call.params)]), 1, 1.0, 1.0, None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--compiles", type=int, default=6)
+    ap.add_argument("--evaluations", type=int, default=10)
+    args = ap.parse_args()
+    device = args.device
+    backend = "cuda" if device.startswith("cuda") else "cpu"
+    os.environ.setdefault("KFORGE_CACHE", tempfile.mkdtemp(prefix="kforge-bench-cache-"))
+    ext = "cu" if backend == "cuda" else "c"
+    base = (KERNELS / backend / f"softmax_rows.{ext}").read_text()
+    arch = device_info(device).arch if backend == "cuda" else "native"
+
+    compile_s = []
+    for i in range(args.compiles):  # distinct sources: every one is a cold compile
+        compile_s.append(compile_source(base + f"\n// compile benchmark {time.time_ns()} {i}\n", backend, arch).seconds)
+
+    shape = (8, 262144) if backend == "cuda" else (64, 4096)
+    card = _card("softmax", torch.randn(shape, device=device), -1)
+    results = {"device": device_info(device).describe(), "compile_s": compile_s,
+               "compile_median_s": statistics.median(compile_s)}
+    with Evaluator(device) as ev:
+        ev.evaluate(card, base)  # worker start-up and first compile stay out of the rate
+        start = time.perf_counter()
+        evals = [ev.evaluate(card, base + f"\n// eval {i}\n") for i in range(args.evaluations)]
+        wall = time.perf_counter() - start
+        twice = [ev.evaluate(card, base) for _ in range(2)]
+    results.update({
+        "evaluations": len(evals), "evaluations_wall_s": wall, "evaluations_per_minute": 60 * len(evals) / wall,
+        "statuses": [e.status.value for e in evals],
+        "kernel_us_all": [e.candidate_us for e in evals], "eager_us_all": [e.eager_us for e in evals],
+        "speedup_all": [e.speedup for e in evals],
+        "timed_twice": [{"kernel_us": e.candidate_us, "eager_us": e.eager_us, "speedup": e.speedup,
+                         "kernel_cv": e.candidate_spread, "eager_cv": e.eager_spread} for e in twice],
+    })
+    sp = results["speedup_all"]
+    results["speedup_spread_pct"] = 100 * (max(sp) - min(sp)) / statistics.median(sp)
+    k = [t["kernel_us"] for t in results["timed_twice"]]
+    results["twice_kernel_diff_pct"] = 100 * abs(k[0] - k[1]) / min(k)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"evaluator_{backend}.json").write_text(json.dumps(results, indent=2))
+    print(f"\n== evaluator benchmark on {results['device']}")
+    print(f"compile per candidate (cold, median of {len(compile_s)}): {results['compile_median_s']:.2f} s "
+          f"(min {min(compile_s):.2f}, max {max(compile_s):.2f})")
+    print(f"evaluations per minute (compile + validate + time, {shape} softmax): "
+          f"{results['evaluations_per_minute']:.1f}")
+    print(f"statuses: {sorted(set(results['statuses']))}")
+    print(f"speedup over {len(sp)} evaluations of the same kernel: median {statistics.median(sp):.3f}x, "
+          f"spread (max-min)/median {results['speedup_spread_pct']:.1f}%")
+    print(f"one kernel timed twice: {k[0]:.2f} us and {k[1]:.2f} us ({results['twice_kernel_diff_pct']:.1f}% apart); "
+          f"per-evaluation CV {twice[0].candidate_spread:.3f} / {twice[1].candidate_spread:.3f}")
+
+
+if __name__ == "__main__":
+    main()
