@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
 from kforge.kernels import CompileError, compile_source, device_info
 from kforge.ops import Variant, get_spec
 from kforge.proposers.builtin import strategies_for

@@ -188,6 +188,10 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             return original(*args, **kwargs)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
             return original(*args, **kwargs)
+        if any(t is not None and type(t) not in _PLAIN for t in inputs):
+            # NB: fake and functional tensors (torch.compile tracing a Tensor method) have no
+            # memory; the traced graph then uses torch's own kernel for this call.
+            return original(*args, **kwargs)
         dk = entry[0]
         if torch.compiler.is_compiling():
             outs = torch.ops.kforge.run(entry[1].register_key(dk), list(inputs))
@@ -204,6 +208,7 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
 
 
 DISPATCHER = Dispatcher()
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass

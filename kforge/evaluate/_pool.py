@@ -16,6 +16,8 @@ from ..kernels import backend_of, device_info
 from ._result import Evaluation, Status
 from multiprocessing.connection import Connection
 
+import torch
+
 from ._worker import Job
 
 if TYPE_CHECKING:
@@ -44,10 +46,14 @@ class _Worker:
                 pass_fds=(child_fd,), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         child_sock.close()
-        if not self.conn.poll(_START_TIMEOUT_S):
+        try:
+            if not self.conn.poll(_START_TIMEOUT_S):
+                raise EOFError
+            tag, _ = self.conn.recv()
+        except (EOFError, OSError):
             self.kill()
-            raise RuntimeError(f"the evaluator worker for {device} did not start: {self.stderr_tail()}")
-        tag, _ = self.conn.recv()
+            raise RuntimeError(f"the evaluator worker for {device} did not start; its output:\n"
+                               f"{self.stderr_tail()}") from None
         assert tag == "ready"
 
     def stderr_tail(self, n: int = 4000) -> str:
@@ -108,8 +114,10 @@ class Evaluator:
 
     def __init__(self, device: str = "cpu", *, timeout_s: float = 60.0, random_sets: int = 3,
                  budget_ms: float | None = None):
-        self.device = device
         self.backend = backend_of(device)
+        if self.backend == "cuda" and ":" not in device:
+            device = f"cuda:{torch.cuda.current_device()}"
+        self.device = device
         self.timeout_s = timeout_s
         self.random_sets = random_sets
         # NB: CPU kernels are timed for the loop's sake, not for reports: a shorter budget.

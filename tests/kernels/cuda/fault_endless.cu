@@ -38,5 +38,6 @@ __device__ void softmax_row(const float* xr, float* yr, int64_t cols) {
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = expf(xr[c] - m) * inv;
 }
 
-__global__ void k(float* y) { volatile int spin = 1; while (spin) { y[0] = 0.f; } }
+// NB: an asm statement the compiler must keep: a plain spin loop with no side effect may be deleted.
+__global__ void k(float* y) { for (;;) { asm volatile("nanosleep.u32 1000;"); } }
 ENTRY { SHAPE (void)x; (void)rows; (void)cols; k<<<1, 1, 0, s>>>(y); return (int)cudaGetLastError(); }
