@@ -23,7 +23,7 @@ _OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
 
 
 def _fast_key(inputs: Iterable[torch.Tensor | None], params: tuple) -> tuple:
-    return (tuple(None if t is None else (t.shape, t.dtype, t.stride(), t.device) for t in inputs), params)
+    return (tuple([None if t is None else (t.shape, t.dtype, t.stride(), t.device) for t in inputs]), params)
 
 
 def _device(name: str) -> torch.device:
@@ -37,10 +37,9 @@ def variant_key(variant: Variant) -> tuple:
     return (ins, tuple(v for _, v in variant.params))
 
 
-def _param_values(spec: OpSpec, params: dict) -> tuple:
-    from ..ops._signature import _freeze
-
-    return tuple(_freeze(params[n]) for n in spec.params)
+def _param_values(names: tuple[str, ...], params: dict) -> tuple:
+    # NB: binders already return hashable params (tuples, not lists); no freezing on the hot path.
+    return tuple([params[n] for n in names])
 
 
 class DeployedKernel:
@@ -173,6 +172,7 @@ def _locations(target: Any) -> list[tuple[Any, str]]:
 
 def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind: Callable) -> Callable:
     table = dispatcher.tables.setdefault(spec.name, {})
+    names = spec.params
 
     def kforge_dispatch(*args, **kwargs):
         if not table:
@@ -180,7 +180,7 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         try:
             call = bind(*args, **kwargs)
             inputs = call.inputs
-            key = _fast_key(inputs, _param_values(spec, call.params))
+            key = _fast_key(inputs, _param_values(names, call.params))
             entry = table.get(key)
         except (Unsupported, TypeError, ValueError, AttributeError):
             return original(*args, **kwargs)

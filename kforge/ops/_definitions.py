@@ -305,7 +305,8 @@ register(OpSpec(
     name="embedding", kind="data", targets=(F.embedding, torch.embedding),
     inputs=("indices", "weight"), params=("padding_idx",), bind=_bind_embedding,
     reference=lambda x, p: F.embedding(x[0], x[1], p["padding_idx"]),
-    sample=_sample_embedding, doc="gather rows of a weight table by index"))
+    sample=_sample_embedding, doc="gather rows of a weight table by index",
+    io_bytes=lambda v: v.inputs[0].nbytes + 2 * sum(o.nbytes for o in v.outputs)))
 
 # ----------------------------------------------------------------------------- vendor-backed
 

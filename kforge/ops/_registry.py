@@ -42,6 +42,7 @@ class OpSpec:
     doc: str = ""
     sample: Callable[[Variant, int, torch.Generator], list] | None = None
     inplace_targets: tuple[Callable, ...] = field(default=())
+    io_bytes: Callable[[Variant], int] | None = None  # fewest bytes moved, when not every input is read whole
 
     def variant(self, call: Call, outputs: Iterable[torch.Tensor]) -> Variant:
         sigs = tuple(TensorSig.of(t) if t is not None else None for t in call.inputs)

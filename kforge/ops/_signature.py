@@ -159,7 +159,13 @@ class Variant:
 
     @property
     def io_bytes(self) -> int:
-        """Fewest bytes a kernel must move: each input read once, each output written once."""
+        """Fewest bytes a kernel must move: each input read once, each output written once
+        (or what the spec says, e.g. an embedding reads only the rows it gathers)."""
+        from . import get_spec
+
+        custom = get_spec(self.op).io_bytes
+        if custom is not None:
+            return custom(self)
         return sum(s.nbytes for s in self.inputs if s is not None) + sum(s.nbytes for s in self.outputs)
 
     def to_json(self) -> dict:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..capture import Card
 from ..evaluate import Evaluation, Evaluator, Status
-from ..kernels import DeviceInfo
+from ..kernels import DeviceInfo, compile_source
 from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, ProposerError
 from ..store import Candidate, Store
 from ._events import Event, EventKind
@@ -208,6 +208,15 @@ class OptimizationRun:
         return self.store.add_llm_call(self.proposer.name, usage, proposal_or_error.prompt,
                                        proposal_or_error.response, card_key=card.key, error=error)
 
+    def _propose_and_build(self, request: ProposalRequest) -> Proposal:
+        """Propose, then compile into the shared cache, so compiles overlap with evaluations."""
+        proposal = self.proposer.propose(request)
+        try:
+            compile_source(proposal.source, self.evaluator.backend, self.evaluator.arch)
+        except Exception:  # the evaluator reports compile errors with their log
+            pass
+        return proposal
+
     def _search_card(self, card: Card) -> None:
         store, budget = self.store, self.budget
         tree = Tree(store.candidates(card.key))
@@ -241,7 +250,7 @@ class OptimizationRun:
                     for n in parent.path():
                         n.pending += 1
                     request = self._request(card, tree, parent, seed=attempts + len(inflight))
-                    inflight[pool.submit(self.proposer.propose, request)] = parent
+                    inflight[pool.submit(self._propose_and_build, request)] = parent
                 if not inflight:
                     break
                 done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)

@@ -1,0 +1,234 @@
+"""The seed workloads end to end on a GPU: capture, search the native cards with the built-in
+proposer, apply, and compare with eager and torch.compile.
+
+    python benchmarks/seed_workloads.py resnet50 sd35_vae_decoder --iterations 8
+    python benchmarks/seed_workloads.py gemma4_e2b --attn eager --layers 35
+
+Resumable: each finished card is appended to benchmarks/results/<model>.jsonl (and $OUT), and a
+later call skips the cards already there, so the run can be completed over several device calls.
+Prints a markdown table per model last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import kforge  # noqa: E402
+from kforge.evaluate import bench  # noqa: E402
+from kforge.kernels import device_info  # noqa: E402
+from kforge.models import build  # noqa: E402
+from kforge.ops import get_spec  # noqa: E402
+
+DEVICE = "cuda"
+DEFAULTS = {
+    "resnet50": dict(dtype="float32"),
+    "sd35_vae_decoder": dict(dtype="bfloat16"),
+    "sd35_transformer": dict(dtype="bfloat16"),
+    "gemma4_e2b": dict(dtype="bfloat16"),
+    "qwen35_moe": dict(dtype="bfloat16", layers=4),
+}
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _results_path(model: str) -> Path:
+    return RESULTS / f"{model}.jsonl"
+
+
+def _load_done(model: str) -> dict[str, dict]:
+    path = _results_path(model)
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "card":
+                done[row["key"]] = row
+    return done
+
+
+def _append(model: str, row: dict) -> None:
+    path = _results_path(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    if os.environ.get("OUT"):
+        shutil.copyfile(path, Path(os.environ["OUT"]) / path.name)
+
+
+def _compiled_op_us(card, device: str) -> float | None:
+    """GPU time of the same single op under torch.compile (its generated kernel, graph-free)."""
+    spec = get_spec(card.op)
+    inputs = spec.random_inputs(card.variant, seed=0)
+    params = card.variant.param_dict
+    try:
+        fn = torch.compile(lambda *xs: spec.reference(list(xs), params), dynamic=False)
+        with torch.no_grad():
+            fn(*inputs)
+            return bench(lambda: fn(*inputs), device=device, budget_ms=100).median_us
+    except Exception as exc:  # an op inductor cannot compile: report, do not stop the run
+        print(f"torch.compile failed for {card.signature}: {exc}", file=sys.stderr)
+        return None
+
+
+def _forward_us(model, inputs, device: str) -> float:
+    args, kwargs = kforge.capture.split_batch(inputs)
+    with torch.no_grad():
+        return bench(lambda: model(*args, **kwargs), device=device, flush_l2=False, warmup=3, budget_ms=1000,
+                     min_reps=10, max_reps=200).median_us
+
+
+def run_model(name: str, args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    opts = dict(DEFAULTS.get(name, {}))
+    if args.layers:
+        opts["layers"] = args.layers
+    if args.resolution:
+        opts["resolution"] = args.resolution
+    if args.tokens:
+        opts["tokens"] = args.tokens
+    dtype = getattr(torch, args.dtype or opts.pop("dtype"))
+    opts.pop("dtype", None)
+    extra = {}
+    if args.attn and name in ("gemma4_e2b", "qwen35_moe"):
+        extra["attn_implementation"] = args.attn
+    model, inputs = build(name, device=DEVICE, dtype=dtype, **opts, **extra)
+    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")  # routed experts as F.linear calls kforge can see
+    build_s = time.perf_counter() - t0
+    workdir = Path(tempfile.mkdtemp(prefix=f"kforge-{name}-"))
+    session = kforge.Session(model, inputs, device=DEVICE, workdir=workdir)
+    t1 = time.perf_counter()
+    cards = session.capture()
+    capture_s = time.perf_counter() - t1
+    print(f"\n## {name}: {len(cards)} variants captured in {capture_s:.1f} s (build {build_s:.1f} s)", flush=True)
+    done = _load_done(name)
+    native = [c for c in cards if not c.vendor]
+    todo = [c.key for c in native if c.key not in done][: args.max_cards]
+    t2 = time.perf_counter()
+    if todo:
+        def on_event(e):
+            if e.kind.value == "card_finished":
+                card = cards[e.card_key]
+                ev = e.data
+                row = {"kind": "card", "key": card.key, "op": card.op, "signature": card.signature,
+                       "share": card.share, "calls": card.calls, "eager_us": ev.get("eager_us") or card.eager_us,
+                       "capture_eager_us": card.eager_us, "best_us": ev.get("kernel_us"),
+                       "speedup": ev.get("speedup", 1.0), "status": ev.get("status"), "reason": ev.get("reason"),
+                       "candidates": ev.get("candidates"), "roofline_fraction": ev.get("roofline_fraction"),
+                       "floor_us": card.roofline_us(device_info(DEVICE).bandwidth_gbs),
+                       "compile_us": None if args.skip_compile else _compiled_op_us(card, DEVICE),
+                       "iterations": args.iterations}
+                _append(name, row)
+                print(f"  {row['status']:<6} {row['speedup']:.2f}x  {card.signature}", flush=True)
+        session.optimize(cards=todo, iterations=args.iterations, strategy=args.strategy, parallel=args.parallel,
+                         on_event=on_event)
+    search_s = time.perf_counter() - t2
+    # end to end
+    t3 = time.perf_counter()
+    eager_us = _forward_us(model, inputs, DEVICE)
+    dep = session.apply()
+    kforge_us = _forward_us(model, inputs, DEVICE)
+    used = sum(dk.calls for dk in dep.kernels)
+    args_, kwargs_ = kforge.capture.split_batch(inputs)
+    with torch.no_grad():
+        out_k = model(*args_, **kwargs_)
+    dep.remove()
+    with torch.no_grad():
+        out_e = model(*args_, **kwargs_)
+    diff = _output_diff(out_e, out_k)
+    compile_us = compile_kforge_us = None
+    if not args.skip_compile:
+        torch._dynamo.reset()
+        compile_us = _forward_us(torch.compile(model), inputs, DEVICE)
+        with session.apply():
+            torch._dynamo.reset()
+            compile_kforge_us = _forward_us(torch.compile(model), inputs, DEVICE)
+    apply_s = time.perf_counter() - t3
+    summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
+               "native_variants": len(native), "winners": len(session.results.winners),
+               "kernels_installed": len(dep.kernels), "kernel_calls_per_forward": used,
+               "forward_eager_us": eager_us, "forward_kforge_us": kforge_us,
+               "forward_compile_us": compile_us, "forward_compile_kforge_us": compile_kforge_us,
+               "output_rel_diff": diff, "build_s": build_s, "capture_s": capture_s, "search_s": search_s,
+               "e2e_s": apply_s, "pipeline_s": time.perf_counter() - t0, "iterations": args.iterations,
+               "strategy": args.strategy, "coverage": cards.coverage}
+    _append(name, summary)
+    print(json.dumps(summary, indent=1, default=str))
+    session.close()
+    print(markdown(name))
+
+
+def _output_diff(a, b) -> float | None:
+    ta = next(iter(kforge.store.iter_tensors(a)), None)
+    tb = next(iter(kforge.store.iter_tensors(b)), None)
+    if ta is None or tb is None:
+        return None
+    ta, tb = ta.double(), tb.double()
+    return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
+
+
+def _ms(us: float | None) -> str:
+    return "-" if us is None else f"{us / 1e3:.2f} ms"
+
+
+def markdown(name: str) -> str:
+    rows = [json.loads(line) for line in _results_path(name).read_text().splitlines()]
+    cards = sorted((r for r in rows if r["kind"] == "card"), key=lambda r: -r["share"])
+    lines = [f"### {name}", "", "| op | signature | share | eager us | best us | speedup | vs compile | floor us | "
+             "roofline | status |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in cards:
+        best = r["best_us"] or r["eager_us"]
+        vs_c = f"{r['compile_us'] / best:.2f}x" if r.get("compile_us") else "-"
+        roof = f"{r['roofline_fraction'] * 100:.0f}%" if r.get("roofline_fraction") else "-"
+        lines.append(f"| {r['op']} | `{r['signature']}` | {r['share'] * 100:.1f}% | {r['eager_us']:.2f} | "
+                     f"{best:.2f} | {r['speedup']:.2f}x | {vs_c} | {r['floor_us']:.2f} | {roof} | {r['status']} |")
+    models = [r for r in rows if r["kind"] == "model"]
+    if models:
+        m = models[-1]
+        lines += ["", f"{sum(r['status'] == 'winner' for r in cards)} of {len(cards)} native variants beat eager. "
+                  f"Forward: eager {m['forward_eager_us'] / 1e3:.2f} ms, eager+kforge {m['forward_kforge_us'] / 1e3:.2f} ms "
+                  f"({m['forward_eager_us'] / m['forward_kforge_us']:.3f}x), torch.compile "
+                  f"{_ms(m['forward_compile_us'])}, compile+kforge {_ms(m['forward_compile_kforge_us'])}; "
+                  f"output rel. diff {m['output_rel_diff']:.2e}. Pipeline {m['pipeline_s']:.0f} s (capture "
+                  f"{m['capture_s']:.0f} s, search {m['search_s']:.0f} s, end-to-end {m['e2e_s']:.0f} s)."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+", choices=sorted(DEFAULTS))
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--strategy", default="mcts")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--dtype", default=None, help="override the model's dtype (float32, bfloat16)")
+    ap.add_argument("--resolution", type=int, default=None)
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick smoke test at small sizes")
+    ap.add_argument("--attn", default=None, help="attn_implementation for the language models (eager/sdpa)")
+    ap.add_argument("--max-cards", type=int, default=None)
+    ap.add_argument("--skip-compile", action="store_true", help="no torch.compile comparisons (slow on a CPU)")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="where the per-model .jsonl files go")
+    args = ap.parse_args()
+    global DEVICE, RESULTS
+    DEVICE = args.device
+    RESULTS = Path(args.results)
+    os.environ.setdefault("KFORGE_CACHE", str(Path(tempfile.gettempdir()) / "kforge-cache"))
+    for name in args.models:
+        run_model(name, args)
+
+
+if __name__ == "__main__":
+    main()

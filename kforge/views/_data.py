@@ -1,0 +1,123 @@
+"""What the views show, read from the store and the cards: small records the widgets sync.
+
+Pure functions of the store, so views own no state and are tested without a front end.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..capture import Cards
+    from ..store import Candidate, Store
+
+
+@dataclass(frozen=True)
+class CardRow:
+    """One row of the card table."""
+
+    key: str
+    op: str
+    signature: str
+    calls: int
+    share: float
+    eager_us: float
+    speedup: float | None     # best speedup seen (winner's confirmed one once decided); None if nothing correct
+    status: str               # "winner", "eager", "searching", "not searched"
+    candidates: int
+    dollars: float
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One candidate of a search tree, small enough to ship hundreds at once."""
+
+    id: int
+    parent: int | None
+    status: str               # an evaluation status, or "pending" before evaluation
+    speedup: float            # 0 for failures and pending
+    intent: str
+    strategy: str
+
+
+def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> list[dict[str, Any]]:
+    """The card table: one row per card, with the search outcome read from the store."""
+    verdicts = store.results()
+    best: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for c in store.candidates():
+        counts[c.card_key] = counts.get(c.card_key, 0) + 1
+        if c.status is not None and c.status.is_correct:
+            best[c.card_key] = max(best.get(c.card_key, 0.0), c.speedup)
+    dollars: dict[str, float] = {}
+    for call in store.llm_calls():
+        if call.card_key:
+            dollars[call.card_key] = dollars.get(call.card_key, 0.0) + call.usage.dollars
+    rows = []
+    for card in cards:
+        verdict = verdicts.get(card.key)
+        if card.key == searching:
+            status = "searching"
+        elif verdict:
+            status = verdict["status"]
+        else:
+            status = "not searched"
+        speedup = verdict["speedup"] if verdict and verdict["status"] == "winner" else best.get(card.key)
+        rows.append(asdict(CardRow(card.key, card.op, card.signature, card.calls, card.share, card.eager_us,
+                                   speedup, status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
+    return rows
+
+
+def tree_nodes(store: "Store", card_key: str) -> list[dict[str, Any]]:
+    """Every candidate of a card's search tree, without sources (those are fetched on demand)."""
+    return [asdict(TreeNode(c.id, c.parent_id, c.status.value if c.status else "pending", c.speedup,
+                            _first_line(c.intent), c.strategy or "")) for c in store.candidates(card_key)]
+
+
+def best_path(nodes: list[dict[str, Any]]) -> list[int]:
+    """Ids from the first candidate down to the fastest correct one (empty when none is correct)."""
+    by_id = {n["id"]: n for n in nodes}
+    correct = [n for n in nodes if n["speedup"] > 0]
+    if not correct:
+        return []
+    node: dict[str, Any] | None = max(correct, key=lambda n: (n["speedup"], -n["id"]))
+    path = []
+    while node is not None:
+        path.append(node["id"])
+        node = by_id.get(node["parent"]) if node["parent"] is not None else None
+    return path[::-1]
+
+
+def line_diff(old: str, new: str) -> list[list]:
+    """A unified line diff as [kind, text] pairs; kind is "+", "-", " " or "@"."""
+    out: list[list] = []
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), "parent", "candidate", n=3, lineterm="")
+    for line in list(lines)[2:]:
+        kind = "@" if line.startswith("@@") else line[:1]
+        out.append([kind, line if kind == "@" else line[1:]])
+    return out
+
+
+def candidate_detail(store: "Store", candidate_id: int) -> dict[str, Any]:
+    """Everything the source view shows for one candidate: the large texts fetched on demand."""
+    cand = store.candidate(candidate_id)
+    parent: Candidate | None = store.candidate(cand.parent_id) if cand.parent_id is not None else None
+    ev = cand.evaluation
+    evaluation = None
+    if ev is not None:
+        evaluation = {"status": ev.status.value, "message": ev.message, "speedup": ev.speedup,
+                      "candidate_us": ev.candidate_us, "eager_us": ev.eager_us,
+                      "candidate_spread": ev.candidate_spread, "eager_spread": ev.eager_spread,
+                      "max_abs_error": ev.max_abs_error, "max_rel_error": ev.max_rel_error,
+                      "mismatch_fraction": ev.mismatch_fraction, "roofline_fraction": ev.roofline_fraction,
+                      "compile_s": ev.compile_s, "wall_s": ev.wall_s, "checks": list(ev.checks)}
+    return {"id": cand.id, "card_key": cand.card_key, "parent_id": cand.parent_id, "proposer": cand.proposer,
+            "strategy": cand.strategy or "", "config": cand.config, "intent": cand.intent,
+            "source": cand.source, "diff": line_diff(parent.source, cand.source) if parent else None,
+            "compile_log": ev.compile_log if ev else "", "evaluation": evaluation, "dollars": cand.dollars}
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[:limit - 1] + "…"

@@ -1,0 +1,89 @@
+"""The %kforge magics through IPython's InteractiveShell: capture, optimize, usage errors."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import kforge
+from kforge.magics import cell_options
+
+
+@pytest.fixture
+def shell(tmp_path):
+    sh = InteractiveShell.instance()
+    sh.user_ns.clear()
+    sh.run_line_magic("load_ext", "kforge.magics")
+    yield sh
+    session = sh.user_ns.get("session")
+    if isinstance(session, kforge.Session):
+        session.close()
+    InteractiveShell.clear_instance()
+
+
+def _fails(shell, line, cell=None):
+    magic = shell.find_magic("kforge", "cell" if cell is not None else "line")
+    with pytest.raises(UsageError) as info:
+        magic(line, cell) if cell is not None else magic(line)
+    return str(info.value)
+
+
+def test_load_ext_kforge_registers_the_magic():
+    if not hasattr(kforge, "load_ipython_extension"):
+        pytest.skip("kforge/__init__.py does not re-export load_ipython_extension from kforge.magics yet")
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "kforge")
+    assert sh.find_magic("kforge") is not None
+    InteractiveShell.clear_instance()
+
+
+def test_capture_then_optimize_the_last_session(shell, tmp_path, capsys):
+    cards = shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'}")
+    session = shell.user_ns["session"]
+    assert isinstance(session, kforge.Session) and cards is session.cards and len(cards) > 3
+    assert "cards captured on cpu" in capsys.readouterr().out
+    results = shell.run_cell_magic("kforge", "optimize", "iterations 2\nops = relu   # the cheap ones\n")
+    searched = [r for r in results if r.status != "not searched"]
+    assert searched and {r.op for r in searched} == {"relu"}
+    assert all(r.candidates >= 1 for r in searched)
+
+
+def test_optimize_in_the_background_returns_a_live_progress_view(shell, tmp_path):
+    pytest.importorskip("anywidget")
+    shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'} --name s2")
+    view = shell.run_line_magic("kforge", "optimize --iterations 1 --ops relu --background --session s2")
+    run = shell.user_ns["s2"].run
+    run.wait(120)
+    assert type(view).__name__ == "RunProgress" and view.total == run.budget.iterations * len(run.planned)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("capture nope", "neither a built-in example"),
+    ("capture no_such_module_xyz:make", "cannot load"),
+    ("capture", "the following arguments are required: model"),
+    ("optimize", "no session yet"),
+    ("optimize --iterations lots", "invalid int value"),
+    ("optimize --session missing", "no variable 'missing'"),
+    ("frobnicate", "unknown command 'frobnicate'"),
+    ("capture tiny_cnn --device cuda:0 --bogus", "unrecognized arguments: --bogus"),
+])
+def test_bad_input_is_a_usage_error_not_a_traceback(shell, line, message):
+    assert message in _fails(shell, line)
+
+
+def test_optimize_errors_from_the_session_read_as_usage(shell, tmp_path):
+    shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'}")
+    assert "no card to optimize" in _fails(shell, "optimize --ops not_an_op")
+    shell.user_ns["x"] = 3
+    assert "not a kforge.Session" in _fails(shell, "optimize --session x")
+
+
+def test_help_and_cell_options(shell, capsys):
+    shell.run_line_magic("kforge", "help")
+    assert "%kforge capture" in capsys.readouterr().out
+    assert "%%kforge optimize" in shell.find_magic("kforge").__doc__
+    assert cell_options("iterations 4\n--ops=a,b\n\n# note\nbackground\nmax_cards 2\n") == [
+        "--iterations", "4", "--ops", "a,b", "--background", "--max_cards", "2"]
