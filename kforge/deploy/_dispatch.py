@@ -53,6 +53,7 @@ class DeployedKernel:
         self.calls = 0
         self.inplace = bool(variant.param_dict.get("inplace"))
         self._cuda = variant.device.startswith("cuda")
+        self._index = torch.device(variant.device).index or 0 if self._cuda else 0
         self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
         self._lock = threading.Lock()
         n_in, n_out = len(variant.inputs), len(variant.outputs)
@@ -71,7 +72,7 @@ class DeployedKernel:
 
     def __call__(self, inputs: tuple) -> list[torch.Tensor]:
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
-        stream = torch.cuda.current_stream().cuda_stream if self._cuda else None
+        stream = _raw_stream(self._index) if self._cuda else None
         # NB: the structs are shared, so two threads must not fill them at once.
         with self._lock:
             for slot, t in zip(self._ins, inputs):
@@ -85,6 +86,14 @@ class DeployedKernel:
             raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
         self.calls += 1
         return outs
+
+
+def _raw_stream(index: int) -> int:
+    """The current CUDA stream of a device as an integer handle, without building a Stream object."""
+    return _GET_RAW_STREAM(index) if _GET_RAW_STREAM else torch.cuda.current_stream(index).cuda_stream
+
+
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _prefill(slot: KfTensor, sig: TensorSig | None) -> None:
@@ -184,18 +193,21 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             entry = table.get(key)
         except (Unsupported, TypeError, ValueError, AttributeError):
             return original(*args, **kwargs)
-        if entry is None or not entry[1].active:
+        if entry is None:
             return original(*args, **kwargs)
+        dk, dep = entry
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
             return original(*args, **kwargs)
-        if any(t is not None and type(t) not in _PLAIN for t in inputs):
-            # NB: fake and functional tensors (torch.compile tracing a Tensor method) have no
-            # memory; the traced graph then uses torch's own kernel for this call.
-            return original(*args, **kwargs)
-        dk = entry[0]
-        if torch.compiler.is_compiling():
-            outs = torch.ops.kforge.run(entry[1].register_key(dk), list(inputs))
+        if torch.compiler.is_compiling() or any(t is not None and type(t) not in _PLAIN for t in inputs):
+            # NB: traced by torch.compile (fake or functional tensors): the graph gets the kernel as
+            # the opaque custom op kforge::run. The model scope is not checked here: forward hooks
+            # are not a reliable signal inside a traced graph.
+            if not dep.installed:
+                return original(*args, **kwargs)
+            outs = torch.ops.kforge.run(dep.register_key(dk), list(inputs))
         else:
+            if not dep.active:
+                return original(*args, **kwargs)
             outs = dk(inputs)
         if dk.inplace:
             return inputs[0].copy_(outs[0])
