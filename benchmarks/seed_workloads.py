@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -116,10 +117,18 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")  # routed experts as F.linear calls kforge can see
     build_s = time.perf_counter() - t0
-    workdir = Path(tempfile.mkdtemp(prefix=f"kforge-{name}-"))
-    session = kforge.Session(model, inputs, device=DEVICE, workdir=workdir)
+    # NB: the session's store is the unit of resumption: unpacked from the previous call's archive
+    # when there is one, so trees, verdicts and winners carry over between device calls.
+    workdir = RESULTS / "stores" / name
+    archive = RESULTS / f"{name}_store.tgz"
+    if archive.exists() and not (workdir / "kforge.db").exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(workdir, filter="data")
+    limits = kforge.CaptureLimits(examples_per_variant=1, max_example_bytes=12 << 20, max_tensor_bytes=4 << 20)
+    session = kforge.Session(model, inputs, device=DEVICE, workdir=workdir, limits=limits)
     t1 = time.perf_counter()
-    cards = session.capture()
+    cards = session._cards if session._cards is not None and len(session._cards) else session.capture()
     capture_s = time.perf_counter() - t1
     print(f"\n## {name}: {len(cards)} variants captured in {capture_s:.1f} s (build {build_s:.1f} s)", flush=True)
     done = _load_done(name)
@@ -176,6 +185,11 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     _append(name, summary)
     print(json.dumps(summary, indent=1, default=str))
     session.close()
+    with tarfile.open(archive, "w:gz") as tar:
+        for item in sorted(workdir.iterdir()):
+            tar.add(item, arcname=item.name)
+    if os.environ.get("OUT"):
+        shutil.copyfile(archive, Path(os.environ["OUT"]) / archive.name)
     print(markdown(name))
 
 

@@ -214,10 +214,11 @@ class Session:
         return export_artifact(path, self._compiled_winners(), self.device)
 
     def close(self) -> None:
-        """Stop the evaluator's worker process and close the store."""
+        """Stop the evaluator's worker process and close the store (the session is then done)."""
         if getattr(self, "_evaluator", None) is not None:
             self._evaluator.close()
             self._evaluator = None
+        self.store.close()
 
     def __repr__(self) -> str:
         n = len(self._cards) if self._cards is not None else 0
