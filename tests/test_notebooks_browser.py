@@ -69,8 +69,7 @@ def test_quickstart_runs_and_its_views_work(page):
         has_text="Traceback").count() == 0
     assert progress.locator("button[data-action='pause']").is_disabled(), "a finished run cannot be paused"
 
-    dash = page.locator(".widget-vbox", has=table).last
-    dash.scroll_into_view_if_needed()
+    table.scroll_into_view_if_needed()
     nodes = tree.locator(".kf-node[data-id]")
     ids = sorted(int(n) for n in nodes.evaluate_all("els => els.map(e => e.dataset.id)"))
     assert len(ids) >= 2
@@ -82,19 +81,20 @@ def test_quickstart_runs_and_its_views_work(page):
     assert counts == sorted(counts, reverse=True) and counts[0] >= 2
 
     # a revision: its source, highlighted, and its diff against the parent
-    tree.locator(f".kf-node[data-id='{ids[-1]}']").click()
+    tree.locator(f".kf-node[data-id='{ids[-1]}'] > circle").last.click()
     source = page.locator(".kf-source-view").first
     source.locator(".kf-title", has_text=f"Candidate #{ids[-1]}").wait_for(timeout=30_000)
     assert source.locator(".kf-code .kf-src").count() > 20 and source.locator(".kf-tok-kw").count() > 0
     assert "parent #" in source.locator(".kf-header").inner_text()
     assert source.locator(".kf-intent").inner_text().strip()
     assert source.locator(".kf-verdict .kf-pill").count() == 1
-    _shot(dash, "dashboard-source")
+    tree.scroll_into_view_if_needed()
+    _shot(page, "dashboard-source")
     source.locator("[data-tab='diff']").click()
     diff = source.locator(".kf-diff")
     diff.wait_for(timeout=10_000)
     assert diff.locator("tr.kf-add").count() + diff.locator("tr.kf-del").count() > 0
-    _shot(dash, "dashboard-diff")
+    _shot(page, "dashboard-diff")
 
     # zoom and pan change the tree's viewBox
     svg = tree.locator("svg")

@@ -126,11 +126,11 @@ function renderCardTable(model, root) {
       "data-key": r.key,
       onclick: () => { model.set("selected_key", r.key); model.save_changes(); },
     },
-      h("td", { class: "kf-op" }, r.op),
+      h("td", { class: "kf-op", title: r.op }, r.op),
       h("td", { class: "kf-sig", title: r.signature }, r.signature),
       h("td", { class: "kf-num" }, r.calls),
-      h("td", { class: "kf-num" }, h("span", { class: "kf-share" },
-        h("span", { class: "kf-share-bar", style: `width: ${Math.min(100, r.share * 100)}%` }), fmt.pct(r.share))),
+      h("td", { class: "kf-num" }, h("span", { class: "kf-share-track" },
+        h("span", { class: "kf-share-bar", style: `width: ${Math.min(100, r.share * 100)}%` })), fmt.pct(r.share)),
       h("td", { class: "kf-num" }, fmt.us(r.eager_us)),
       h("td", { class: `kf-num ${r.speedup > 1 ? "kf-good" : ""}` }, fmt.x(r.speedup)),
       h("td", {}, pill(r.status)),
@@ -204,7 +204,9 @@ function renderSearchTree(model, root) {
     empty.style.display = nodes.length ? "none" : "";
     const { pos, width, depth } = layoutTree(nodes);
     const px = (id) => { const p = pos.get(id); return [p.x * DX + DX, p.y * DY + 28]; };
-    extent = [0, 0, (width + 1) * DX, (depth + 1) * DY + 20];
+    // never magnify a small tree beyond 1:1 when fitting; centre it horizontally
+    const w = Math.max((width + 1) * DX, 420), hgt = Math.max((depth + 1) * DY + 20, 340);
+    extent = [((width + 1) * DX - w) / 2, 0, w, hgt];
     if (view === null) setView(extent);
     gEdges.replaceChildren();
     gNodes.replaceChildren();
@@ -238,7 +240,7 @@ function renderSearchTree(model, root) {
         r, fill: color, "fill-opacity": n.status === "pending" ? 0.25 : shade, stroke: color,
         "stroke-dasharray": n.status === "pending" ? "3 2" : "none",
       }));
-      const t = s("text", { y: r + 11, "text-anchor": "middle", class: "kf-node-label" });
+      const t = s("text", { x: r + 4, dy: "0.35em", class: "kf-node-label" });
       t.textContent = n.speedup > 0 ? `${n.speedup.toFixed(2)}×` : `#${n.id}`;
       g.append(t);
       const tip = s("title");

@@ -35,7 +35,7 @@ def speedup_over_iterations(session: "Session") -> Any:
                      "best speedup": best[c.card_key], "status": c.status.value if c.status else "pending"})
     data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status:N"])
     base = alt.Chart(data).encode(
-        x=alt.X("iteration:Q", title="candidates tried", axis=alt.Axis(tickMinStep=1)),
+        x=alt.X("iteration:Q", title="candidates tried", axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("best speedup:Q", title="best speedup over eager (×)"),
         color=alt.Color("card:N", title="card"))
     eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#8c959f").encode(y="y:Q")
@@ -63,7 +63,7 @@ def cost_per_card(session: "Session") -> Any:
         title="Cost per card", width=260, height=alt.Step(22))
     line = alt.Chart(pd.DataFrame(cumulative, columns=["call", "dollars"])).mark_line(
         color="#8250df", point=True).encode(
-        x=alt.X("call:Q", title="LLM call", axis=alt.Axis(tickMinStep=1)),
+        x=alt.X("call:Q", title="LLM call", axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("dollars:Q", title="cumulative US dollars"),
         tooltip=["call:Q", alt.Tooltip("dollars:Q", format="$.4f")]).properties(
         title=f"Cumulative cost (${total:.2f})", width=260, height=180)

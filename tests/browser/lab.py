@@ -93,7 +93,7 @@ def chromium(user_data_dir: Path) -> Iterator[object]:
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(user_data_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+            viewport={"width": 1440, "height": 1500}, device_scale_factor=1)
         try:
             yield context.pages[0] if context.pages else context.new_page()
         finally:
