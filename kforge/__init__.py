@@ -18,4 +18,11 @@ def load(model, path, *, device=None, revalidate=None):
 
     return load_artifact(model, path, device=device, revalidate=revalidate)
 
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext kforge``: registers the ``%kforge`` magics (IPython stays optional)."""
+    from .magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
 __all__ = ["Batches", "Card", "Cards", "CaptureError", "CaptureLimits", "Session", "example", "load", "__version__"]

@@ -220,6 +220,11 @@ class Session:
             self._evaluator = None
         self.store.close()
 
+    def _ipython_display_(self) -> None:
+        from .views import display_session
+
+        display_session(self)
+
     def __repr__(self) -> str:
         n = len(self._cards) if self._cards is not None else 0
         return f"<kforge.Session {type(self.model).__name__ if self.model is not None else '?'} on {self.device}, " \

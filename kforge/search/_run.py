@@ -129,6 +129,11 @@ class OptimizationRun:
                 raise self.error
         return self
 
+    def _ipython_display_(self) -> None:
+        from ..views import display_run
+
+        display_run(self)
+
     def __repr__(self) -> str:
         evaluated = sum(1 for e in self.events if e.kind is EventKind.EVALUATED)
         return f"<kforge run {self.state.value}: {len(self.planned)} cards, {evaluated} evaluations, ${self.dollars:.2f}>"

@@ -193,7 +193,7 @@ class RunProgress(View):
         self._lock = threading.Lock()
         self.cards_total = len(run.planned)
         self.total = len(run.planned) * run.budget.iterations
-        self.apply(list(run.events))
+        self.apply()
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         return {**super().handlers(), "control": self.control}
@@ -206,13 +206,14 @@ class RunProgress(View):
         self.state = "pausing" if action == "pause" and not self._run.done else self._run.state.value
         return {"state": self.state}
 
-    def apply(self, events: Sequence["Event"]) -> None:
-        """Apply a batch of run events to the counters, the best speedups and the log."""
+    def apply(self, _events: Sequence["Event"] = ()) -> None:
+        """Recount from the run's event list (exact however events and batches interleave)."""
         with self._lock:
-            done, cards_done, current = self.done, self.cards_done, self.current
-            best = dict(self.best)
-            log = list(self.log)
-            for e in events:
+            done = cards_done = 0
+            current = ""
+            best: dict[str, float] = {}
+            log: list[str] = []
+            for e in list(self._run.events):
                 if e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED):
                     done += 1
                 elif e.kind is EventKind.CARD_STARTED:
