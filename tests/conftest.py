@@ -1,12 +1,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
-
-KERNELS = Path(__file__).parent / "kernels"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,8 +20,3 @@ def _kernel_cache(tmp_path_factory):
     if "KFORGE_CACHE" not in os.environ:
         os.environ["KFORGE_CACHE"] = str(tmp_path_factory.mktemp("kforge-cache"))
     yield
-
-
-def kernel_source(backend: str, name: str) -> str:
-    ext = "cu" if backend == "cuda" else "c"
-    return (KERNELS / backend / f"{name}.{ext}").read_text()

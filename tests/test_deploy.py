@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import kforge
 from kforge.deploy import ArtifactError, read_manifest
-from conftest import kernel_source
+from kernel_files import kernel_source
 
 
 class Softmax(nn.Module):

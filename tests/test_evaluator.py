@@ -8,7 +8,7 @@ from kforge.capture import Card
 from kforge.evaluate import Evaluator, Status, bench_pair
 from kforge.kernels import CompileError, Kernel, compile_source, param_vector
 from kforge.ops import get_spec
-from conftest import kernel_source
+from kernel_files import kernel_source
 
 
 def _card(op: str, *args) -> Card:

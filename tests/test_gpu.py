@@ -12,7 +12,7 @@ import kforge
 from kforge.capture import Card
 from kforge.evaluate import Evaluator, Status
 from kforge.ops import get_spec
-from conftest import kernel_source
+from kernel_files import kernel_source
 
 pytestmark = pytest.mark.gpu
 

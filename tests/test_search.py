@@ -19,7 +19,7 @@ from kforge.evaluate import Evaluation, Status
 from kforge.search import MCTS, BestOfN, EventKind, LinearRefinement, RunState, Tree
 from kforge.store import Candidate
 from scripted import ScriptedProposer
-from conftest import kernel_source
+from kernel_files import kernel_source
 
 
 class Softmax(nn.Module):

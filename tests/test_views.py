@@ -19,7 +19,7 @@ from kforge.search import Event, EventKind
 from kforge.views import CardTable, RunProgress, SearchTree, SourceView, charts, dashboard
 from kforge.views._data import best_path, line_diff
 from kforge.views._pump import EventPump
-from conftest import kernel_source
+from kernel_files import kernel_source
 from scripted import ScriptedProposer
 
 REPO = Path(__file__).resolve().parents[1]
