@@ -176,7 +176,8 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     apply_s = time.perf_counter() - t3
     summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
                "native_variants": len(native), "winners": len(session.results.winners),
-               "kernels_installed": len(dep.kernels), "kernel_calls_per_forward": used,
+               "kernels_installed": len(dep.kernels), "kernel_calls": used,
+               "kernels_skipped": dep.skipped,
                "forward_eager_us": eager_us, "forward_kforge_us": kforge_us,
                "forward_compile_us": compile_us, "forward_compile_kforge_us": compile_kforge_us,
                "output_rel_diff": diff, "build_s": build_s, "capture_s": capture_s, "search_s": search_s,

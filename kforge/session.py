@@ -61,6 +61,7 @@ class Session:
         self.store = Store(self.workdir)
         self._cards: Cards | None = None
         self._evaluator = None
+        self._extra_evaluators: dict[str, Evaluator] = {}
         self.run: OptimizationRun | None = None
         if model is not None:
             self._claim_workdir(model)
@@ -125,7 +126,7 @@ class Session:
                  dollars: float | None = None, seconds_per_card: float | None = None, parallel: int | None = None,
                  ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
                  max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
-                 on_event: Callable | None = None) -> "OptimizationRun":
+                 devices: Sequence[str] | None = None, on_event: Callable | None = None) -> "OptimizationRun":
         """Search for faster kernels for the planned cards.
 
         proposer: "builtin" (no network, no key), "anthropic[:model]", "openai[:model]",
@@ -134,6 +135,8 @@ class Session:
         ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
         unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
         run's pause(), resume(), stop() and wait(). Re-running continues the same trees.
+        ``devices`` (e.g. ["cuda:0", "cuda:1"]) gives one evaluator per device; cards are then
+        searched concurrently, one per device.
         """
         from .kernels import device_info
         from .proposers import make_proposer
@@ -154,11 +157,31 @@ class Session:
             parallel = 1 if getattr(prop, "name", "") == "builtin" else 4
         budget = Budget(iterations=iterations, dollars=dollars, seconds_per_card=seconds_per_card,
                         parallel=parallel, confirm=confirm)
-        run = OptimizationRun(store=self.store, evaluator=self.evaluator, proposer=prop,
+        run = OptimizationRun(store=self.store, evaluator=self._evaluators(devices), proposer=prop,
                               strategy=make_strategy(strategy), planned=chosen, device=info, budget=budget,
                               seed=seed, on_event=on_event)
         self.run = run
         return run.start(background)
+
+    def _evaluators(self, devices: Sequence[str] | None) -> list["Evaluator"]:
+        from .evaluate import Evaluator
+        from .kernels import backend_of
+
+        if not devices:
+            return [self.evaluator]
+        out = []
+        for i, d in enumerate(devices):
+            d = resolve_device(d)
+            if backend_of(d) != backend_of(self.device):
+                raise ValueError(f"device {d!r} is not of the session's backend ({self.device!r})")
+            if i == 0 and d in (self.device, self.evaluator.device):
+                out.append(self.evaluator)
+                continue
+            key = f"{d}#{i}"
+            if key not in self._extra_evaluators:
+                self._extra_evaluators[key] = Evaluator(d)
+            out.append(self._extra_evaluators[key])
+        return out
 
     @property
     def results(self) -> "Results":
@@ -176,24 +199,35 @@ class Session:
 
     # ------------------------------------------------------------------ deploy
 
-    def _compiled_winners(self) -> list:
+    def _compiled_winners(self, all_winners: bool = True) -> tuple[list, list[tuple[str, str]]]:
         from .deploy import ExportedKernel
+        from .deploy._select import DISPATCH_COST, Winner, select_winners
         from .kernels import backend_of, compile_source
 
         backend = backend_of(self.device)
-        arch = self.evaluator.arch
+        verdicts = self.store.results()
+        found = {card.key: (card, cand) for card, cand in self.winners()}
+        winners = [Winner(card, verdicts[key].get("eager_us") or card.eager_us,
+                          verdicts[key].get("kernel_us") or card.eager_us / max(cand.speedup, 1e-9))
+                   for key, (card, cand) in found.items()]
+        skipped: list[tuple[str, str]] = []
+        if not all_winners:
+            winners, skipped = select_winners(self.cards, winners, DISPATCH_COST[backend])
         out = []
-        for card, cand in self.winners():
-            built = compile_source(cand.source, backend, arch)
-            out.append(ExportedKernel(card.variant, cand.source, built.path, cand.id, cand.speedup))
-        return out
+        for w in winners:
+            cand = found[w.card.key][1]
+            built = compile_source(cand.source, backend, self.evaluator.arch)
+            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, cand.speedup))
+        return out, skipped
 
-    def apply(self, model: Any = None, *, scope: str = "model") -> "Deployment":
+    def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False) -> "Deployment":
         """Make the model run the winners: exact-signature calls use the kernel, all else eager.
 
         Returns a Deployment: ``remove()`` undoes it, and ``with session.apply(): ...`` scopes it.
         With scope="model" (default) the kernels are active only inside this model's forward;
-        scope="process" activates them for every torch call in the process.
+        scope="process" activates them for every torch call in the process. An operator's winners
+        are left out when their saving per forward is below what dispatching that operator costs
+        the host (see ``Deployment.skipped``); ``all_winners=True`` installs every winner.
         """
         from .deploy import DeployedKernel, Deployment
         from .kernels import Kernel
@@ -203,21 +237,24 @@ class Session:
         model = model if model is not None else self.model
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
-        kernels = [DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup)
-                   for k in self._compiled_winners()]
-        return Deployment(kernels, model if scope == "model" else None).install()
+        exported, skipped = self._compiled_winners(all_winners)
+        kernels = [DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup) for k in exported]
+        return Deployment(kernels, model if scope == "model" else None, skipped).install()
 
     def export(self, path: str | Path) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs."""
         from .deploy import export_artifact
 
-        return export_artifact(path, self._compiled_winners(), self.device)
+        return export_artifact(path, self._compiled_winners()[0], self.device)
 
     def close(self) -> None:
         """Stop the evaluator's worker process and close the store (the session is then done)."""
         if getattr(self, "_evaluator", None) is not None:
             self._evaluator.close()
             self._evaluator = None
+        for ev in self._extra_evaluators.values():
+            ev.close()
+        self._extra_evaluators.clear()
         self.store.close()
 
     def _ipython_display_(self) -> None:

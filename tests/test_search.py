@@ -246,3 +246,23 @@ def test_full_search_with_the_builtin_proposer(tmp_path):
     key = s.cards.by_op("softmax")[0].key
     assert len(s.store.candidates(key)) == 5
     s.close()
+
+
+def test_two_evaluators_search_cards_concurrently(tmp_path):
+    class Two(nn.Module):
+        def forward(self, x):
+            return x.softmax(-1), x[:32].softmax(-1)
+
+    s = kforge.Session(Two(), torch.randn(64, 1000), device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    base = kernel_source("cpu", "softmax_rows")
+    run = s.optimize(proposer=ScriptedProposer([base + f"\n/* {i} */\n" for i in range(4)]), iterations=2,
+                     confirm=False, parallel=1, devices=["cpu", "cpu"])
+    assert run.state is RunState.FINISHED
+    assert len(s._extra_evaluators) == 1              # a second worker process for the second device
+    by_card = {c.key: [x for x in s.store.candidates(c.key)] for c in s.cards}
+    assert all(len(v) == 2 and all(x.is_evaluated for x in v) for v in by_card.values())
+    kinds = [e.kind for e in run.events]
+    started = [i for i, k in enumerate(kinds) if k is EventKind.CARD_STARTED]
+    assert len(started) == 2 and started[1] < kinds.index(EventKind.CARD_FINISHED)  # both at once
+    s.close()

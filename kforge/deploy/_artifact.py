@@ -162,12 +162,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
 
 
 def _retarget(variant: Variant, device: str) -> Variant:
-    """The variant on this process's device index (an artifact made on cuda:0 loads on cuda:1)."""
-    dev = str(torch.device(device)) if not device.startswith("cuda") else (
-        device if ":" in device else f"cuda:{torch.cuda.current_device()}")
-    if variant.device == dev:
-        return variant
-    from dataclasses import replace
-
-    fix = lambda s: None if s is None else replace(s, device=dev)  # noqa: E731
-    return replace(variant, inputs=tuple(fix(s) for s in variant.inputs), outputs=tuple(fix(s) for s in variant.outputs))
+    """The variant on this process's device index."""
+    if device.startswith("cuda") and ":" not in device:
+        device = f"cuda:{torch.cuda.current_device()}"
+    return variant.on(str(torch.device(device)) if not device.startswith("cuda") else device)

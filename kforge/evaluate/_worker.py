@@ -100,9 +100,9 @@ def _with_wall(ev: Evaluation, start: float) -> Evaluation:
 
 
 def _evaluate(job: Job) -> Evaluation:
-    variant = Variant.from_json(job.variant)
-    spec = get_spec(variant.op)
     device = job.device
+    variant = Variant.from_json(job.variant).on(device)
+    spec = get_spec(variant.op)
     try:
         built = compile_source(job.source, job.backend, job.arch)
     except CompileError as exc:

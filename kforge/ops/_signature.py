@@ -168,6 +168,16 @@ class Variant:
             return custom(self)
         return sum(s.nbytes for s in self.inputs if s is not None) + sum(s.nbytes for s in self.outputs)
 
+    def on(self, device: str) -> "Variant":
+        """The same variant on another device (an artifact made on cuda:0 runs on cuda:1)."""
+        if self.device == device:
+            return self
+        from dataclasses import replace
+
+        move = lambda s: None if s is None else replace(s, device=device)  # noqa: E731
+        return replace(self, inputs=tuple(move(s) for s in self.inputs),
+                       outputs=tuple(move(s) for s in self.outputs))
+
     def to_json(self) -> dict:
         return {"op": self.op, "inputs": [s.to_json() if s else None for s in self.inputs],
                 "params": [[k, v] for k, v in self.params],

@@ -59,11 +59,13 @@ def _attempt(node: Node) -> Attempt:
 class OptimizationRun:
     """Handle of a running (or finished) optimization: pause, resume, stop, wait, subscribe."""
 
-    def __init__(self, *, store: Store, evaluator: Evaluator, proposer: Proposer, strategy: Strategy,
-                 planned: Sequence[PlannedCard], device: DeviceInfo, budget: Budget, seed: int = 0,
-                 on_event: Callable[[Event], None] | None = None):
+    def __init__(self, *, store: Store, evaluator: Evaluator | Sequence[Evaluator], proposer: Proposer,
+                 strategy: Strategy, planned: Sequence[PlannedCard], device: DeviceInfo, budget: Budget,
+                 seed: int = 0, on_event: Callable[[Event], None] | None = None):
         self.store = store
-        self.evaluator = evaluator
+        # NB: one evaluator per device; with several, cards are searched concurrently, one per device.
+        self.evaluators = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
+        self.evaluator = self.evaluators[0]
         self.proposer = proposer
         self.strategy = strategy
         self.planned = list(planned)
@@ -157,10 +159,32 @@ class OptimizationRun:
         self._emit(EventKind.RUN_STARTED, message=f"{len(self.planned)} cards, strategy {self.strategy.name}, "
                    f"proposer {self.proposer.name}")
         try:
-            for pc in self.planned:
-                if self._stop.is_set() or self._over_dollars():
-                    break
-                self._search_card(pc.card)
+            queue = list(self.planned)
+            lock = threading.Lock()
+            errors: list[BaseException] = []
+
+            def work(evaluator: Evaluator) -> None:
+                while not errors:
+                    with lock:
+                        if not queue or self._stop.is_set() or self._over_dollars():
+                            return
+                        pc = queue.pop(0)
+                    try:
+                        self._search_card(pc.card, evaluator)
+                    except BaseException as exc:
+                        errors.append(exc)
+
+            if len(self.evaluators) == 1:
+                work(self.evaluator)
+            else:
+                threads = [threading.Thread(target=work, args=(ev,), name=f"kforge-search-{ev.device}", daemon=True)
+                           for ev in self.evaluators]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            if errors:
+                raise errors[0]
             if self._over_dollars():
                 self._emit(EventKind.BUDGET_REACHED, message=f"dollar budget ${self.budget.dollars:.2f} reached")
             self.state = RunState.STOPPED if self._stop.is_set() else RunState.FINISHED
@@ -185,8 +209,8 @@ class OptimizationRun:
                 self._emit(EventKind.RESUMED)
         return not self._stop.is_set()
 
-    def _evaluate(self, card: Card, tree: Tree, candidate: Candidate, best: list[float]) -> None:
-        ev = self.evaluator.evaluate(card, candidate.source, self.store, seed=candidate.id)
+    def _evaluate(self, card: Card, tree: Tree, candidate: Candidate, best: list[float], evaluator: Evaluator) -> None:
+        ev = evaluator.evaluate(card, candidate.source, self.store, seed=candidate.id)
         self.store.set_evaluation(candidate.id, ev)
         node = tree.update(replace(candidate, evaluation=ev))
         self._emit(EventKind.EVALUATED, card.key, candidate.id, ev.summary(), status=ev.status.value,
@@ -222,7 +246,7 @@ class OptimizationRun:
             pass
         return proposal
 
-    def _search_card(self, card: Card) -> None:
+    def _search_card(self, card: Card, evaluator: Evaluator) -> None:
         store, budget = self.store, self.budget
         tree = Tree(store.candidates(card.key))
         self._emit(EventKind.CARD_STARTED, card.key, message=card.signature, resumed=len(tree))
@@ -230,7 +254,7 @@ class OptimizationRun:
         # Proposals that were stored but never evaluated (the process died): evaluate them first.
         for node in list(tree.nodes.values()):
             if not node.candidate.is_evaluated and self._gate():
-                self._evaluate(card, tree, node.candidate, best)
+                self._evaluate(card, tree, node.candidate, best, evaluator)
         seen = {n.candidate.source for n in tree.nodes.values()}
         attempts = len(tree) + int(store.get_meta(f"proposer_failures:{card.key}") or 0)
         rng = random.Random(f"{self.seed}:{card.key}")
@@ -292,7 +316,7 @@ class OptimizationRun:
                                strategy=proposal.strategy)
                     if self._stop.is_set():
                         continue  # kept in the store; evaluated when the run resumes
-                    self._evaluate(card, tree, candidate, best)
+                    self._evaluate(card, tree, candidate, best, evaluator)
                 if failures >= budget.max_proposer_failures:
                     reason = f"{failures} proposer failures in a row"
                     break
@@ -300,9 +324,9 @@ class OptimizationRun:
             for fut in inflight:
                 fut.cancel()
             pool.shutdown(wait=True)
-        self._finish_card(card, tree, reason)
+        self._finish_card(card, tree, reason, evaluator)
 
-    def _finish_card(self, card: Card, tree: Tree, reason: str) -> None:
+    def _finish_card(self, card: Card, tree: Tree, reason: str, evaluator: Evaluator) -> None:
         """Guarded fallback: a winner only if correct and faster than eager beyond the noise."""
         winners = sorted((n for n in tree.evaluated if n.candidate.status is Status.FASTER),
                          key=lambda n: -n.score)
@@ -311,7 +335,7 @@ class OptimizationRun:
         for node in winners[:3]:
             ev: Evaluation = node.candidate.evaluation
             if self.budget.confirm and not self._stop.is_set():
-                ev = self.evaluator.evaluate(card, node.candidate.source, self.store, seed=node.id + 7919)
+                ev = evaluator.evaluate(card, node.candidate.source, self.store, seed=node.id + 7919)
             if ev.status is Status.FASTER:
                 verdict.update(winner_id=node.id, speedup=ev.speedup, kernel_us=ev.candidate_us,
                                eager_us=ev.eager_us, roofline_fraction=ev.roofline_fraction,
