@@ -31,7 +31,9 @@ class _Worker:
     """A ``python -c "...worker main()"`` child talking over a socket pair.
 
     NB: a plain subprocess, not multiprocessing's spawn: spawn re-imports the user's __main__,
-    which breaks scripts without a main guard and code piped on stdin.
+    which breaks scripts without a main guard and code piped on stdin. OMP_WAIT_POLICY=PASSIVE:
+    torch's wheel ships its own OpenMP runtime and CPU candidates link the system one; two pools
+    that spin after each parallel region would steal the cores the other is being timed on.
     """
 
     def __init__(self, device: str):
@@ -44,7 +46,7 @@ class _Worker:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "from kforge.evaluate._worker import main; main()", str(child_fd), device],
                 pass_fds=(child_fd,), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONUNBUFFERED": "1"})
         child_sock.close()
         try:
             if not self.conn.poll(_START_TIMEOUT_S):

@@ -44,6 +44,7 @@ class ProposalRequest:
     lineage: tuple[Attempt, ...] = ()  # ancestors of the parent, oldest first
     siblings: tuple[Attempt, ...] = () # other children of the parent (failed ones teach most)
     seed: int = 0
+    tried: tuple[Attempt, ...] = ()    # every candidate of the card evaluated so far, anywhere in the tree
 
 
 @dataclass(frozen=True)

@@ -222,12 +222,13 @@ class OptimizationRun:
         del node
 
     def _request(self, card: Card, tree: Tree, parent: Node, seed: int) -> ProposalRequest:
-        if parent.candidate is None:
-            return ProposalRequest(card, self.evaluator.backend, self.device, None, (),
-                                   tuple(_attempt(ch) for ch in parent.children if ch.candidate.is_evaluated), seed)
-        lineage = tuple(_attempt(n) for n in parent.path()[1:-1])
+        tried = tuple(_attempt(n) for n in tree.evaluated)
         siblings = tuple(_attempt(ch) for ch in parent.children if ch.candidate.is_evaluated)
-        return ProposalRequest(card, self.evaluator.backend, self.device, _attempt(parent), lineage, siblings, seed)
+        if parent.candidate is None:
+            return ProposalRequest(card, self.evaluator.backend, self.device, None, (), siblings, seed, tried)
+        lineage = tuple(_attempt(n) for n in parent.path()[1:-1])
+        return ProposalRequest(card, self.evaluator.backend, self.device, _attempt(parent), lineage, siblings, seed,
+                               tried)
 
     def _record_call(self, card: Card, proposal_or_error: Proposal | ProposerError) -> int | None:
         usage = proposal_or_error.usage

@@ -50,7 +50,7 @@ class BuiltinProposer:
                 f"(layout or dtype not covered); the card stays on eager — try an LLM proposer")
         history = [a for a in (*request.lineage, *request.siblings,
                                *((request.parent,) if request.parent else ())) if a.strategy]
-        tried = {_key(a.strategy, a.config) for a in history}
+        tried = {_key(a.strategy, a.config) for a in (*history, *request.tried) if a.strategy}
         broken = {a.strategy for a in history if a.evaluation.status in _BROKEN}
         rng = random.Random(self._seed(request))
         parent = request.parent
