@@ -24,15 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kforge.capture import Card  # noqa: E402
 from kforge.evaluate import Evaluator  # noqa: E402
 from kforge.kernels import compile_source, device_info  # noqa: E402
-from kforge.ops import get_spec  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 
-def _card(op, *args) -> Card:
-    spec = get_spec(op)
-    call = spec.bind(*args)
-    return Card(spec.variant(call, [spec.reference(call.inputs, call.params)]), 1, 1.0, 1.0, None)
 
 
 def main() -> None:
@@ -53,7 +48,7 @@ def main() -> None:
         compile_s.append(compile_source(base + f"\n// compile benchmark {time.time_ns()} {i}\n", backend, arch).seconds)
 
     shape = (8, 262144) if backend == "cuda" else (64, 4096)
-    card = _card("softmax", torch.randn(shape, device=device), -1)
+    card = Card.for_call("softmax", torch.randn(shape, device=device), -1)
     results = {"device": device_info(device).describe(), "compile_s": compile_s,
                "compile_median_s": statistics.median(compile_s)}
     with Evaluator(device) as ev:

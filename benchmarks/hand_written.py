@@ -15,13 +15,8 @@ sys.path.insert(0, str(ROOT))
 
 from kforge.capture import Card  # noqa: E402
 from kforge.evaluate import Evaluator  # noqa: E402
-from kforge.ops import get_spec  # noqa: E402
 
 
-def _card(op, *args) -> Card:
-    spec = get_spec(op)
-    call = spec.bind(*args)
-    return Card(spec.variant(call, [spec.reference(call.inputs, call.params)]), 1, 1.0, 1.0, None)
 
 
 def main() -> None:
@@ -34,14 +29,14 @@ def main() -> None:
     big = backend == "cuda"
     r = lambda *s, dtype=torch.float32: torch.randn(*s, dtype=dtype, device=device)  # noqa: E731
     cases = [
-        ("softmax_rows", _card("softmax", r(8, 262144) if big else r(64, 4096), -1)),
-        ("softmax_rows", _card("softmax", r(512, 256), -1)),
-        ("group_norm", _card("group_norm", r(1, 512, 128, 128, dtype=dt) if big else r(1, 64, 32, 32), 32,
+        ("softmax_rows", Card.for_call("softmax", r(8, 262144) if big else r(64, 4096), -1)),
+        ("softmax_rows", Card.for_call("softmax", r(512, 256), -1)),
+        ("group_norm", Card.for_call("group_norm", r(1, 512, 128, 128, dtype=dt) if big else r(1, 64, 32, 32), 32,
                              r(512 if big else 64, dtype=dt if big else torch.float32),
                              r(512 if big else 64, dtype=dt if big else torch.float32), 1e-6)),
     ]
     with Evaluator(device) as ev:
-        print(f"\n| kernel | variant | status | eager us | kernel us | speedup | roofline |")
+        print("\n| kernel | variant | status | eager us | kernel us | speedup | roofline |")
         print("|---|---|---|---:|---:|---:|---:|")
         for name, card in cases:
             e = ev.evaluate(card, (ROOT / "tests" / "kernels" / backend / f"{name}.{ext}").read_text())

@@ -10,14 +10,17 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
 from .evaluate import Evaluation, Status
 from .proposers._base import Usage
+
+if TYPE_CHECKING:
+    from .capture import Cards
 
 SCHEMA_VERSION = 1
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kforge
-from kforge.capture import CaptureError, CaptureLimits, capture_cards
+from kforge.capture import CaptureError, CaptureLimits
 from kforge.ops import all_specs, get_spec
 from kforge.store import WorkdirError
 

@@ -11,14 +11,9 @@ from kforge.ops import get_spec
 from kernel_files import kernel_source
 
 
-def _card(op: str, *args) -> Card:
-    spec = get_spec(op)
-    call = spec.bind(*args)
-    out = spec.reference(call.inputs, call.params)
-    return Card(spec.variant(call, [out]), 1, 1.0, 1.0, spec.vendor)
 
 
-SOFTMAX = _card("softmax", torch.randn(32, 256), -1)
+SOFTMAX = Card.for_call("softmax", torch.randn(32, 256), -1)
 
 FAULTS = [
     ("fault_oob_write", Status.WRONG_RESULT, "outside output"),
@@ -87,7 +82,7 @@ def test_correct_softmax_reports_timings_and_roofline(evaluator):
 
 def test_correct_group_norm(evaluator):
     x = torch.randn(2, 64, 16, 16)
-    card = _card("group_norm", x, 8, torch.randn(64), torch.randn(64), 1e-5)
+    card = Card.for_call("group_norm", x, 8, torch.randn(64), torch.randn(64), 1e-5)
     ev = evaluator.evaluate(card, kernel_source("cpu", "group_norm"))
     assert ev.status.is_correct, ev.summary()
     wrong = kernel_source("cpu", "group_norm").replace("var / len", "var / (len - 1)")
@@ -97,7 +92,7 @@ def test_correct_group_norm(evaluator):
 def test_bfloat16_tolerance_is_loose_but_not_blind(evaluator):
     """A float32 kernel result rounded to bf16 passes; an off-by-one-group result does not."""
     x = torch.randn(2, 8, 4, 4, dtype=torch.bfloat16)
-    card = _card("relu", x)
+    card = Card.for_call("relu", x)
     src = ('#include "kforge.h"\nKF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, '
            'int n_out, const double* p, int np, void* ws, void* s) {\n'
            '  const uint16_t* x = (const uint16_t*)in[0].data; uint16_t* y = (uint16_t*)out[0].data;\n'

@@ -17,10 +17,6 @@ from kernel_files import kernel_source
 pytestmark = pytest.mark.gpu
 
 
-def _card(op: str, *args) -> Card:
-    spec = get_spec(op)
-    call = spec.bind(*args)
-    return Card(spec.variant(call, [spec.reference(call.inputs, call.params)]), 1, 1.0, 1.0, spec.vendor)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +27,7 @@ def evaluator():
 
 @pytest.fixture(scope="module")
 def softmax_card():
-    return _card("softmax", torch.randn(32, 256, device="cuda"), -1)
+    return Card.for_call("softmax", torch.randn(32, 256, device="cuda"), -1)
 
 
 FAULTS = [
@@ -76,7 +72,7 @@ def test_cuda_memorised_outputs_fail(evaluator, softmax_card):
 @pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float32), ((1, 8, 512, 512), torch.bfloat16),
                                          ((512, 256), torch.float32)])
 def test_hand_written_softmax(evaluator, shape, dtype):
-    card = _card("softmax", torch.randn(shape, device="cuda", dtype=dtype), -1)
+    card = Card.for_call("softmax", torch.randn(shape, device="cuda", dtype=dtype), -1)
     ev = evaluator.evaluate(card, kernel_source("cuda", "softmax_rows"))
     print(f"softmax {shape} {dtype}: {ev.summary()} roofline {ev.roofline_fraction:.2f}")
     assert ev.status.is_correct, ev.summary()
@@ -85,7 +81,7 @@ def test_hand_written_softmax(evaluator, shape, dtype):
 @pytest.mark.parametrize("shape,dtype", [((1, 512, 128, 128), torch.bfloat16), ((2, 64, 32, 32), torch.float32)])
 def test_hand_written_group_norm(evaluator, shape, dtype):
     c = shape[1]
-    card = _card("group_norm", torch.randn(shape, device="cuda", dtype=dtype), 32,
+    card = Card.for_call("group_norm", torch.randn(shape, device="cuda", dtype=dtype), 32,
                  torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype), 1e-6)
     ev = evaluator.evaluate(card, kernel_source("cuda", "group_norm"))
     print(f"group_norm {shape} {dtype}: {ev.summary()} roofline {ev.roofline_fraction:.2f}")

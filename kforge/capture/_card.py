@@ -39,6 +39,15 @@ class Card:
     def kind(self) -> str:
         return get_spec(self.op).kind
 
+    @classmethod
+    def for_call(cls, op: str, *args, calls: int = 1, eager_us: float = 1.0, share: float = 1.0, **kwargs) -> "Card":
+        """A card for one call of ``op`` on these arguments, without a model (tests, benchmarks)."""
+        spec = get_spec(op)
+        call = spec.bind(*args, **kwargs)
+        out = spec.reference(call.inputs, call.params)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        return cls(spec.variant(call, outs), calls, eager_us, share, spec.vendor)
+
     def with_share(self, share: float) -> "Card":
         return replace(self, share=share)
 

@@ -183,12 +183,14 @@ register(OpSpec(
 # ----------------------------------------------------------------------------- elementwise
 
 
-def _binary(name: str, fn, out_of_place, inplace_targets: tuple, with_alpha: bool):
+def _binary(op, with_alpha: bool) -> tuple:
+    """(bind, reference) of a broadcasting binary operator whose ``other`` may be a number."""
+
     def bind(input, other, *, alpha=1, out=None):
         if out is not None:
             raise Unsupported("out=")
         if not isinstance(input, torch.Tensor):
-            input, other = other, input  # 1 + x arrives as (1, x) through torch.add
+            input, other = other, input  # 1 + x arrives as (1, x); add and mul commute
         scalar = None
         if isinstance(other, numbers.Number):
             scalar, other = other, None
@@ -199,39 +201,22 @@ def _binary(name: str, fn, out_of_place, inplace_targets: tuple, with_alpha: boo
             params["alpha"] = alpha
         return Call((input, other), params)
 
-    def bind_inplace(input, other, *, alpha=1):
-        call = bind(input, other, alpha=alpha)
-        call.params["inplace"] = True
-        return call
-
     def reference(x, p):
         other = x[1] if x[1] is not None else p["scalar"]
-        if with_alpha:
-            return out_of_place(x[0], other, alpha=p["alpha"])
-        return out_of_place(x[0], other)
+        return op(x[0], other, alpha=p["alpha"]) if with_alpha else op(x[0], other)
 
-    return bind, bind_inplace, reference
+    return bind, reference
 
 
-def _register_binary(name: str, targets: tuple, inplace: tuple, fn, with_alpha: bool, doc: str):
-    bind, bind_inplace, reference = _binary(name, fn, fn, inplace, with_alpha)
-
-    def dispatch_bind(*args, **kwargs):
-        return bind(*args, **kwargs)
-
-    params = ("scalar", "alpha", "inplace") if with_alpha else ("scalar", "inplace")
-    spec = register(OpSpec(name=name, kind="elementwise", targets=targets + inplace,
-                           inputs=("input", "other"), params=params, bind=dispatch_bind,
-                           reference=reference, inplace_targets=inplace, doc=doc))
-    _INPLACE_BINDERS[spec.name] = bind_inplace
-
-
-_INPLACE_BINDERS: dict[str, Any] = {}
-
-_register_binary("add", (torch.add, T.add, T.__add__, T.__radd__), (T.add_, T.__iadd__), torch.add,
-                 True, "elementwise sum with broadcasting")
-_register_binary("mul", (torch.mul, T.mul, T.__mul__, T.__rmul__, torch.multiply, T.multiply),
-                 (T.mul_, T.__imul__), torch.mul, False, "elementwise product with broadcasting")
+for _name, _op, _targets, _inplace, _alpha, _doc in (
+        ("add", torch.add, (torch.add, T.add, T.__add__, T.__radd__), (T.add_, T.__iadd__), True,
+         "elementwise sum with broadcasting"),
+        ("mul", torch.mul, (torch.mul, T.mul, T.__mul__, T.__rmul__, torch.multiply, T.multiply),
+         (T.mul_, T.__imul__), False, "elementwise product with broadcasting")):
+    _bind, _reference = _binary(_op, _alpha)
+    register(OpSpec(name=_name, kind="elementwise", targets=_targets + _inplace, inputs=("input", "other"),
+                    params=("scalar", "alpha", "inplace") if _alpha else ("scalar", "inplace"), bind=_bind,
+                    reference=_reference, inplace_targets=_inplace, doc=_doc))
 
 
 def _unary(name: str, fn, targets: tuple, inplace: tuple, doc: str, extra: tuple[str, ...] = (),
@@ -387,11 +372,9 @@ register(OpSpec(
 
 
 def inplace_binder(spec: OpSpec, func) -> Any:
-    """The binder for an in-place spelling of ``spec`` (marks the call in-place)."""
+    """The binder for one spelling of ``spec``: in-place spellings mark the call in-place."""
     if func not in spec.inplace_targets:
         return spec.bind
-    if spec.name in _INPLACE_BINDERS:
-        return _INPLACE_BINDERS[spec.name]
 
     def bind(*args, **kwargs):
         call = spec.bind(*args, **kwargs)
