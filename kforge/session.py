@@ -123,7 +123,7 @@ class Session:
         return self._evaluator
 
     def optimize(self, *, proposer: Any = "builtin", strategy: Any = "mcts", iterations: int = 50,
-                 dollars: float | None = None, seconds_per_card: float | None = None, parallel: int | None = None,
+                 dollars: float | None = None, seconds_per_card: float | None = None, parallel: int = 4,
                  ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
                  max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
                  devices: Sequence[str] | None = None, on_event: Callable | None = None) -> "OptimizationRun":
@@ -135,8 +135,9 @@ class Session:
         ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
         unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
         run's pause(), resume(), stop() and wait(). Re-running continues the same trees.
-        ``devices`` (e.g. ["cuda:0", "cuda:1"]) gives one evaluator per device; cards are then
-        searched concurrently, one per device.
+        ``parallel``: proposals (LLM calls) or compiles in flight at once. ``devices`` (e.g.
+        ["cuda:0", "cuda:1"]) gives one evaluator per device; cards are then searched
+        concurrently, one per device.
         """
         from .kernels import device_info
         from .proposers import make_proposer
@@ -153,8 +154,6 @@ class Session:
         if not chosen:
             raise ValueError("no card to optimize: " + ("; ".join(f"{p.card.op}: {p.reason}" for p in skipped[:5])
                                                        or "the session has no cards"))
-        if parallel is None:
-            parallel = 1 if getattr(prop, "name", "") == "builtin" else 4
         budget = Budget(iterations=iterations, dollars=dollars, seconds_per_card=seconds_per_card,
                         parallel=parallel, confirm=confirm)
         run = OptimizationRun(store=self.store, evaluator=self._evaluators(devices), proposer=prop,

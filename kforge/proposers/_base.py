@@ -30,7 +30,7 @@ class Attempt:
     candidate_id: int
     source: str
     intent: str
-    evaluation: "Evaluation"
+    evaluation: "Evaluation | None"    # None only in ProposalRequest.tried, for a pending candidate
     strategy: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -70,6 +70,10 @@ class ProposerError(RuntimeError):
 
 @runtime_checkable
 class Proposer(Protocol):
+    """``name`` is recorded with every candidate. A proposer may set ``fast = True`` when it
+    answers at once (no network): the search then proposes one at a time, each proposal seeing
+    the pending ones, and overlaps only the compiles."""
+
     name: str
 
     def propose(self, request: ProposalRequest) -> Proposal: ...

@@ -222,7 +222,7 @@ class OptimizationRun:
         del node
 
     def _request(self, card: Card, tree: Tree, parent: Node, seed: int) -> ProposalRequest:
-        tried = tuple(_attempt(n) for n in tree.evaluated)
+        tried = tuple(_attempt(n) for n in tree.nodes.values())  # pending ones too (no evaluation yet)
         siblings = tuple(_attempt(ch) for ch in parent.children if ch.candidate.is_evaluated)
         if parent.candidate is None:
             return ProposalRequest(card, self.evaluator.backend, self.device, None, (), siblings, seed, tried)
@@ -238,16 +238,52 @@ class OptimizationRun:
         return self.store.add_llm_call(self.proposer.name, usage, proposal_or_error.prompt,
                                        proposal_or_error.response, card_key=card.key, error=error)
 
-    def _propose_and_build(self, request: ProposalRequest) -> Proposal:
-        """Propose, then compile into the shared cache, so compiles overlap with evaluations."""
-        proposal = self.proposer.propose(request)
+    def _build(self, source: str) -> None:
+        """Compile into the shared cache, so compiles overlap with evaluations."""
         try:
-            compile_source(proposal.source, self.evaluator.backend, self.evaluator.arch)
+            compile_source(source, self.evaluator.backend, self.evaluator.arch)
         except Exception:  # the evaluator reports compile errors with their log
             pass
+
+    def _propose_and_build(self, request: ProposalRequest) -> Proposal:
+        proposal = self.proposer.propose(request)
+        self._build(proposal.source)
         return proposal
 
+    def _accept(self, card: Card, tree: Tree, parent: Node, outcome: Proposal | ProposerError,
+                seen: set[str]) -> Candidate | None:
+        """Record a proposal (or a failed one): the LLM call, then the candidate, in the store."""
+        store = self.store
+        if isinstance(outcome, ProposerError):
+            self._record_call(card, outcome)
+            store.set_meta(f"proposer_failures:{card.key}",
+                           int(store.get_meta(f"proposer_failures:{card.key}") or 0) + 1)
+            self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id, str(outcome))
+            return None
+        call_id = self._record_call(card, outcome)
+        if outcome.source in seen:
+            self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id,
+                       "the proposer repeated a candidate already evaluated; not evaluated again")
+            return None
+        seen.add(outcome.source)
+        cid = store.add_candidate(card.key, parent.id, self.proposer.name, outcome.source,
+                                  strategy=outcome.strategy, config=outcome.config, intent=outcome.intent,
+                                  dollars=outcome.usage.dollars)
+        if call_id is not None:
+            store.link_llm_call(call_id, cid)
+        candidate = store.candidate(cid)
+        tree.add(candidate)
+        self._emit(EventKind.PROPOSED, card.key, cid, outcome.intent, parent_id=parent.id,
+                   strategy=outcome.strategy)
+        return candidate
+
     def _search_card(self, card: Card, evaluator: Evaluator) -> None:
+        """Grow the card's tree until a budget ends it.
+
+        Slow proposers (LLMs) propose in a thread pool, ``parallel`` at once. A proposer marked
+        ``fast`` (the built-in library) proposes in this thread, so each proposal sees the ones
+        before it, and only the compiles run in the pool.
+        """
         store, budget = self.store, self.budget
         tree = Tree(store.candidates(card.key))
         self._emit(EventKind.CARD_STARTED, card.key, message=card.signature, resumed=len(tree))
@@ -259,11 +295,13 @@ class OptimizationRun:
         seen = {n.candidate.source for n in tree.nodes.values()}
         attempts = len(tree) + int(store.get_meta(f"proposer_failures:{card.key}") or 0)
         rng = random.Random(f"{self.seed}:{card.key}")
+        fast = bool(getattr(self.proposer, "fast", False))
         started = time.monotonic()
         failures = 0
         reason = "iteration budget used"
         pool = cf.ThreadPoolExecutor(max_workers=max(1, budget.parallel), thread_name_prefix="kforge-propose")
-        inflight: dict[cf.Future, Node] = {}
+        # future -> (parent, candidate already stored by a fast proposer, or None)
+        inflight: dict[cf.Future, tuple[Node, Candidate | None]] = {}
         try:
             while True:
                 if not self._gate():
@@ -275,50 +313,50 @@ class OptimizationRun:
                 if budget.seconds_per_card is not None and time.monotonic() - started > budget.seconds_per_card:
                     reason = "time budget reached"
                     break
-                while len(inflight) < budget.parallel and attempts + len(inflight) < budget.iterations:
+                while (len(inflight) < budget.parallel and attempts + len(inflight) < budget.iterations
+                       and failures < budget.max_proposer_failures):
                     parent = self.strategy.select(tree, rng)
-                    for n in parent.path():
-                        n.pending += 1
                     request = self._request(card, tree, parent, seed=attempts + len(inflight))
-                    inflight[pool.submit(self._propose_and_build, request)] = parent
-                if not inflight:
-                    break
-                done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
-                for fut in done:
-                    parent = inflight.pop(fut)
-                    for n in parent.path():
-                        n.pending -= 1
-                    attempts += 1
-                    try:
-                        proposal = fut.result()
-                    except ProposerError as exc:
-                        self._record_call(card, exc)
-                        failures += 1
-                        store.set_meta(f"proposer_failures:{card.key}",
-                                       int(store.get_meta(f"proposer_failures:{card.key}") or 0) + 1)
-                        self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id, str(exc))
+                    if not fast:
+                        for n in parent.path():
+                            n.pending += 1
+                        inflight[pool.submit(self._propose_and_build, request)] = (parent, None)
                         continue
-                    call_id = self._record_call(card, proposal)
-                    if proposal.source in seen:
-                        self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id,
-                                   "the proposer repeated a candidate already evaluated; not evaluated again")
+                    try:
+                        outcome: Proposal | ProposerError = self.proposer.propose(request)
+                    except ProposerError as exc:
+                        outcome = exc
+                    candidate = self._accept(card, tree, parent, outcome, seen)
+                    if candidate is None:
+                        attempts += 1
                         failures += 1
                         continue
                     failures = 0
-                    seen.add(proposal.source)
-                    cid = store.add_candidate(card.key, parent.id, self.proposer.name, proposal.source,
-                                              strategy=proposal.strategy, config=proposal.config,
-                                              intent=proposal.intent, dollars=proposal.usage.dollars)
-                    if call_id is not None:
-                        store.link_llm_call(call_id, cid)
-                    candidate = store.candidate(cid)
-                    tree.add(candidate)
-                    self._emit(EventKind.PROPOSED, card.key, cid, proposal.intent, parent_id=parent.id,
-                               strategy=proposal.strategy)
+                    inflight[pool.submit(self._build, candidate.source)] = (parent, candidate)
+                if not inflight:
+                    if failures >= budget.max_proposer_failures:
+                        reason = f"{failures} proposer failures in a row"
+                    break
+                done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    parent, candidate = inflight.pop(fut)
+                    attempts += 1
+                    if candidate is None:
+                        for n in parent.path():
+                            n.pending -= 1
+                        try:
+                            outcome = fut.result()
+                        except ProposerError as exc:
+                            outcome = exc
+                        candidate = self._accept(card, tree, parent, outcome, seen)
+                        if candidate is None:
+                            failures += 1
+                            continue
+                        failures = 0
                     if self._stop.is_set():
                         continue  # kept in the store; evaluated when the run resumes
                     self._evaluate(card, tree, candidate, best, evaluator)
-                if failures >= budget.max_proposer_failures:
+                if failures >= budget.max_proposer_failures and not inflight:
                     reason = f"{failures} proposer failures in a row"
                     break
         finally:
