@@ -69,19 +69,22 @@ class DeployedKernel:
         self._workspace = (torch.empty(kernel.workspace_bytes, dtype=torch.uint8, device=variant.device)
                            if kernel.workspace_bytes else None)
         self._fn = kernel._launch
+        self._in_slots = list(self._ins)[:n_in]   # NB: indexing a ctypes array builds a proxy each time
+        self._out_slots = list(self._out_structs)[:n_out]
+        self._ws_ptr = self._workspace.data_ptr() if self._workspace is not None else None
 
     def __call__(self, inputs: tuple) -> list[torch.Tensor]:
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
         stream = _raw_stream(self._index) if self._cuda else None
         # NB: the structs are shared, so two threads must not fill them at once.
         with self._lock:
-            for slot, t in zip(self._ins, inputs):
+            for slot, t in zip(self._in_slots, inputs):
                 if t is not None:
                     slot.data = t.data_ptr()
-            for slot, t in zip(self._out_structs, outs):
+            for slot, t in zip(self._out_slots, outs):
                 slot.data = t.data_ptr()
-            ws = self._workspace.data_ptr() if self._workspace is not None else None
-            code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2], ws, stream)
+            code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2],
+                            self._ws_ptr, stream)
         if code != 0:
             raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
         self.calls += 1
@@ -196,9 +199,14 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         if entry is None:
             return original(*args, **kwargs)
         dk, dep = entry
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-            return original(*args, **kwargs)
-        if torch.compiler.is_compiling() or any(t is not None and type(t) not in _PLAIN for t in inputs):
+        grad = torch.is_grad_enabled()
+        traced = torch.compiler.is_compiling()
+        for t in inputs:
+            if t is not None:
+                if grad and t.requires_grad:
+                    return original(*args, **kwargs)
+                traced = traced or type(t) not in _PLAIN
+        if traced:
             # NB: traced by torch.compile (fake or functional tensors): the graph gets the kernel as
             # the opaque custom op kforge::run. The model scope is not checked here: forward hooks
             # are not a reliable signal inside a traced graph.
