@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from ..capture import Card
 from ..evaluate import Evaluation, Evaluator, Status
@@ -22,9 +22,6 @@ from ..store import Candidate, Store
 from ._events import Event, EventKind
 from ._planner import PlannedCard
 from ._tree import Node, Strategy, Tree
-
-if TYPE_CHECKING:
-    pass
 
 
 class RunState(str, enum.Enum):
@@ -212,14 +209,13 @@ class OptimizationRun:
     def _evaluate(self, card: Card, tree: Tree, candidate: Candidate, best: list[float], evaluator: Evaluator) -> None:
         ev = evaluator.evaluate(card, candidate.source, self.store, seed=candidate.id)
         self.store.set_evaluation(candidate.id, ev)
-        node = tree.update(replace(candidate, evaluation=ev))
+        tree.update(replace(candidate, evaluation=ev))
         self._emit(EventKind.EVALUATED, card.key, candidate.id, ev.summary(), status=ev.status.value,
                    speedup=ev.score, parent_id=candidate.parent_id)
         if ev.status is Status.FASTER and ev.speedup > best[0]:
             best[0] = ev.speedup
             self._emit(EventKind.NEW_BEST, card.key, candidate.id, f"{ev.speedup:.2f}x over eager",
                        speedup=ev.speedup)
-        del node
 
     def _request(self, card: Card, tree: Tree, parent: Node, seed: int) -> ProposalRequest:
         tried = tuple(_attempt(n) for n in tree.nodes.values())  # pending ones too (no evaluation yet)
