@@ -217,7 +217,8 @@ def test_sigkill_mid_run_resumes_without_evaluating_twice(tmp_path):
     before = {c.id: c for c in s2.store.candidates()}
     evaluated_before = {cid: c.evaluation for cid, c in before.items() if c.is_evaluated}
     assert len(evaluated_before) >= 3
-    prop = ScriptedProposer(_variants(12)[len(before):])
+    stored = {c.source for c in before.values()}
+    prop = ScriptedProposer([v for v in _variants(12) if v not in stored])
     s2.optimize(proposer=prop, iterations=12, confirm=False)
     after = s2.store.candidates()
     assert len(after) == 12

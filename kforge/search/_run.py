@@ -241,37 +241,53 @@ class OptimizationRun:
         except Exception:  # the evaluator reports compile errors with their log
             pass
 
-    def _propose_and_build(self, request: ProposalRequest) -> Proposal:
-        proposal = self.proposer.propose(request)
-        self._build(proposal.source)
-        return proposal
+    def _propose_and_record(self, card: Card, parent: Node, request: ProposalRequest,
+                            seen: set[str]) -> Candidate | ProposerError | str:
+        """In a pool thread: propose, store what was paid for at once, then compile.
 
-    def _accept(self, card: Card, tree: Tree, parent: Node, outcome: Proposal | ProposerError,
-                seen: set[str]) -> Candidate | None:
-        """Record a proposal (or a failed one): the LLM call, then the candidate, in the store."""
+        Returns the stored candidate, the proposer's error, or a message for a repeated source.
+        """
+        try:
+            proposal = self.proposer.propose(request)
+        except ProposerError as exc:
+            self._record_failure(card, exc)
+            return exc
+        candidate = self._record(card, parent, proposal, seen)
+        if isinstance(candidate, Candidate):
+            self._build(candidate.source)
+        return candidate
+
+    def _record_failure(self, card: Card, exc: ProposerError) -> None:
+        self._record_call(card, exc)
+        with self._lock:
+            key = f"proposer_failures:{card.key}"
+            self.store.set_meta(key, int(self.store.get_meta(key) or 0) + 1)
+
+    def _record(self, card: Card, parent: Node, proposal: Proposal, seen: set[str]) -> Candidate | str:
+        """Store a proposal's LLM call and candidate (thread-safe); a repeated source is not stored."""
+        call_id = self._record_call(card, proposal)
+        with self._lock:
+            if proposal.source in seen:
+                return "the proposer repeated a candidate already evaluated; not evaluated again"
+            seen.add(proposal.source)
         store = self.store
-        if isinstance(outcome, ProposerError):
-            self._record_call(card, outcome)
-            store.set_meta(f"proposer_failures:{card.key}",
-                           int(store.get_meta(f"proposer_failures:{card.key}") or 0) + 1)
-            self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id, str(outcome))
-            return None
-        call_id = self._record_call(card, outcome)
-        if outcome.source in seen:
-            self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id,
-                       "the proposer repeated a candidate already evaluated; not evaluated again")
-            return None
-        seen.add(outcome.source)
-        cid = store.add_candidate(card.key, parent.id, self.proposer.name, outcome.source,
-                                  strategy=outcome.strategy, config=outcome.config, intent=outcome.intent,
-                                  dollars=outcome.usage.dollars)
+        cid = store.add_candidate(card.key, parent.id, self.proposer.name, proposal.source,
+                                  strategy=proposal.strategy, config=proposal.config, intent=proposal.intent,
+                                  dollars=proposal.usage.dollars)
         if call_id is not None:
             store.link_llm_call(call_id, cid)
-        candidate = store.candidate(cid)
-        tree.add(candidate)
-        self._emit(EventKind.PROPOSED, card.key, cid, outcome.intent, parent_id=parent.id,
+        return store.candidate(cid)
+
+    def _adopt(self, card: Card, tree: Tree, parent: Node,
+               outcome: Candidate | ProposerError | str) -> Candidate | None:
+        """In the search thread: put a stored candidate into the tree, or report the failure."""
+        if not isinstance(outcome, Candidate):
+            self._emit(EventKind.PROPOSER_FAILED, card.key, parent.id, str(outcome))
+            return None
+        tree.add(outcome)
+        self._emit(EventKind.PROPOSED, card.key, outcome.id, outcome.intent, parent_id=parent.id,
                    strategy=outcome.strategy)
-        return candidate
+        return outcome
 
     def _search_card(self, card: Card, evaluator: Evaluator) -> None:
         """Grow the card's tree until a budget ends it.
@@ -310,19 +326,22 @@ class OptimizationRun:
                     reason = "time budget reached"
                     break
                 while (len(inflight) < budget.parallel and attempts + len(inflight) < budget.iterations
-                       and failures < budget.max_proposer_failures):
+                       and failures < budget.max_proposer_failures
+                       and (not fast or not inflight or getattr(self.strategy, "lookahead", True))):
                     parent = self.strategy.select(tree, rng)
                     request = self._request(card, tree, parent, seed=attempts + len(inflight))
                     if not fast:
                         for n in parent.path():
                             n.pending += 1
-                        inflight[pool.submit(self._propose_and_build, request)] = (parent, None)
+                        inflight[pool.submit(self._propose_and_record, card, parent, request, seen)] = (parent, None)
                         continue
                     try:
-                        outcome: Proposal | ProposerError = self.proposer.propose(request)
+                        outcome: Candidate | ProposerError | str = self._record(
+                            card, parent, self.proposer.propose(request), seen)
                     except ProposerError as exc:
+                        self._record_failure(card, exc)
                         outcome = exc
-                    candidate = self._accept(card, tree, parent, outcome, seen)
+                    candidate = self._adopt(card, tree, parent, outcome)
                     if candidate is None:
                         attempts += 1
                         failures += 1
@@ -340,11 +359,7 @@ class OptimizationRun:
                     if candidate is None:
                         for n in parent.path():
                             n.pending -= 1
-                        try:
-                            outcome = fut.result()
-                        except ProposerError as exc:
-                            outcome = exc
-                        candidate = self._accept(card, tree, parent, outcome, seen)
+                        candidate = self._adopt(card, tree, parent, fut.result())
                         if candidate is None:
                             failures += 1
                             continue

@@ -88,6 +88,7 @@ class Tree:
 
 class Strategy(Protocol):
     name: str
+    lookahead: bool  # may pick again before the pending candidates are evaluated
 
     def select(self, tree: Tree, rng: random.Random) -> Node:
         """The node whose candidate the proposer revises next (the root: propose a first candidate)."""
@@ -102,6 +103,7 @@ class MCTS:
     """
 
     name = "mcts"
+    lookahead = True  # virtual loss spreads picks made before feedback arrives
 
     def __init__(self, c: float = 0.7, k: float = 1.0, alpha: float = 0.5, root_children: int = 2):
         self.c, self.k, self.alpha, self.root_children = c, k, alpha, root_children
@@ -135,6 +137,7 @@ class LinearRefinement:
     """Always revise the best correct candidate so far (the latest one when none is correct)."""
 
     name = "linear"
+    lookahead = False  # revising "the best" means nothing until the last revision is scored
 
     def select(self, tree: Tree, rng: random.Random) -> Node:
         best = tree.best()
@@ -149,6 +152,7 @@ class BestOfN:
     """Independent samples: every candidate is a fresh first proposal."""
 
     name = "best_of_n"
+    lookahead = True
 
     def select(self, tree: Tree, rng: random.Random) -> Node:
         return tree.root
