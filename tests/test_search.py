@@ -272,3 +272,25 @@ def test_two_evaluators_search_cards_concurrently(tmp_path):
     started = [i for i, k in enumerate(kinds) if k is EventKind.CARD_STARTED]
     assert len(started) == 2 and started[1] < kinds.index(EventKind.CARD_FINISHED)  # both at once
     s.close()
+
+
+def test_linear_refinement_with_a_fast_proposer_waits_for_each_verdict(tmp_path):
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(4))
+    prop.fast = True
+    s.optimize(proposer=prop, strategy="linear", iterations=4, confirm=False, parallel=4)
+    cands = s.store.candidates()
+    assert len(cands) == 4
+    assert cands[0].parent_id is None
+    assert all(c.parent_id is not None for c in cands[1:])   # each revises an evaluated candidate
+    assert all(r.parent is None or r.parent.evaluation is not None for r in prop.requests)
+    s.close()
+
+
+def test_fast_proposer_sees_pending_candidates(tmp_path):
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(4))
+    prop.fast = True
+    s.optimize(proposer=prop, strategy="best_of_n", iterations=4, confirm=False, parallel=4)
+    assert [len(r.tried) for r in prop.requests] == [0, 1, 2, 3]   # pending ones included
+    s.close()
