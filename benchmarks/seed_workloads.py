@@ -92,13 +92,6 @@ def _compiled_op_us(card, device: str) -> float | None:
         return None
 
 
-def _forward_us(model, inputs, device: str) -> float:
-    args, kwargs = kforge.capture.split_batch(inputs)
-    with torch.no_grad():
-        return bench(lambda: model(*args, **kwargs), device=device, flush_l2=False, warmup=3, budget_ms=1000,
-                     min_reps=10, max_reps=200).median_us
-
-
 def run_model(name: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     opts = dict(DEFAULTS.get(name, {}))
@@ -155,34 +148,16 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     search_s = time.perf_counter() - t2
     # end to end
     t3 = time.perf_counter()
-    eager_us = _forward_us(model, inputs, DEVICE)
-    dep = session.apply()
-    kforge_us = _forward_us(model, inputs, DEVICE)
-    used = sum(dk.calls for dk in dep.kernels)
-    args_, kwargs_ = kforge.capture.split_batch(inputs)
-    with torch.no_grad():
-        out_k = model(*args_, **kwargs_)
-    dep.remove()
-    with torch.no_grad():
-        out_e = model(*args_, **kwargs_)
-    diff = _output_diff(out_e, out_k)
-    compile_us = compile_kforge_us = None
-    if not args.skip_compile:
-        torch._dynamo.reset()
-        compile_us = _forward_us(torch.compile(model), inputs, DEVICE)
-        with session.apply():
-            torch._dynamo.reset()
-            compile_kforge_us = _forward_us(torch.compile(model), inputs, DEVICE)
+    e2e = session.end_to_end(compile=not args.skip_compile)
     apply_s = time.perf_counter() - t3
     summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
                "native_variants": len(native), "winners": len(session.results.winners),
-               "kernels_installed": len(dep.kernels), "kernel_calls": used,
-               "kernels_skipped": dep.skipped,
-               "forward_eager_us": eager_us, "forward_kforge_us": kforge_us,
-               "forward_compile_us": compile_us, "forward_compile_kforge_us": compile_kforge_us,
-               "output_rel_diff": diff, "build_s": build_s, "capture_s": capture_s, "search_s": search_s,
-               "e2e_s": apply_s, "pipeline_s": time.perf_counter() - t0, "iterations": args.iterations,
-               "strategy": args.strategy, "coverage": cards.coverage}
+               "kernels_installed": e2e.kernels_installed, "kernels_skipped": e2e.skipped,
+               "forward_eager_us": e2e.eager_us, "forward_kforge_us": e2e.kforge_us,
+               "forward_compile_us": e2e.compile_us, "forward_compile_kforge_us": e2e.compile_kforge_us,
+               "output_rel_diff": e2e.output_rel_diff, "build_s": build_s, "capture_s": capture_s,
+               "search_s": search_s, "e2e_s": apply_s, "pipeline_s": time.perf_counter() - t0,
+               "iterations": args.iterations, "strategy": args.strategy, "coverage": cards.coverage}
     _append(name, summary)
     print(json.dumps(summary, indent=1, default=str))
     session.close()
@@ -192,15 +167,6 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     if os.environ.get("OUT"):
         shutil.copyfile(archive, Path(os.environ["OUT"]) / archive.name)
     print(markdown(name))
-
-
-def _output_diff(a, b) -> float | None:
-    ta = next(iter(kforge.store.iter_tensors(a)), None)
-    tb = next(iter(kforge.store.iter_tensors(b)), None)
-    if ta is None or tb is None:
-        return None
-    ta, tb = ta.double(), tb.double()
-    return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
 
 
 def _ms(us: float | None) -> str:

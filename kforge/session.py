@@ -14,6 +14,7 @@ from .store import Store, WorkdirError
 if TYPE_CHECKING:
     from .evaluate import Evaluator
     from .deploy import Deployment
+    from .deploy._report import EndToEnd
     from .search import OptimizationRun, Results
 
 
@@ -239,6 +240,36 @@ class Session:
         exported, skipped = self._compiled_winners(all_winners)
         kernels = [DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup) for k in exported]
         return Deployment(kernels, model if scope == "model" else None, skipped).install()
+
+    def end_to_end(self, *, compile: bool = True, compile_backend: str = "inductor",
+                   all_winners: bool = False) -> "EndToEnd":
+        """The model's forward on the first example batch: eager, eager + kforge, torch.compile and
+        torch.compile + kforge, timed in this run, and kforge's output compared with eager's."""
+        from .capture import split_batch
+        from .deploy._report import EndToEnd, forward_us, relative_difference
+
+        if self.model is None or self.batches == [None]:
+            raise CaptureError("end_to_end needs the model and its inputs: Session(model, inputs) or "
+                               "Session.open(workdir, model=model) with inputs")
+        args, kwargs = split_batch(self.batches[0])
+        model = self.model
+        run = lambda m: (lambda: m(*args, **kwargs))  # noqa: E731
+        eager_us = forward_us(run(model), self.device)
+        with torch.no_grad():
+            reference = model(*args, **kwargs)
+        with self.apply(all_winners=all_winners) as dep:
+            kforge_us = forward_us(run(model), self.device)
+            with torch.no_grad():
+                diff = relative_difference(reference, model(*args, **kwargs))
+        compile_us = compile_kforge_us = None
+        if compile:
+            torch._dynamo.reset()
+            compile_us = forward_us(run(torch.compile(model, backend=compile_backend)), self.device)
+            with self.apply(all_winners=all_winners):
+                torch._dynamo.reset()
+                compile_kforge_us = forward_us(run(torch.compile(model, backend=compile_backend)), self.device)
+            torch._dynamo.reset()
+        return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(dep.kernels), dep.skipped)
 
     def export(self, path: str | Path) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs."""

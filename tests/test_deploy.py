@@ -197,3 +197,14 @@ def test_works_under_torch_compile(tmp_path):
         torch.testing.assert_close(compiled(x), expected)
         assert dep.kernels[0].calls >= 1
     s.close()
+
+
+def test_end_to_end_report(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    report = s.end_to_end(compile_backend="eager")
+    assert report.eager_us > 0 and report.kforge_us > 0
+    assert report.compile_us > 0 and report.compile_kforge_us > 0
+    assert report.kernels_installed == 1 and report.output_rel_diff < 1e-5
+    assert "eager + kforge" in report.table()
+    assert not any(k for k in torch.Tensor.__dict__ if k == "softmax")   # removed again afterwards
+    s.close()
