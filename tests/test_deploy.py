@@ -1,6 +1,7 @@
 """Deploy: apply/undo, the signature guard, export -> fresh process -> load, tampering, stale targets."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -174,11 +175,9 @@ def test_a_stale_kernel_that_fails_revalidation_stays_on_eager(tmp_path):
     src = next((path / "kernels").glob("*.c"))
     src.write_text(kernel_source("cpu", "softmax_wrong"))
     data = json.loads((path / "manifest.json").read_text())
-    import hashlib
-
     data["kernels"][0]["source_sha256"] = hashlib.sha256(src.read_bytes()).hexdigest()
-    data["target"]["arch"] = "some-other-cpu"
     (path / "manifest.json").write_text(json.dumps(data))
+    _retarget(path, arch="some-other-cpu")
     x = torch.randn(16, 300)
     result, stderr = _load_in_fresh_process(tmp_path, path, x)
     assert result["calls"] == 0

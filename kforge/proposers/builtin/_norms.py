@@ -75,14 +75,17 @@ __device__ __forceinline__ float affine(float x, float mean, float rstd, float w
 }
 """
 
-_LAUNCH = r"""
+# The entry point of every row-norm kernel: pointers to x, weight, bias (absent for rms_norm), y.
+_ENTRY = r"""
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
     const x_t* x = (const x_t*)inputs[0].data;
     const w_t* w = (const w_t*)inputs[1].data;
     const b_t* b = (const b_t*)(RMS ? 0 : inputs[2].data);
     y_t* y = (y_t*)outputs[0].data;
-    const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)b % 16 == 0;
+"""
+
+_LAUNCH = _ENTRY + r"""    const bool aligned = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)b % 16 == 0;
     if ({{vec}} > 1 && aligned)
         {{kernel}}<{{vec}}><<<{{grid}}, {{block}}, 0, (cudaStream_t)stream>>>(x, w, b, y);
     else
@@ -245,14 +248,7 @@ static inline void write_row(const x_t* xr, const w_t* w, const b_t* b, y_t* yr,
 }
 """
 
-_CPU_ROW_LAUNCH = r"""
-KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
-                       const double* params, int n_params, void* workspace, void* stream) {
-    const x_t* x = (const x_t*)inputs[0].data;
-    const w_t* w = (const w_t*)inputs[1].data;
-    const b_t* b = (const b_t*)(RMS ? 0 : inputs[2].data);
-    y_t* y = (y_t*)outputs[0].data;
-    #pragma omp parallel for schedule(static)
+_CPU_ROW_LAUNCH = _ENTRY + r"""    #pragma omp parallel for schedule(static)
     for (long r = 0; r < ROWS; ++r) {
         float mean, rstd;
         row_stats(x + r * D, &mean, &rstd);
