@@ -16,7 +16,7 @@ pytest.importorskip("altair")
 import kforge
 from kforge.evaluate import Evaluation, Status
 from kforge.search import Event, EventKind
-from kforge.views import CardTable, RunProgress, SearchTree, SourceView, charts, dashboard
+from kforge.views import CardTable, RunProgress, SearchTree, SourceView, charts, dashboard, progress
 from kforge.views._data import best_path, line_diff
 from kforge.views._pump import EventPump
 from kernel_files import kernel_source
@@ -104,10 +104,9 @@ def test_a_real_background_run_reaches_every_view_in_batches(session):
     run = session.optimize(proposer=proposer, iterations=6, ops=["softmax"], background=True)
     d = dashboard(session)
     assert d.progress is not None and d.progress.total == 6
+    alone = progress(run)
     run.wait(120)
-    deadline = time.time() + 5
-    while d.pump._thread is not None and time.time() < deadline:
-        time.sleep(0.05)
+    assert d.progress.state == alone.state == "finished", "views show the end before wait() returns"
     key = _softmax_key(session)
     stored = session.store.candidates(key)
     assert d.progress.state == "finished" and d.progress.done == 6 and d.progress.cards_done == 1

@@ -11,6 +11,8 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..search import EventKind
+
 if TYPE_CHECKING:
     from ..search import Event, OptimizationRun
 
@@ -28,6 +30,7 @@ class EventPump:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._flushing = threading.Lock()
         self.batches = 0
 
     def follow(self, run: "OptimizationRun") -> None:
@@ -36,10 +39,17 @@ class EventPump:
             if run in self._runs:
                 return
             self._runs.append(run)
-            run.subscribe(self._queue.put)
+            run.subscribe(self._on_event)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="kforge-views", daemon=True)
                 self._thread.start()
+
+    def _on_event(self, event: "Event") -> None:
+        """Queued; a run's last event is delivered at once, in the run's thread, so that the views
+        show the final state before ``run.wait()`` returns (no flusher tick can lag behind it)."""
+        self._queue.put(event)
+        if event.kind is EventKind.RUN_FINISHED:
+            self.flush()
 
     def put(self, event: "Event") -> None:
         """Queue one event (thread-safe); it reaches the sinks with the next batch."""
@@ -47,6 +57,10 @@ class EventPump:
 
     def flush(self) -> int:
         """Deliver every queued event now, as one batch; returns how many."""
+        with self._flushing:  # one delivery at a time, in order, whichever thread flushes
+            return self._flush()
+
+    def _flush(self) -> int:
         batch: list[Event] = []
         while True:
             try:
