@@ -7,7 +7,7 @@ kforge.evaluate.timing.bench_pair (CUDA events, L2 flushed, median). Candidates 
 process; a crash (e.g. an illegal address, which poisons the CUDA context) costs only that
 candidate: the worker is restarted on the rest. Prints a table; writes $OUT/builtin_kernels.json.
 
-    python benchmarks/builtin_kernels.py [--extra 3] [--only softmax]
+    python benchmarks/builtin_kernels.py [--extra 3] [--only softmax,group_norm] [--strategies tiled]
 """
 from __future__ import annotations
 
@@ -66,18 +66,23 @@ def seeds() -> dict[str, Variant]:
         "add bf16[1,512,128,128]+[1,512,1,1]": _variant("add", e(1, 512, 128, 128, dtype=BF),
                                                         e(1, 512, 1, 1, dtype=BF)),
         "relu f32[8,64,112,112]": _variant("relu", e(8, 64, 112, 112)),
+        "relu f32[8,512,28,28]": _variant("relu", e(8, 512, 28, 28)),
+        "add f32[8,1024,14,14]": _variant("add", e(8, 1024, 14, 14), e(8, 1024, 14, 14)),
+        "add bf16[1,512,128,128]": _variant("add", e(1, 512, 128, 128, dtype=BF), e(1, 512, 128, 128, dtype=BF)),
+        "silu bf16[1,512,256,256]": _variant("silu", e(1, 512, 256, 256, dtype=BF)),
+        "silu bf16[1,128,1024,1024]": _variant("silu", e(1, 128, 1024, 1024, dtype=BF)),
         "embedding i64[1,512] -> bf16[262144,1536]": _variant(
             "embedding", torch.zeros(1, 512, dtype=torch.long, device="cuda"), e(262144, 1536, dtype=BF)),
     }
 
 
-def plan(variants: dict[str, Variant], extra: int) -> list[dict]:
+def plan(variants: dict[str, Variant], extra: int, strategies: list[str] = ()) -> list[dict]:
     """Jobs: every applicable strategy with its default config plus ``extra`` sampled configs."""
     dev = device_info("cuda")
     jobs = []
     for label, v in variants.items():
         for s in strategies_for(v.op, "cuda"):
-            if not s.applies(v, dev):
+            if not s.applies(v, dev) or (strategies and not any(w in s.name for w in strategies)):
                 continue
             configs = list(s.configs(v, dev))
             picked = configs[:1] + random.Random(label + s.name).sample(configs[1:], min(extra, len(configs) - 1))
@@ -251,7 +256,8 @@ def report(jobs: list[dict], variants: dict[str, Variant]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra", type=int, default=3, help="configs from the space beyond the default")
-    parser.add_argument("--only", default="", help="substring of the variant labels to run")
+    parser.add_argument("--only", default="", help="comma-separated substrings of the variant labels to run")
+    parser.add_argument("--strategies", default="", help="comma-separated substrings of the strategy names to run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -260,8 +266,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
     start = time.perf_counter()
-    variants = {k: v for k, v in seeds().items() if args.only in k}
-    jobs = plan(variants, args.extra)
+    only = [w for w in args.only.split(",") if w]
+    variants = {k: v for k, v in seeds().items() if not only or any(w in k for w in only)}
+    jobs = plan(variants, args.extra, [w for w in args.strategies.split(",") if w])
     print(f"{len(jobs)} candidates over {len(variants)} variants on {device_info('cuda').describe()}")
     compile_all(jobs)
     built = [j["compile_s"] for j in jobs if "path" in j and not j.get("cached")]

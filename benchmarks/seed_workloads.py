@@ -126,7 +126,12 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     print(f"\n## {name}: {len(cards)} variants captured in {capture_s:.1f} s (build {build_s:.1f} s)", flush=True)
     done = _load_done(name)
     native = [c for c in cards if not c.vendor]
-    todo = [c.key for c in native if c.key not in done][: args.max_cards]
+    ops = set(args.ops.split(",")) if args.ops else None
+    # NB: a card searched before with fewer iterations is deepened, not restarted: its stored tree
+    # counts towards the new budget.
+    todo = [c.key for c in native if (ops is None or c.op in ops)
+            and (c.key not in done or (args.deepen and (done[c.key].get("iterations") or 0) < args.iterations))]
+    todo = todo[: args.max_cards]
     t2 = time.perf_counter()
     if todo:
         def on_event(e):
@@ -148,6 +153,11 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     search_s = time.perf_counter() - t2
     # end to end
     t3 = time.perf_counter()
+    if args.no_e2e:
+        session.close()
+        _archive(name, workdir, archive)
+        print(markdown(name))
+        return
     e2e = session.end_to_end(compile=not args.skip_compile)
     apply_s = time.perf_counter() - t3
     summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
@@ -161,12 +171,16 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     _append(name, summary)
     print(json.dumps(summary, indent=1, default=str))
     session.close()
+    _archive(name, workdir, archive)
+    print(markdown(name))
+
+
+def _archive(name: str, workdir: Path, archive: Path) -> None:
     with tarfile.open(archive, "w:gz") as tar:
         for item in sorted(workdir.iterdir()):
             tar.add(item, arcname=item.name)
     if os.environ.get("OUT"):
         shutil.copyfile(archive, Path(os.environ["OUT"]) / archive.name)
-    print(markdown(name))
 
 
 def _ms(us: float | None) -> str:
@@ -209,6 +223,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick smoke test at small sizes")
     ap.add_argument("--attn", default=None, help="attn_implementation for the language models (eager/sdpa)")
     ap.add_argument("--max-cards", type=int, default=None)
+    ap.add_argument("--ops", default="", help="comma-separated operators to search (default: every native card)")
+    ap.add_argument("--deepen", action="store_true",
+                    help="search again the cards recorded with fewer than --iterations, continuing their trees")
+    ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end comparison (a later call does it)")
     ap.add_argument("--skip-compile", action="store_true", help="no torch.compile comparisons (slow on a CPU)")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="where the per-model .jsonl files go")
     args = ap.parse_args()

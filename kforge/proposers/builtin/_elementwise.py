@@ -174,6 +174,125 @@ def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
                 z="const float z = vz[j]; " if len(_operands(v)) == 2 else "", expr=_expr(v), store=store)
 
 
+# One tile per block, no grid-stride loop: every load of a thread is issued before the first
+# store (ITEMS vectors in flight), full tiles skip bounds checks, the last tile goes element-wise.
+_CUDA_TILED = CUDA + r"""
+{{types}}#define TOTAL {{TOTAL}}L
+#define THREADS {{threads}}
+#define ITEMS {{items}}
+#define STREAM {{stream}}
+
+template <int B> struct Raw;
+template <> struct Raw<16> { typedef uint4 t; };
+template <> struct Raw<8> { typedef uint2 t; };
+template <> struct Raw<4> { typedef unsigned int t; };
+template <> struct Raw<2> { typedef unsigned short t; };
+
+/* A vector load / store, with the evict-first cache hint when STREAM: the data is touched once. */
+template <int N, typename T>
+__device__ __forceinline__ void ld(const T* p, float (&out)[N]) {
+    typedef typename Raw<sizeof(T) * N>::t R;
+    union { R r; Vec<T, N> v; } u;
+    u.r = STREAM ? __ldcs(reinterpret_cast<const R*>(p)) : *reinterpret_cast<const R*>(p);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_f(u.v.v[i]);
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void st(T* p, const float (&in)[N]) {
+    typedef typename Raw<sizeof(T) * N>::t R;
+    union { R r; Vec<T, N> v; } u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) u.v.v[i] = from_f<T>(in[i]);
+    if (STREAM) __stcs(reinterpret_cast<R*>(p), u.r); else *reinterpret_cast<R*>(p) = u.r;
+}
+
+template <int V>
+__global__ void __launch_bounds__(THREADS) tiled({{params}}, y_t* __restrict__ y) {
+    const long tile = (long)blockIdx.x * (THREADS * ITEMS * V);
+    if (tile + THREADS * ITEMS * V <= TOTAL) {
+{{decls}}#pragma unroll
+        for (int u = 0; u < ITEMS; ++u) {
+            const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+{{loads}}        }
+#pragma unroll
+        for (int u = 0; u < ITEMS; ++u) {
+            const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+            float r[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) { const float x = vx[u][j]; {{z}}r[j] = {{expr}}; }
+            st<V>(y + i, r);
+        }
+    } else {
+        for (long i = tile + threadIdx.x; i < TOTAL; i += THREADS) {
+{{scalar}}            y[i] = from_f<y_t>({{expr}});
+        }
+    }
+}
+
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    y_t* y = (y_t*)outputs[0].data;
+    if ({{vec}} > 1 && (uintptr_t)y % 16 == 0{{aligned}})
+        tiled<{{vec}}><<<(int)((TOTAL + THREADS * ITEMS * {{vec}} - 1) / (THREADS * ITEMS * {{vec}})), THREADS, 0,
+                         (cudaStream_t)stream>>>({{args}}, y);
+    else
+        tiled<1><<<(int)((TOTAL + THREADS * ITEMS - 1) / (THREADS * ITEMS)), THREADS, 0, (cudaStream_t)stream>>>({{args}}, y);
+    return (int)cudaGetLastError();
+}
+"""
+
+
+def _tiled_ok(v: Variant) -> bool:
+    """Contiguous output, operands read as whole vectors or broadcast, and a grid that fits an int."""
+    return _ok(v) and v.outputs[0].is_contiguous and _vmax(v) > 1 and v.outputs[0].numel < (1 << 40)
+
+
+def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    y = v.outputs[0]
+    shape = _shape(v)
+    vec = c["vec"]
+    params, args, decls, loads, scalar, aligned = [], [], [], [], [], ""
+    roles = {"y": y}
+    for k, (role, sig) in enumerate(_operands(v)):
+        roles[role] = sig
+        if sig is None:  # a scalar operand, baked in
+            value = f"{float(v.param_dict['scalar'])!r}f"
+            decls.append(f"float v{role}[ITEMS][V];\n#pragma unroll\nfor (int u = 0; u < ITEMS; ++u)\n"
+                         f"#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[u][j] = {value};")
+            scalar.append(f"const float {role} = {value};")
+            continue
+        params.append(f"const {role}_t* __restrict__ {role}_p")
+        args.append(f"(const {role}_t*)inputs[{k}].data")
+        off = _offset(sig, shape)
+        decls.append(f"float v{role}[ITEMS][V];")
+        scalar.append(f"const float {role} = to_f({role}_p[{off}]);")
+        if _vec_mode(sig, shape, vec) == "vec":
+            loads.append(f"ld<V>({role}_p + {off}, v{role}[u]);")
+            aligned += f" && (uintptr_t)inputs[{k}].data % 16 == 0"
+        else:  # broadcast along the vector: one read (V == 1 reads every element this way too)
+            loads.append(f"{{ const float s = to_f({role}_p[{off}]);\n#pragma unroll\n"
+                         f"for (int j = 0; j < V; ++j) v{role}[u][j] = s; }}")
+
+    def block(lines: list[str], indent: int) -> str:
+        return "".join(" " * indent + ln.replace("\n", "\n" + " " * indent) + "\n" for ln in lines)
+
+    return fill(_CUDA_TILED, types=cuda_types(roles), TOTAL=y.numel, threads=c["threads"], items=c["items"],
+                stream=int(c["cache"] == "stream"), vec=vec, params=", ".join(params), args=", ".join(args),
+                aligned=aligned, decls=block(decls, 8), loads=block(loads, 12), scalar=block(scalar, 12),
+                z="const float z = vz[u][j]; " if len(_operands(v)) == 2 else "", expr=_expr(v))
+
+
+def _tiled_default(v: Variant, d: DeviceInfo) -> dict:
+    """Enough tiles to fill every SM a few times over, as many vectors in flight as that allows."""
+    vec = _vmax(v)
+    n = v.outputs[0].numel
+    items = 4
+    while items > 1 and n / (256 * items * vec) < 4 * d.sm_count:
+        items //= 2
+    return {"threads": 256, "items": items, "vec": vec, "cache": "stream"}
+
+
 _CPU_FLAT = CPU + r"""
 {{io}}#define TOTAL {{TOTAL}}L
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
@@ -247,6 +366,13 @@ for _op in ("relu", "silu", "sigmoid", "tanh", "gelu", "softplus", "add", "mul")
         lambda v, d: {"threads": 256, "items": 2 if v.outputs[0].numel >= (1 << 22) else 1, "vec": _vmax(v),
                       "waves": 4},
         _render_cuda, valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
+    register(Strategy(
+        f"{_op}.cuda.tiled", _op, "cuda", 2,
+        "one tile per block with every load of a thread issued before its first store, bounds checks "
+        "only in the last tile, optional evict-first cache hints",
+        {"threads": (128, 256, 512), "items": (1, 2, 4, 8), "vec": (2, 4, 8), "cache": ("stream", "plain")},
+        lambda v, d: _tiled_ok(v), _tiled_default, _render_tiled,
+        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
     register(Strategy(
         f"{_op}.cpu.flat", _op, "cpu", 0,
         "one OpenMP SIMD loop over every output element, broadcasting by index",
