@@ -5,7 +5,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-timeout 200 python3 -m pytest -q -x tests/test_gpu.py -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/test_gpu.txt"
+timeout 200 python3 -m pytest -q -x tests/test_gpu.py -p no:cacheprovider -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_gpu.txt"
 timeout 240 python3 benchmarks/builtin_kernels.py --only silu,add,relu,gelu --strategies vectorized,tiled --extra 12 \
     2>&1 | tee "$OUT/builtin_elementwise.txt" | grep -v "^    " | tail -80
 timeout 60 python3 benchmarks/deploy_overhead.py --device cuda 2>&1 | tee "$OUT/deploy_overhead.txt" | tail -8
