@@ -245,7 +245,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 
 def _tiled_ok(v: Variant) -> bool:
     """Contiguous output, operands read as whole vectors or broadcast, and a grid that fits an int."""
-    return _ok(v) and v.outputs[0].is_contiguous and _vmax(v) > 1 and v.outputs[0].numel < (1 << 40)
+    return _ok(v) and v.outputs[0].is_contiguous and _vmax(v) > 1 and v.outputs[0].numel < (1 << 37)
 
 
 def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
