@@ -1,9 +1,12 @@
 """Host cost of a dispatched call: eager vs a kforge kernel vs a guard miss (falls back to eager).
 
-    python benchmarks/deploy_overhead.py --device cuda
+    python benchmarks/deploy_overhead.py --device cuda     (or --device cpu)
 
 A small softmax keeps the GPU time negligible, so the loop measures what the host pays per call
-(launches are asynchronous; the device is synchronised once at the end of each loop).
+(launches are asynchronous; the device is synchronised once at the end of each loop). The kforge
+hit is measured through both launch paths (the C launcher and ctypes), and once more with a
+kernel whose kf_launch returns at once: that row is kforge's own machinery (guard, allocation,
+launch call) with no kernel launch at all. Rounds interleave every row, so drift hits all alike.
 """
 from __future__ import annotations
 
@@ -19,22 +22,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kforge.deploy import DeployedKernel, Deployment  # noqa: E402
+from kforge.deploy._fast import unavailable_reason  # noqa: E402
 from kforge.kernels import Kernel, compile_source, device_info  # noqa: E402
 from kforge.ops import get_spec  # noqa: E402
 
+NULL_KERNEL = """#include "kforge.h"
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) { return 0; }
+"""
 
-def _per_call_us(fn, device: str, n: int = 2000, rounds: int = 7) -> float:
-    samples = []
+
+def _loop_us(fn, device: str, n: int) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def measure(rows: dict, device: str, n: int = 2000, rounds: int = 9) -> dict[str, float]:
+    """Median per-call microseconds of each row; a row is (setup, call, teardown)."""
+    samples: dict[str, list[float]] = {k: [] for k in rows}
     for _ in range(rounds):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / n * 1e6)
-    return statistics.median(samples)
+        for name, (setup, call, teardown) in rows.items():
+            setup()
+            try:
+                call()  # warm
+                samples[name].append(_loop_us(call, device, n))
+            finally:
+                teardown()
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main() -> None:
@@ -52,21 +72,34 @@ def main() -> None:
     call = spec.bind(x, -1)
     variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
     kernel = Kernel(compile_source(src, backend, arch).path)
+    null = Kernel(compile_source(NULL_KERNEL, backend, arch).path)
 
-    eager = _per_call_us(lambda: x.softmax(-1), device)
-    eager_other = _per_call_us(lambda: other.softmax(-1), device)
-    dep = Deployment([DeployedKernel(variant, kernel)]).install()
-    try:
-        torch.testing.assert_close(x.softmax(-1), torch.softmax(x.double(), -1).float())
-        dispatched = _per_call_us(lambda: x.softmax(-1), device)
-        miss = _per_call_us(lambda: other.softmax(-1), device)
-        calls = dep.kernels[0].calls
-    finally:
-        dep.remove()
-    print(f"\n== host cost per call on {device_info(device).name}, softmax {tuple(x.shape)} (median of 7 x 2000 calls)")
-    print(f"eager x.softmax(-1):                 {eager:6.2f} us")
-    print(f"kforge kernel (exact-signature hit):  {dispatched:6.2f} us  ({calls} kernel calls)")
-    print(f"kforge guard miss -> eager:           {miss:6.2f} us  (eager for that shape: {eager_other:.2f} us)")
+    deps = {"c": Deployment([DeployedKernel(variant, kernel)]),
+            "ctypes": Deployment([DeployedKernel(variant, kernel, fast=False)]),
+            "null": Deployment([DeployedKernel(variant, null)])}
+    for name in ("c", "ctypes"):
+        with deps[name]:
+            torch.testing.assert_close(x.softmax(-1), torch.softmax(x.double(), -1).float())
+    nothing = lambda: None  # noqa: E731
+    rows = {"eager": (nothing, lambda: x.softmax(-1), nothing),
+            "eager_other": (nothing, lambda: other.softmax(-1), nothing),
+            "alloc": (nothing, lambda: torch.empty_strided((4, 64), (64, 1), device=device), nothing)}
+    for name, dep in deps.items():
+        rows[f"hit_{name}"] = (dep.install, lambda: x.softmax(-1), dep.remove)
+    rows["miss"] = (deps["c"].install, lambda: other.softmax(-1), deps["c"].remove)
+    us = measure(rows, device)
+    fast = deps["c"].kernels[0].fast
+    print(f"\n== host cost per call on {device_info(device).name}, softmax {tuple(x.shape)} "
+          f"(median of 9 interleaved rounds x 2000 calls)")
+    print(f"eager x.softmax(-1):                          {us['eager']:6.2f} us")
+    print(f"kforge hit, C launcher{'' if fast else ' (UNAVAILABLE: ' + str(unavailable_reason()) + ')'}:"
+          f"{'':<{max(1, 23 - (0 if fast else 99))}}{us['hit_c']:6.2f} us")
+    print(f"kforge hit, ctypes launcher:                  {us['hit_ctypes']:6.2f} us")
+    print(f"kforge hit, kernel that returns at once:      {us['hit_null']:6.2f} us  (machinery only)")
+    print(f"kforge guard miss -> eager:                   {us['miss']:6.2f} us  (eager for that shape: "
+          f"{us['eager_other']:.2f} us)")
+    print(f"torch.empty_strided alone:                    {us['alloc']:6.2f} us")
+    print(f"kernel calls: C {deps['c'].kernels[0].calls}, ctypes {deps['ctypes'].kernels[0].calls}")
     print("operators without a winner are not patched: they cost exactly eager")
 
 

@@ -8,6 +8,7 @@ original function. Everything else in the model never passes through kforge.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from ..kernels import Kernel, param_vector
 from ..kernels._library import KfTensor
+from ._fast import launcher_type
 from ..ops import DTYPE_CODES, OpSpec, TensorSig, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
 
 _OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
@@ -43,14 +45,18 @@ def _param_values(names: tuple[str, ...], params: dict) -> tuple:
 
 
 class DeployedKernel:
-    """A validated kernel for one variant, with its launch arguments prepared once."""
+    """A validated kernel for one variant, with its launch arguments prepared once.
 
-    def __init__(self, variant: Variant, kernel: Kernel, candidate_id: int | None = None, speedup: float | None = None):
+    Calls go through the C launcher of ``_fastpath.c`` where it can be built (``fast``), else
+    through ctypes (``fast=False`` forces that); both fill the same descriptors the same way.
+    """
+
+    def __init__(self, variant: Variant, kernel: Kernel, candidate_id: int | None = None, speedup: float | None = None,
+                 fast: bool = True):
         self.variant = variant
         self.kernel = kernel
         self.candidate_id = candidate_id
         self.speedup = speedup
-        self.calls = 0
         self.inplace = bool(variant.param_dict.get("inplace"))
         self._cuda = variant.device.startswith("cuda")
         self._index = torch.device(variant.device).index or 0 if self._cuda else 0
@@ -73,21 +79,47 @@ class DeployedKernel:
         self._out_slots = list(self._out_structs)[:n_out]
         self._ws_ptr = self._workspace.data_ptr() if self._workspace is not None else None
 
+        fast = self._fast_launcher() if fast else None
+        self.fast = fast is not None   # calls go through the C launcher (else through ctypes)
+        self.launch = fast if fast is not None else self._launch_py
+        self._py_calls = 0
+
+    def _fast_launcher(self) -> Any:
+        """The C launcher for this kernel (kforge/deploy/_fastpath.c), or None without one."""
+        launcher = launcher_type()
+        if launcher is None or max(self._n[0], self._n[1]) > 16:
+            return None
+        allocs = tuple(functools.partial(torch.empty_strided, shape, stride, dtype=dtype, device=dev)
+                       for shape, stride, dtype, dev in self._outs)
+        stream_fn = (_GET_RAW_STREAM or _raw_stream) if self._cuda else None
+        return launcher(
+            ctypes.cast(self._fn, ctypes.c_void_p).value, bytes(self._ins)[:ctypes.sizeof(KfTensor) * self._n[0]],
+            self._n[0], bytes(self._out_structs)[:ctypes.sizeof(KfTensor) * self._n[1]], self._n[1],
+            bytes(self._params)[:ctypes.sizeof(ctypes.c_double) * self._n[2]], self._ws_ptr, allocs,
+            stream_fn, self._index, self.variant.signature, (self.kernel, self._workspace),
+            not self._cuda)  # a CPU kernel runs inside the call: let other threads go meanwhile
+
+    @property
+    def calls(self) -> int:
+        return self._py_calls + (self.launch.calls if self.fast else 0)
+
     def __call__(self, inputs: tuple) -> list[torch.Tensor]:
+        return self.launch(inputs)
+
+    def _launch_py(self, inputs: tuple) -> list[torch.Tensor]:
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
         stream = _raw_stream(self._index) if self._cuda else None
         # NB: the structs are shared, so two threads must not fill them at once.
         with self._lock:
             for slot, t in zip(self._in_slots, inputs):
-                if t is not None:
-                    slot.data = t.data_ptr()
+                slot.data = t.data_ptr() if t is not None else None
             for slot, t in zip(self._out_slots, outs):
                 slot.data = t.data_ptr()
             code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2],
                             self._ws_ptr, stream)
         if code != 0:
             raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
-        self.calls += 1
+        self._py_calls += 1
         return outs
 
 
@@ -126,6 +158,9 @@ class Dispatcher:
 
     def __init__(self):
         self.tables: dict[str, dict[tuple, tuple[DeployedKernel, "Deployment"]]] = {}
+        # The first input's shapes per operator: a call whose first argument is a plain tensor of
+        # another shape cannot hit, and goes to eager without binding (a false miss only costs speed).
+        self.first_shapes: dict[str, set[torch.Size]] = {}
         self.patches: dict[tuple[int, str], _Patch] = {}
         self.lock = threading.RLock()
 
@@ -135,6 +170,7 @@ class Dispatcher:
                 spec = get_spec(dk.variant.op)
                 self.tables.setdefault(spec.name, {})[variant_key(dk.variant)] = (dk, deployment)
                 self._patch_op(spec)
+            self._index_shapes()
 
     def uninstall(self, deployment: "Deployment") -> None:
         with self.lock:
@@ -145,6 +181,15 @@ class Dispatcher:
                 if not table:
                     del self.tables[op]
                     self._unpatch_op(op)
+            self._index_shapes()
+
+    def _index_shapes(self) -> None:
+        for op, table in self.tables.items():
+            shapes = self.first_shapes.setdefault(op, set())
+            shapes.clear()  # in place: the wrappers hold this set
+            for dk, _ in table.values():
+                first = dk.variant.inputs[0]
+                shapes.add(torch.Size(first.shape) if first is not None else None)
 
     def _patch_op(self, spec: OpSpec) -> None:
         for target in spec.targets:
@@ -184,10 +229,11 @@ def _locations(target: Any) -> list[tuple[Any, str]]:
 
 def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind: Callable) -> Callable:
     table = dispatcher.tables.setdefault(spec.name, {})
+    shapes = dispatcher.first_shapes.setdefault(spec.name, set())
     names = spec.params
 
     def kforge_dispatch(*args, **kwargs):
-        if not table:
+        if not table or (args and type(args[0]) in _PLAIN and args[0].shape not in shapes):
             return original(*args, **kwargs)
         try:
             call = bind(*args, **kwargs)
@@ -216,7 +262,7 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         else:
             if not dep.active:
                 return original(*args, **kwargs)
-            outs = dk(inputs)
+            outs = dk.launch(inputs)
         if dk.inplace:
             return inputs[0].copy_(outs[0])
         return outs[0] if len(outs) == 1 else tuple(outs)
