@@ -61,6 +61,14 @@ def test_bad_arguments_are_refused_not_crashed():
     Launcher = launcher_type()
     with pytest.raises(ValueError, match="descriptors"):
         Launcher(1, b"123", 1, b"", 0, b"", None, (), None, 0, "sig", None, False)
+    half = Launcher.__new__(Launcher)
+    with pytest.raises(ValueError):
+        half.__init__(1, b"123", 1, b"", 0, b"", None, (), None, 0, "sig", None, False)
+    with pytest.raises(RuntimeError, match="never initialised"):
+        half((x,))  # a failed init leaves nothing callable
+    with pytest.raises(TypeError, match="initialised once"):
+        dk.launch.__init__(1, b"", 0, b"", 0, b"", None, (), None, 0, "sig", None, False)
+    torch.testing.assert_close(dk.launch((x,))[0], torch.softmax(x, -1))
 
 
 @needs_fast

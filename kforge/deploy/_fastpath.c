@@ -48,6 +48,10 @@ static int read_ptr(PyObject* tensor, void** out) {
 
 static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kwargs) {
     PyObject* seq;
+    if (self->fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this launcher was never initialised");
+        return NULL;
+    }
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
         PyErr_SetString(PyExc_TypeError, "a launcher takes one argument: the input tensors");
         return NULL;
@@ -126,12 +130,16 @@ static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwargs) {
                             "allocs", "stream_fn", "stream_arg", "label", "keepalive", "release_gil", NULL};
     PyObject *fn, *ins, *outs, *params, *workspace, *allocs, *stream_fn, *stream_arg, *label, *keepalive;
     int n_in, n_out, release_gil;
+    if (self->fn != NULL) {  /* a call may be running with the GIL released: never swap its state */
+        PyErr_SetString(PyExc_TypeError, "a launcher is initialised once");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOiOiOOO!OOUOp", names, &fn, &ins, &n_in, &outs, &n_out,
                                      &params, &workspace, &PyTuple_Type, &allocs, &stream_fn, &stream_arg,
                                      &label, &keepalive, &release_gil))
         return -1;
-    self->fn = (kf_launch_fn)PyLong_AsVoidPtr(fn);
-    if (self->fn == NULL) {
+    kf_launch_fn entry = (kf_launch_fn)PyLong_AsVoidPtr(fn);
+    if (entry == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "the kernel's entry point is NULL");
         return -1;
     }
@@ -173,6 +181,7 @@ static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwargs) {
     Py_INCREF(keepalive);
     Py_XSETREF(self->keepalive, keepalive);
     self->calls = 0;
+    self->fn = entry;  /* last: a launcher is callable only once fully initialised */
     return 0;
 }
 
