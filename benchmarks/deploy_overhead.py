@@ -4,13 +4,15 @@
 
 A small softmax keeps the GPU time negligible, so the loop measures what the host pays per call
 (launches are asynchronous; the device is synchronised once at the end of each loop). The kforge
-hit is measured through both launch paths (the C launcher and ctypes), and once more with a
-kernel whose kf_launch returns at once: that row is kforge's own machinery (guard, allocation,
-launch call) with no kernel launch at all. Rounds interleave every row, so drift hits all alike.
+hit is measured through both paths (the C dispatch front and launcher, and the pure-Python guard
+with a ctypes launch, as with KFORGE_FASTPATH=0), and once more with a kernel whose kf_launch
+returns at once: that row is kforge's own machinery (guard, allocation, launch call) with no
+kernel launch at all. Rounds interleave every row, so drift hits all alike.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -75,31 +77,45 @@ def main() -> None:
     null = Kernel(compile_source(NULL_KERNEL, backend, arch).path)
 
     deps = {"c": Deployment([DeployedKernel(variant, kernel)]),
-            "ctypes": Deployment([DeployedKernel(variant, kernel, fast=False)]),
+            "python": Deployment([DeployedKernel(variant, kernel, fast=False)]),
             "null": Deployment([DeployedKernel(variant, null)])}
-    for name in ("c", "ctypes"):
-        with deps[name]:
-            torch.testing.assert_close(x.softmax(-1), torch.softmax(x.double(), -1).float())
+
+    def install_python():  # the guard in Python and the launch through ctypes: no C at all
+        os.environ["KFORGE_FASTPATH"] = "0"
+        try:
+            deps["python"].install()
+        finally:
+            del os.environ["KFORGE_FASTPATH"]
+
+    expected = torch.softmax(x.double(), -1).float()
+    with deps["c"]:
+        torch.testing.assert_close(x.softmax(-1), expected)
+    install_python()
+    try:
+        torch.testing.assert_close(x.softmax(-1), expected)
+    finally:
+        deps["python"].remove()
     nothing = lambda: None  # noqa: E731
     rows = {"eager": (nothing, lambda: x.softmax(-1), nothing),
             "eager_other": (nothing, lambda: other.softmax(-1), nothing),
             "alloc": (nothing, lambda: torch.empty_strided((4, 64), (64, 1), device=device), nothing)}
     for name, dep in deps.items():
-        rows[f"hit_{name}"] = (dep.install, lambda: x.softmax(-1), dep.remove)
+        rows[f"hit_{name}"] = (install_python if name == "python" else dep.install, lambda: x.softmax(-1), dep.remove)
     rows["miss"] = (deps["c"].install, lambda: other.softmax(-1), deps["c"].remove)
     us = measure(rows, device)
     fast = deps["c"].kernels[0].fast
     print(f"\n== host cost per call on {device_info(device).name}, softmax {tuple(x.shape)} "
           f"(median of 9 interleaved rounds x 2000 calls)")
     print(f"eager x.softmax(-1):                          {us['eager']:6.2f} us")
-    print(f"kforge hit, C launcher{'' if fast else ' (UNAVAILABLE: ' + str(unavailable_reason()) + ')'}:"
-          f"{'':<{max(1, 23 - (0 if fast else 99))}}{us['hit_c']:6.2f} us")
-    print(f"kforge hit, ctypes launcher:                  {us['hit_ctypes']:6.2f} us")
+    if not fast:
+        print(f"(the C fast path is unavailable here: {unavailable_reason()})")
+    print(f"kforge hit, C front and launcher:             {us['hit_c']:6.2f} us")
+    print(f"kforge hit, Python guard and ctypes launch:   {us['hit_python']:6.2f} us")
     print(f"kforge hit, kernel that returns at once:      {us['hit_null']:6.2f} us  (machinery only)")
     print(f"kforge guard miss -> eager:                   {us['miss']:6.2f} us  (eager for that shape: "
           f"{us['eager_other']:.2f} us)")
     print(f"torch.empty_strided alone:                    {us['alloc']:6.2f} us")
-    print(f"kernel calls: C {deps['c'].kernels[0].calls}, ctypes {deps['ctypes'].kernels[0].calls}")
+    print(f"kernel calls: C {deps['c'].kernels[0].calls}, Python {deps['python'].kernels[0].calls}")
     print("operators without a winner are not patched: they cost exactly eager")
 
 

@@ -90,3 +90,147 @@ def test_the_fast_path_can_be_turned_off():
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "KFORGE_FASTPATH": "0"},
                          capture_output=True, text=True, check=True).stdout
     assert "KFORGE_FASTPATH=0" in out
+
+
+WORKSPACE_COPY = r"""
+#include "kforge.h"
+#include <string.h>
+#include <time.h>
+/* Copies the input through the shared workspace, pausing in between: two calls running at once
+   on one workspace would hand each other's data back. */
+KF_ENTRY size_t kf_workspace_bytes(void) { return 64 * 256 * sizeof(float); }
+KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const size_t n = 64 * 256 * sizeof(float);
+    memcpy(workspace, in[0].data, n);
+    struct timespec pause = {0, 200000};
+    nanosleep(&pause, NULL);
+    memcpy(out[0].data, workspace, n);
+    return 0;
+}
+"""
+
+
+@needs_fast
+@pytest.mark.parametrize("fast", [True, False], ids=["c", "ctypes"])
+def test_a_shared_workspace_is_used_by_one_call_at_a_time(fast):
+    spec = get_spec("relu")
+    x = torch.randn(64, 256)
+    call = spec.bind(x)
+    variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
+    dk = DeployedKernel(variant, Kernel(compile_source(WORKSPACE_COPY, "cpu", "native").path), fast=fast)
+    xs = [torch.randn(64, 256) for _ in range(4)]
+
+    def run(i):
+        return sum(not torch.equal(dk((xs[i],))[0], xs[i]) for _ in range(40))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(run, range(4))) == 0
+
+
+@needs_fast
+def test_a_list_argument_is_held_until_the_kernel_returns():
+    x = torch.randn(16, 300)
+    dk = _softmax_kernel("softmax_rows", x)
+    inputs = [x.clone()]
+    (y,) = dk(inputs)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    with pytest.raises(TypeError, match="expected 1 inputs, got 0"):
+        _softmax_kernel("softmax_rows", x, fast=False)(())
+
+
+# ----------------------------------------------------------------------------- the dispatch front
+
+
+def _deployment(x: torch.Tensor, model=None):
+    from kforge.deploy import Deployment
+
+    return Deployment([_softmax_kernel("softmax_rows", x)], model=model)
+
+
+def _cache_sizes():
+    from kforge.deploy._dispatch import DISPATCHER
+
+    return {f"{p.owner.__name__}.{p.name}": len(p.cache) for p in DISPATCHER.patches.values()}
+
+
+@needs_fast
+def test_repeated_calls_are_decided_once_and_the_decisions_are_dropped_with_the_kernels():
+    x, other = torch.randn(16, 300), torch.randn(8, 300)
+    ref, ref_other = torch.softmax(x.double(), -1).float(), torch.softmax(other, -1)
+    dep = _deployment(x).install()
+    try:
+        for _ in range(3):
+            torch.testing.assert_close(x.softmax(-1), ref)
+            torch.testing.assert_close(torch.softmax(x, dim=-1), ref)
+        assert dep.kernels[0].calls == 6
+        sizes = _cache_sizes()
+        assert sizes["Tensor.softmax"] == 1 and sizes["torch.softmax"] == 1
+        torch.testing.assert_close(x.softmax(1), ref)  # the same variant, spelled another way
+        for _ in range(2):
+            torch.testing.assert_close(other.softmax(-1), ref_other)  # another shape: eager at once
+        torch.testing.assert_close(x.softmax(-1, dtype=torch.float64), ref.double())  # a miss, cached
+        assert dep.kernels[0].calls == 7
+        assert _cache_sizes()["Tensor.softmax"] == 3
+    finally:
+        dep.remove()
+    assert _cache_sizes() == {}
+    dep.install()
+    try:
+        assert all(n == 0 for n in _cache_sizes().values()), "a new installation starts with no decisions"
+    finally:
+        dep.remove()
+
+
+@needs_fast
+def test_per_call_conditions_are_checked_on_every_cached_call():
+    x = torch.randn(16, 300)
+    model = torch.nn.Softmax(-1)
+    dep = _deployment(x, model=model).install()
+    try:
+        model(x)
+        model(x)
+        assert dep.kernels[0].calls == 2
+        x.softmax(-1)                        # the same call outside the model's forward: eager
+        assert dep.kernels[0].calls == 2
+        w = x.clone().requires_grad_()
+        y = model(w)                         # autograd needs eager
+        assert dep.kernels[0].calls == 2 and y.grad_fn is not None
+        with torch.no_grad():
+            model(w)
+        assert dep.kernels[0].calls == 3, "a cached hit still runs once autograd is off"
+        model(x)
+        assert dep.kernels[0].calls == 4
+    finally:
+        dep.remove()
+
+
+@needs_fast
+def test_ambiguous_and_uncacheable_calls_still_dispatch_correctly():
+    from kforge.deploy import Deployment
+
+    spec = get_spec("add")
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    call = spec.bind(a, b)
+    variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
+    src = r"""
+#include "kforge.h"
+KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const float* x = (const float*)in[0].data; const float* y = (const float*)in[1].data;
+    float* z = (float*)out[0].data;
+    for (long i = 0; i < 64 * 32; ++i) z[i] = x[i] + y[i];
+    return 0;
+}
+"""
+    dk = DeployedKernel(variant, Kernel(compile_source(src, "cpu", "native").path))
+    aa, ab, ab2 = a + a, a + b, a + 2 * b
+    with Deployment([dk]):
+        for _ in range(2):
+            torch.testing.assert_close(torch.add(a, a), aa)   # one tensor twice: not cached by position
+            torch.testing.assert_close(torch.add(a, b), ab)   # so this call is not answered with (a, a)
+            torch.testing.assert_close(torch.add(b, a), ab)
+            torch.testing.assert_close(torch.add(a, other=b), ab)
+            torch.testing.assert_close(torch.add(a, b, alpha=2), ab2)  # another variant: eager
+            torch.testing.assert_close(torch.add(a, [b][0]), ab)
+        assert dk.calls == 2 * 5

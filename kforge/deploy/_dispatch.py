@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..kernels import Kernel, param_vector
 from ..kernels._library import KfTensor
-from ._fast import launcher_type
+from ._fast import dispatch_type, launcher_type
 from ..ops import DTYPE_CODES, OpSpec, TensorSig, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
 
 _OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
@@ -107,6 +107,8 @@ class DeployedKernel:
         return self.launch(inputs)
 
     def _launch_py(self, inputs: tuple) -> list[torch.Tensor]:
+        if len(inputs) != self._n[0]:
+            raise TypeError(f"expected {self._n[0]} inputs, got {len(inputs)}")
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
         stream = _raw_stream(self._index) if self._cuda else None
         # NB: the structs are shared, so two threads must not fill them at once.
@@ -117,9 +119,10 @@ class DeployedKernel:
                 slot.data = t.data_ptr()
             code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2],
                             self._ws_ptr, stream)
+            if code == 0:
+                self._py_calls += 1
         if code != 0:
             raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
-        self._py_calls += 1
         return outs
 
 
@@ -151,6 +154,7 @@ class _Patch:
     original: Callable
     spec: OpSpec
     owned: bool   # the attribute was in owner's own __dict__ (else it was inherited: delete to undo)
+    cache: dict = field(default_factory=dict)   # the wrapper's decisions per distinct call
 
 
 class Dispatcher:
@@ -184,6 +188,8 @@ class Dispatcher:
             self._index_shapes()
 
     def _index_shapes(self) -> None:
+        for patch in self.patches.values():
+            patch.cache.clear()  # decisions were taken against the old tables
         for op, table in self.tables.items():
             shapes = self.first_shapes.setdefault(op, set())
             shapes.clear()  # in place: the wrappers hold this set
@@ -200,8 +206,8 @@ class Dispatcher:
                 if key in self.patches:
                     continue
                 owned = name in (owner.__dict__ if isinstance(owner, type) else vars(owner))
-                self.patches[key] = _Patch(owner, name, target, spec, owned)
-                setattr(owner, name, _make_wrapper(self, spec, target, inplace_binder(spec, target)))
+                patch = self.patches[key] = _Patch(owner, name, target, spec, owned)
+                setattr(owner, name, _make_wrapper(self, spec, target, inplace_binder(spec, target), patch.cache))
 
     def _unpatch_op(self, op: str) -> None:
         for key, patch in list(self.patches.items()):
@@ -227,13 +233,18 @@ def _locations(target: Any) -> list[tuple[Any, str]]:
     return out
 
 
-def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind: Callable) -> Callable:
+_MISS = object()      # a cached decision: this call runs the original
+_CACHE_LIMIT = 1024   # distinct calls remembered per patched callable
+
+
+def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind: Callable, cache: dict) -> Callable:
     table = dispatcher.tables.setdefault(spec.name, {})
     shapes = dispatcher.first_shapes.setdefault(spec.name, set())
     names = spec.params
 
-    def kforge_dispatch(*args, **kwargs):
-        if not table or (args and type(args[0]) in _PLAIN and args[0].shape not in shapes):
+    def guard(args: tuple, kwargs: dict, front: Any) -> Any:
+        """The whole decision in Python; with ``front``, deterministic outcomes are cached by call."""
+        if not table:
             return original(*args, **kwargs)
         try:
             call = bind(*args, **kwargs)
@@ -241,8 +252,10 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             key = _fast_key(inputs, _param_values(names, call.params))
             entry = table.get(key)
         except (Unsupported, TypeError, ValueError, AttributeError):
+            _remember(front, cache, args, kwargs, _MISS)
             return original(*args, **kwargs)
         if entry is None:
+            _remember(front, cache, args, kwargs, _MISS)
             return original(*args, **kwargs)
         dk, dep = entry
         grad = torch.is_grad_enabled()
@@ -260,6 +273,9 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
                 return original(*args, **kwargs)
             outs = torch.ops.kforge.run(dep.register_key(dk), list(inputs))
         else:
+            positions = _positions(inputs, args, kwargs)
+            if positions is not None:
+                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace))
             if not dep.active:
                 return original(*args, **kwargs)
             outs = dk.launch(inputs)
@@ -267,10 +283,58 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             return inputs[0].copy_(outs[0])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    front_type = dispatch_type()
+    front = None
+    if front_type is not None:
+        front = front_type(cache, _MISS, lambda *a, **k: guard(a, k, front), original, torch.is_grad_enabled,
+                           _PLAIN, _KEY_VALUE_TYPES)
+        run = front.run
+
+    def kforge_dispatch(*args, **kwargs):
+        if args and type(args[0]) in _PLAIN and args[0].shape not in shapes:
+            return original(*args, **kwargs)  # cannot hit: the cheapest way out
+        # NB: the C front is opaque to dynamo, so a traced call takes the Python guard.
+        if front is None or torch.compiler.is_compiling():
+            return guard(args, kwargs, None)
+        return run(args, kwargs or None)
+
     kforge_dispatch.__wrapped__ = original  # type: ignore[attr-defined]
     kforge_dispatch.__name__ = getattr(original, "__name__", spec.name)
     kforge_dispatch.__doc__ = getattr(original, "__doc__", None)
     return kforge_dispatch
+
+
+_KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _remember(front: Any, cache: dict, args: tuple, kwargs: dict, decision: Any) -> None:
+    """Cache ``decision`` for calls identical to this one (a no-op without the C front)."""
+    if front is None or len(cache) >= _CACHE_LIMIT:
+        return
+    key = front.key(args, kwargs or None)
+    if key is not None:
+        cache[key] = decision
+
+
+def _positions(inputs: tuple, args: tuple, kwargs: dict) -> tuple | None:
+    """Where each bound input sits in the raw call (index or keyword), or None when that is not
+    unambiguous: an input built by the binder, or one tensor object passed twice."""
+    tensors = [id(a) for a in args if isinstance(a, torch.Tensor)]
+    tensors += [id(v) for v in kwargs.values() if isinstance(v, torch.Tensor)]
+    if len(tensors) != len(set(tensors)):
+        return None
+    out: list[int | str | None] = []
+    for t in inputs:
+        if t is None:
+            out.append(None)
+            continue
+        where = next((i for i, a in enumerate(args) if a is t), None)
+        if where is None:
+            where = next((k for k, v in kwargs.items() if v is t), None)
+        if where is None:
+            return None
+        out.append(where)
+    return tuple(out)
 
 
 DISPATCHER = Dispatcher()

@@ -3,14 +3,19 @@
  * A Launcher holds a kernel's kf_launch pointer and its kf_tensor descriptors filled once (shapes,
  * strides, dtypes: the variant is exact). A call takes the input tensors, allocates the outputs
  * through the callables it was given (torch.empty_strided with the variant's layout), fills the
- * data pointers into copies of the descriptors on the C stack (so concurrent calls never share
- * state), asks for the current stream, and calls kf_launch. The Python equivalent is
+ * data pointers into copies of the descriptors on the C stack (so concurrent calls share no
+ * descriptors; a kernel with a workspace runs one call at a time), asks for the current stream,
+ * and calls kf_launch. The Python equivalent is
  * DeployedKernel._launch_py in _dispatch.py; both must behave identically.
+ *
+ * Dispatch (below) is the front of a patched operator: it caches the guard's decision per
+ * distinct raw call, so a repeated call skips binding and key building.
  *
  * Built by kforge/deploy/_fast.py with the system C compiler against this Python's headers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pythread.h>
 #include <string.h>
 
 #include "kforge.h"
@@ -32,6 +37,7 @@ typedef struct {
     PyObject* stream_arg;
     PyObject* label;       /* the variant's signature, for error messages */
     PyObject* keepalive;   /* whatever owns fn, params and workspace on the Python side */
+    PyThread_type_lock ws_lock;  /* one kernel at a time on the shared workspace (GIL released) */
     int release_gil;
     long long calls;
 } Launcher;
@@ -57,27 +63,36 @@ static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kwargs)
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
-    PyObject* fast = PySequence_Fast(seq, "a launcher's argument must be a sequence of tensors");
-    if (fast == NULL) return NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != self->n_in) {
-        PyErr_Format(PyExc_TypeError, "expected %d inputs, got %zd", self->n_in, PySequence_Fast_GET_SIZE(fast));
+    /* A tuple of our own: the inputs stay alive, and in place, until the kernel has returned. */
+    PyObject* fast = PyTuple_CheckExact(seq) ? (Py_INCREF(seq), seq) : PySequence_Tuple(seq);
+    if (fast == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "a launcher's argument must be a sequence of tensors");
+        }
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(fast) != self->n_in) {
+        PyErr_Format(PyExc_TypeError, "expected %d inputs, got %zd", self->n_in, PyTuple_GET_SIZE(fast));
         Py_DECREF(fast);
         return NULL;
     }
     kf_tensor ins[KF_MAX_TENSORS], outs[KF_MAX_TENSORS];
     memcpy(ins, self->ins, sizeof(kf_tensor) * (size_t)self->n_in);
     memcpy(outs, self->outs, sizeof(kf_tensor) * (size_t)self->n_out);
-    PyObject** items = PySequence_Fast_ITEMS(fast);
     for (int i = 0; i < self->n_in; ++i) {
+        PyObject* item = PyTuple_GET_ITEM(fast, i);
         ins[i].data = NULL;
-        if (items[i] != Py_None && read_ptr(items[i], &ins[i].data) < 0) {
+        if (item != Py_None && read_ptr(item, &ins[i].data) < 0) {
             Py_DECREF(fast);
             return NULL;
         }
     }
-    Py_DECREF(fast);
     PyObject* result = PyList_New(self->n_out);
-    if (result == NULL) return NULL;
+    if (result == NULL) {
+        Py_DECREF(fast);
+        return NULL;
+    }
     for (int i = 0; i < self->n_out; ++i) {
         PyObject* t = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->allocs, i));
         if (t == NULL) goto fail;
@@ -95,7 +110,9 @@ static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kwargs)
     int code;
     if (self->release_gil) {
         Py_BEGIN_ALLOW_THREADS
+        if (self->workspace != NULL) PyThread_acquire_lock(self->ws_lock, WAIT_LOCK);
         code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, self->workspace, stream);
+        if (self->workspace != NULL) PyThread_release_lock(self->ws_lock);
         Py_END_ALLOW_THREADS
     } else {
         code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, self->workspace, stream);
@@ -105,8 +122,10 @@ static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kwargs)
         goto fail;
     }
     self->calls++;
+    Py_DECREF(fast);
     return result;
 fail:
+    Py_DECREF(fast);
     Py_DECREF(result);
     return NULL;
 }
@@ -180,6 +199,10 @@ static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwargs) {
     Py_XSETREF(self->label, label);
     Py_INCREF(keepalive);
     Py_XSETREF(self->keepalive, keepalive);
+    if (self->ws_lock == NULL && (self->ws_lock = PyThread_allocate_lock()) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     self->calls = 0;
     self->fn = entry;  /* last: a launcher is callable only once fully initialised */
     return 0;
@@ -194,6 +217,7 @@ static int Launcher_traverse(Launcher* self, visitproc visit, void* arg) {
 }
 
 static int Launcher_clear(Launcher* self) {
+    self->fn = NULL;  /* uncallable from here on */
     Py_CLEAR(self->allocs);
     Py_CLEAR(self->stream_fn);
     Py_CLEAR(self->stream_arg);
@@ -206,6 +230,7 @@ static void Launcher_dealloc(Launcher* self) {
     PyObject_GC_UnTrack(self);
     Launcher_clear(self);
     PyMem_Free(self->params);
+    if (self->ws_lock != NULL) PyThread_free_lock(self->ws_lock);
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
@@ -231,17 +256,333 @@ static PyTypeObject LauncherType = {
     .tp_getset = Launcher_getset,
 };
 
+/* ------------------------------------------------------------------------------------------
+ * The dispatch front: a cache from the raw call (argument types and values, each tensor's shape,
+ * dtype, strides and device) to what the Python guard decided for that call the first time:
+ * MISS (run the original) or (launcher, input positions, deployment, inplace). Binding and the
+ * exact-signature key are then paid once per distinct call, not per call. Only what the raw call
+ * determines is cached; what can change between two identical calls (grad mode, requires_grad,
+ * whether the deployment is active) is checked on every call. The Python side clears the caches
+ * whenever the installed kernels change.
+ */
+
+typedef struct {
+    PyObject* tensor_types;  /* tuple of exact types treated as plain tensors */
+    PyObject* value_types;   /* tuple of exact types whose values may enter a key (dtype, device, ...) */
+} KeyTypes;
+
+static PyObject* s_shape;
+static PyObject* s_dtype;
+static PyObject* s_stride;
+static PyObject* s_device;
+static PyObject* s_requires_grad;
+static PyObject* s_active;
+static PyObject* s_copy_;
+
+static int in_types(PyObject* obj, PyObject* types) {
+    PyTypeObject* t = Py_TYPE(obj);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(types); ++i)
+        if ((PyObject*)t == PyTuple_GET_ITEM(types, i)) return 1;
+    return 0;
+}
+
+static int plain_scalar(PyObject* v) {
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v);
+}
+
+/* One argument's part of the key (new reference), or NULL without an error: not cacheable. */
+static PyObject* key_part(PyObject* v, const KeyTypes* kt) {
+    if (in_types(v, kt->tensor_types)) {
+        PyObject *shape = NULL, *dtype = NULL, *stride = NULL, *device = NULL, *part = NULL;
+        if ((shape = PyObject_GetAttr(v, s_shape)) && (dtype = PyObject_GetAttr(v, s_dtype)) &&
+            (stride = PyObject_CallMethodNoArgs(v, s_stride)) && (device = PyObject_GetAttr(v, s_device)))
+            part = PyTuple_Pack(4, shape, dtype, stride, device);
+        Py_XDECREF(shape);
+        Py_XDECREF(dtype);
+        Py_XDECREF(stride);
+        Py_XDECREF(device);
+        return part;
+    }
+    if (plain_scalar(v) || PyUnicode_CheckExact(v) || in_types(v, kt->value_types))
+        return PyTuple_Pack(2, (PyObject*)Py_TYPE(v), v);  /* the type too: 1, 1.0 and True differ */
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+        PyObject* fast = PySequence_Fast(v, "");
+        if (fast == NULL) return NULL;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+        PyObject* items = PyTuple_New(n + 1);
+        if (items == NULL) { Py_DECREF(fast); return NULL; }
+        Py_INCREF((PyObject*)Py_TYPE(v));
+        PyTuple_SET_ITEM(items, 0, (PyObject*)Py_TYPE(v));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+            if (!plain_scalar(item)) { Py_DECREF(items); Py_DECREF(fast); return NULL; }
+            PyObject* typed = PyTuple_Pack(2, (PyObject*)Py_TYPE(item), item);
+            if (typed == NULL) { Py_DECREF(items); Py_DECREF(fast); return NULL; }
+            PyTuple_SET_ITEM(items, i + 1, typed);
+        }
+        Py_DECREF(fast);
+        return items;
+    }
+    return NULL;  /* anything else (another object, a tensor subclass): not cacheable */
+}
+
+/* The key of a call (new reference), or NULL: with an error set on failure, without when the
+ * call is not cacheable. */
+static PyObject* call_key(PyObject* args, PyObject* kwargs, const KeyTypes* kt) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args), nk = kwargs ? PyDict_GET_SIZE(kwargs) : 0;
+    PyObject* key = PyTuple_New(n + 2 * nk);
+    if (key == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* part = key_part(PyTuple_GET_ITEM(args, i), kt);
+        if (part == NULL) { Py_DECREF(key); return NULL; }
+        PyTuple_SET_ITEM(key, i, part);
+    }
+    if (nk) {
+        Py_ssize_t pos = 0, j = n;
+        PyObject *name, *value;
+        while (PyDict_Next(kwargs, &pos, &name, &value)) {
+            PyObject* part = key_part(value, kt);
+            if (part == NULL) { Py_DECREF(key); return NULL; }
+            Py_INCREF(name);
+            PyTuple_SET_ITEM(key, j++, name);
+            PyTuple_SET_ITEM(key, j++, part);
+        }
+    }
+    return key;
+}
+
+typedef struct {
+    PyObject_HEAD
+    KeyTypes kt;
+    PyObject* cache;      /* dict: call key -> MISS or (launcher, positions, deployment, inplace) */
+    PyObject* miss;       /* the MISS sentinel */
+    PyObject* slow;       /* the Python guard: slow(*args, **kwargs) */
+    PyObject* original;   /* the torch callable */
+    PyObject* grad_enabled;  /* torch.is_grad_enabled */
+} Dispatch;
+
+/* The input tensors of a cached hit, picked from the call by position (int) or keyword (str). */
+static PyObject* pick_inputs(PyObject* positions, PyObject* args, PyObject* kwargs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(positions);
+    PyObject* inputs = PyTuple_New(n);
+    if (inputs == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* where = PyTuple_GET_ITEM(positions, i);
+        PyObject* t = Py_None;
+        if (PyLong_CheckExact(where)) {
+            Py_ssize_t k = PyLong_AsSsize_t(where);
+            if (k < 0 || k >= PyTuple_GET_SIZE(args)) goto bad;
+            t = PyTuple_GET_ITEM(args, k);
+        } else if (PyUnicode_CheckExact(where)) {
+            t = kwargs ? PyDict_GetItemWithError(kwargs, where) : NULL;
+            if (t == NULL) goto bad;
+        }
+        Py_INCREF(t);
+        PyTuple_SET_ITEM(inputs, i, t);
+    }
+    return inputs;
+bad:
+    Py_DECREF(inputs);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "kforge: a cached input position is out of range");
+    return NULL;
+}
+
+static PyObject* Dispatch_run(Dispatch* self, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2 || !PyTuple_CheckExact(argv[0]) || (argv[1] != Py_None && !PyDict_CheckExact(argv[1]))) {
+        PyErr_SetString(PyExc_TypeError, "run(args: tuple, kwargs: dict | None)");
+        return NULL;
+    }
+    PyObject* args = argv[0];
+    PyObject* kwargs = argv[1] == Py_None ? NULL : argv[1];
+    PyObject* key = call_key(args, kwargs, &self->kt);
+    if (key == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Call(self->slow, args, kwargs);
+    }
+    PyObject* entry = PyDict_GetItemWithError(self->cache, key);  /* borrowed */
+    Py_DECREF(key);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Call(self->slow, args, kwargs);  /* first time: the guard decides (and caches) */
+    }
+    if (entry == self->miss) return PyObject_Call(self->original, args, kwargs);
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+        PyErr_SetString(PyExc_RuntimeError, "kforge: malformed dispatch cache entry");
+        return NULL;
+    }
+    Py_INCREF(entry);  /* the cache may be cleared while we run */
+    PyObject *result = NULL, *inputs = NULL, *outs = NULL;
+    PyObject* active = PyObject_GetAttr(PyTuple_GET_ITEM(entry, 2), s_active);
+    if (active == NULL) goto done;
+    int is_active = PyObject_IsTrue(active);
+    Py_DECREF(active);
+    if (is_active < 0) goto done;
+    if (!is_active) { result = PyObject_Call(self->original, args, kwargs); goto done; }
+    inputs = pick_inputs(PyTuple_GET_ITEM(entry, 1), args, kwargs);
+    if (inputs == NULL) goto done;
+    PyObject* grad = PyObject_CallNoArgs(self->grad_enabled);
+    if (grad == NULL) goto done;
+    int grad_on = PyObject_IsTrue(grad);
+    Py_DECREF(grad);
+    if (grad_on < 0) goto done;
+    if (grad_on) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); ++i) {
+            PyObject* t = PyTuple_GET_ITEM(inputs, i);
+            if (t == Py_None) continue;
+            PyObject* rg = PyObject_GetAttr(t, s_requires_grad);
+            if (rg == NULL) goto done;
+            int needs = PyObject_IsTrue(rg);
+            Py_DECREF(rg);
+            if (needs < 0) goto done;
+            if (needs) { result = PyObject_Call(self->original, args, kwargs); goto done; }  /* autograd: eager */
+        }
+    }
+    outs = PyObject_CallOneArg(PyTuple_GET_ITEM(entry, 0), inputs);
+    if (outs == NULL) goto done;
+    if (!PyList_CheckExact(outs) || PyList_GET_SIZE(outs) < 1) {
+        PyErr_SetString(PyExc_RuntimeError, "kforge: a launcher returned no outputs");
+        goto done;
+    }
+    int inplace = PyObject_IsTrue(PyTuple_GET_ITEM(entry, 3));
+    if (inplace < 0) goto done;
+    if (inplace)
+        result = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(inputs, 0), s_copy_, PyList_GET_ITEM(outs, 0));
+    else if (PyList_GET_SIZE(outs) == 1) {
+        result = PyList_GET_ITEM(outs, 0);
+        Py_INCREF(result);
+    } else
+        result = PyList_AsTuple(outs);
+done:
+    Py_XDECREF(outs);
+    Py_XDECREF(inputs);
+    Py_DECREF(entry);
+    return result;
+}
+
+static PyObject* Dispatch_key(Dispatch* self, PyObject* const* argv, Py_ssize_t argc) {
+    if (argc != 2 || !PyTuple_CheckExact(argv[0]) || (argv[1] != Py_None && !PyDict_CheckExact(argv[1]))) {
+        PyErr_SetString(PyExc_TypeError, "key(args: tuple, kwargs: dict | None)");
+        return NULL;
+    }
+    PyObject* key = call_key(argv[0], argv[1] == Py_None ? NULL : argv[1], &self->kt);
+    if (key == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return key;
+}
+
+static int Dispatch_init(Dispatch* self, PyObject* args, PyObject* kwargs) {
+    static char* names[] = {"cache", "miss", "slow", "original", "grad_enabled", "tensor_types", "value_types", NULL};
+    PyObject *cache, *miss, *slow, *original, *grad_enabled, *tensor_types, *value_types;
+    if (self->cache != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a dispatch front is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOO!O!", names, &PyDict_Type, &cache, &miss, &slow,
+                                     &original, &grad_enabled, &PyTuple_Type, &tensor_types, &PyTuple_Type,
+                                     &value_types))
+        return -1;
+    PyObject* objs[] = {miss, slow, original, grad_enabled, tensor_types, value_types};
+    PyObject** slots[] = {&self->miss, &self->slow, &self->original, &self->grad_enabled, &self->kt.tensor_types,
+                          &self->kt.value_types};
+    for (int i = 0; i < 6; ++i) {
+        Py_INCREF(objs[i]);
+        *slots[i] = objs[i];
+    }
+    Py_INCREF(cache);
+    self->cache = cache;  /* last: set means initialised */
+    return 0;
+}
+
+static int Dispatch_ready(Dispatch* self) {
+    if (self->cache == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this dispatch front was never initialised");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject* Dispatch_run_checked(Dispatch* self, PyObject* const* argv, Py_ssize_t argc) {
+    return Dispatch_ready(self) ? Dispatch_run(self, argv, argc) : NULL;
+}
+
+static PyObject* Dispatch_key_checked(Dispatch* self, PyObject* const* argv, Py_ssize_t argc) {
+    return Dispatch_ready(self) ? Dispatch_key(self, argv, argc) : NULL;
+}
+
+static int Dispatch_traverse(Dispatch* self, visitproc visit, void* arg) {
+    Py_VISIT(self->cache);
+    Py_VISIT(self->miss);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->original);
+    Py_VISIT(self->grad_enabled);
+    Py_VISIT(self->kt.tensor_types);
+    Py_VISIT(self->kt.value_types);
+    return 0;
+}
+
+static int Dispatch_clear(Dispatch* self) {
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->miss);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->grad_enabled);
+    Py_CLEAR(self->kt.tensor_types);
+    Py_CLEAR(self->kt.value_types);
+    return 0;
+}
+
+static void Dispatch_dealloc(Dispatch* self) {
+    PyObject_GC_UnTrack(self);
+    Dispatch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyMethodDef Dispatch_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Dispatch_run_checked, METH_FASTCALL,
+     "run(args, kwargs): the call through the cache, or through the Python guard the first time"},
+    {"key", (PyCFunction)(void (*)(void))Dispatch_key_checked, METH_FASTCALL,
+     "key(args, kwargs): the cache key of a call, or None when it is not cacheable"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject DispatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kforge._kforge_fast.Dispatch",
+    .tp_basicsize = sizeof(Dispatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A patched operator's dispatch front: cached guard decisions per distinct call.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Dispatch_init,
+    .tp_traverse = (traverseproc)Dispatch_traverse,
+    .tp_clear = (inquiry)Dispatch_clear,
+    .tp_dealloc = (destructor)Dispatch_dealloc,
+    .tp_methods = Dispatch_methods,
+};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kforge_fast", "kforge's launch fast path", -1, NULL};
 
+static int intern(PyObject** slot, const char* text) {
+    *slot = PyUnicode_InternFromString(text);
+    return *slot == NULL ? -1 : 0;
+}
+
 PyMODINIT_FUNC PyInit__kforge_fast(void) {
-    if (PyType_Ready(&LauncherType) < 0) return NULL;
-    s_data_ptr = PyUnicode_InternFromString("data_ptr");
-    if (s_data_ptr == NULL) return NULL;
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
+    if (intern(&s_data_ptr, "data_ptr") < 0 || intern(&s_shape, "shape") < 0 || intern(&s_dtype, "dtype") < 0 ||
+        intern(&s_stride, "stride") < 0 || intern(&s_device, "device") < 0 ||
+        intern(&s_requires_grad, "requires_grad") < 0 || intern(&s_active, "active") < 0 ||
+        intern(&s_copy_, "copy_") < 0)
+        return NULL;
     PyObject* m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&LauncherType);
     if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0) {
         Py_DECREF(&LauncherType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DispatchType);
+    if (PyModule_AddObject(m, "Dispatch", (PyObject*)&DispatchType) < 0) {
+        Py_DECREF(&DispatchType);
         Py_DECREF(m);
         return NULL;
     }

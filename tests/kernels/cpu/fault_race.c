@@ -21,10 +21,16 @@ ENTRY { ROWS_COLS
         float m = KF_NEG_INF;
         for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
         volatile float s = 0.f;
-        #pragma omp parallel for num_threads(4)
-        for (int64_t c = 0; c < cols; ++c) {
-            float e = expf(xr[c] - m); yr[c] = e;
-            float t = s; for (volatile int k = 0; k < 50; ++k) {} s = t + e;
+        /* The unsynchronised read-modify-write of the shared sum, with the read and the write of
+           every thread pushed apart by a barrier: the lost updates do not depend on scheduling. */
+        #pragma omp parallel num_threads(4)
+        {
+            float part = 0.f;
+            #pragma omp for
+            for (int64_t c = 0; c < cols; ++c) { float e = expf(xr[c] - m); yr[c] = e; part += e; }
+            float t = s;
+            #pragma omp barrier
+            s = t + part;
         }
         for (int64_t c = 0; c < cols; ++c) yr[c] /= s;
     }
