@@ -273,7 +273,7 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
                 return original(*args, **kwargs)
             outs = torch.ops.kforge.run(dep.register_key(dk), list(inputs))
         else:
-            positions = _positions(inputs, args, kwargs)
+            positions = _positions(inputs, args, kwargs) if front is not None else None
             if positions is not None:
                 _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace))
             if not dep.active:
