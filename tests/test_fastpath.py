@@ -234,3 +234,26 @@ KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int 
             torch.testing.assert_close(torch.add(a, b, alpha=2), ab2)  # another variant: eager
             torch.testing.assert_close(torch.add(a, [b][0]), ab)
         assert dk.calls == 2 * 5
+
+
+@needs_fast
+def test_call_keys_tell_apart_what_can_change_a_decision():
+    from kforge.deploy._dispatch import _KEY_VALUE_TYPES, _PLAIN
+    from kforge.deploy._fast import dispatch_type
+
+    front = dispatch_type()({}, object(), print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES)
+    x = torch.randn(4, 6)
+    key = lambda *a, **k: front.key(a, k or None)  # noqa: E731
+    assert key(x, -1) == key(torch.randn(4, 6), -1), "values of tensors do not matter, their layout does"
+    distinct = [key(x, -1), key(x, 1), key(x, -1.0), key(x, True), key(x.t(), -1), key(x.double(), -1),
+                key(torch.randn(4, 7), -1), key(x, dim=-1), key(x, -1, dtype=torch.float32), key(x, (1, 2)),
+                key(x, [1, 2]), key(x, None)]
+    assert None not in distinct and len(set(distinct)) == len(distinct)
+    assert key(torch.nn.Parameter(x), -1) == key(x, -1), "a parameter binds as the plain tensor it is"
+    for uncacheable in (key(x, float("nan")), key(x, object()), key(x, [x]), key(x, (1, x)), key(x, {"a": 1}),
+                        key(x.as_subclass(_Sub), -1)):
+        assert uncacheable is None
+
+
+class _Sub(torch.Tensor):
+    pass

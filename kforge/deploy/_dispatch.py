@@ -212,6 +212,7 @@ class Dispatcher:
     def _unpatch_op(self, op: str) -> None:
         for key, patch in list(self.patches.items()):
             if patch.spec.name == op:
+                patch.cache.clear()  # a wrapper someone kept a reference to decides afresh
                 if patch.owned:
                     setattr(patch.owner, patch.name, patch.original)
                 else:

@@ -287,7 +287,9 @@ static int in_types(PyObject* obj, PyObject* types) {
 }
 
 static int plain_scalar(PyObject* v) {
-    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v);
+    /* NaN is left out: it never equals itself, so every such call would be a new cache entry */
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) ||
+           (PyFloat_CheckExact(v) && !Py_IS_NAN(PyFloat_AS_DOUBLE(v)));
 }
 
 /* One argument's part of the key (new reference), or NULL without an error: not cacheable. */
