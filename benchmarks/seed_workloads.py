@@ -144,7 +144,8 @@ def run_model(name: str, args: argparse.Namespace) -> None:
                        "speedup": ev.get("speedup", 1.0), "status": ev.get("status"), "reason": ev.get("reason"),
                        "candidates": ev.get("candidates"), "roofline_fraction": ev.get("roofline_fraction"),
                        "floor_us": card.roofline_us(device_info(DEVICE).bandwidth_gbs),
-                       "compile_us": None if args.skip_compile else _compiled_op_us(card, DEVICE),
+                       "compile_us": None if args.skip_compile or args.skip_op_compile
+                       else _compiled_op_us(card, DEVICE),
                        "iterations": args.iterations}
                 _append(name, row)
                 print(f"  {row['status']:<6} {row['speedup']:.2f}x  {card.signature}", flush=True)
@@ -228,6 +229,8 @@ def main() -> None:
                     help="search again the cards recorded with fewer than --iterations, continuing their trees")
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end comparison (a later call does it)")
     ap.add_argument("--skip-compile", action="store_true", help="no torch.compile comparisons (slow on a CPU)")
+    ap.add_argument("--skip-op-compile", action="store_true",
+                    help="no per-card torch.compile timing (each costs an inductor compile); the model still is")
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"), help="where the per-model .jsonl files go")
     args = ap.parse_args()
     global DEVICE, RESULTS
