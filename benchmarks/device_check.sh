@@ -9,3 +9,4 @@ timeout 200 python3 -m pytest -q -x tests/test_gpu.py -p no:cacheprovider -o add
 timeout 240 python3 benchmarks/builtin_kernels.py --only silu,add,relu,gelu --strategies vectorized,tiled --extra 12 \
     2>&1 | tee "$OUT/builtin_elementwise.txt" | grep -v "^    " | tail -80
 timeout 60 python3 benchmarks/deploy_overhead.py --device cuda 2>&1 | tee "$OUT/deploy_overhead.txt" | tail -8
+timeout 90 python3 benchmarks/flush_modes.py 2>&1 | tee "$OUT/flush_modes.txt"
