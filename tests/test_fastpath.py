@@ -241,7 +241,7 @@ def test_call_keys_tell_apart_what_can_change_a_decision():
     from kforge.deploy._dispatch import _KEY_VALUE_TYPES, _PLAIN
     from kforge.deploy._fast import dispatch_type
 
-    front = dispatch_type()({}, object(), print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES)
+    front = dispatch_type()({}, object(), print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, ())
     x = torch.randn(4, 6)
     key = lambda *a, **k: front.key(a, k or None)  # noqa: E731
     assert key(x, -1) == key(torch.randn(4, 6), -1), "values of tensors do not matter, their layout does"
@@ -251,9 +251,147 @@ def test_call_keys_tell_apart_what_can_change_a_decision():
     assert None not in distinct and len(set(distinct)) == len(distinct)
     assert key(torch.nn.Parameter(x), -1) == key(x, -1), "a parameter binds as the plain tensor it is"
     for uncacheable in (key(x, float("nan")), key(x, object()), key(x, [x]), key(x, (1, x)), key(x, {"a": 1}),
-                        key(x.as_subclass(_Sub), -1)):
+                        key(x.as_subclass(_Sub), -1), key(torch._neg_view(x), -1)):
         assert uncacheable is None
 
 
 class _Sub(torch.Tensor):
     pass
+
+
+# ----------------------------------------------------------------------------- what must stay eager
+
+
+def _both_paths(monkeypatch, request):
+    if request.param == "python":
+        monkeypatch.setenv("KFORGE_FASTPATH", "0")
+    elif launcher_type() is None:
+        pytest.skip(f"no C front here: {unavailable_reason()}")
+    return request.param
+
+
+@pytest.fixture(params=["c", "python"])
+def path(monkeypatch, request):
+    return _both_paths(monkeypatch, request)
+
+
+def test_a_scalar_of_another_type_is_another_variant(path):
+    from kforge.deploy import Deployment
+
+    spec = get_spec("mul")
+    x = torch.arange(6, dtype=torch.int64)
+    call = spec.bind(x, 2)
+    variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
+    src = r"""
+#include "kforge.h"
+KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const long long* a = (const long long*)in[0].data; long long* y = (long long*)out[0].data;
+    for (int i = 0; i < 6; ++i) y[i] = a[i] * 2;
+    return 0;
+}
+"""
+    dk = DeployedKernel(variant, Kernel(compile_source(src, "cpu", "native").path))
+    twice, twice_f = torch.arange(6) * 2, torch.arange(6) * 2.0
+    with Deployment([dk]):
+        for _ in range(2):
+            assert torch.equal(x * 2, twice)
+            y = x * 2.0  # eager: float32
+            assert y.dtype == torch.float32 and torch.equal(y, twice_f)
+            assert (x * True).dtype == torch.int64
+    assert dk.calls == 2
+
+
+def test_transforms_modes_autocast_and_forward_ad_run_eager(path):
+    from torch.autograd import forward_ad as fwAD
+    from torch.overrides import TorchFunctionMode
+
+    x = torch.randn(16, 300)
+    ref = torch.softmax(x, -1)
+    batch = torch.randn(3, 16, 300)
+    batch_ref = torch.softmax(batch, -1)
+    tangent = torch.randn(16, 300)
+    dep = _deployment(x).install()
+    try:
+        torch.testing.assert_close(x.softmax(-1), ref)
+        assert dep.kernels[0].calls == 1
+        torch.testing.assert_close(torch.func.vmap(lambda t: t.softmax(-1))(batch), batch_ref)
+        with fwAD.dual_level():
+            out = fwAD.make_dual(x, tangent).softmax(-1)
+            assert fwAD.unpack_dual(out).tangent is not None, "the tangent survives"
+
+        seen = []
+
+        class Spy(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                seen.append(getattr(func, "__name__", str(func)))
+                return func(*args, **(kwargs or {}))
+
+        with Spy():
+            torch.softmax(x, -1)
+        assert "softmax" in seen, "a user's mode sees the call"
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.softmax(x, -1)
+        assert dep.kernels[0].calls == 1, "none of these ran the kernel"
+        torch.testing.assert_close(x.softmax(-1), ref)
+        assert dep.kernels[0].calls == 2
+    finally:
+        dep.remove()
+
+
+def test_a_model_scoped_kernel_stays_eager_in_other_threads(path):
+    import threading
+
+    x = torch.randn(16, 300)
+    inside, done = threading.Event(), threading.Event()
+
+    class Waits(torch.nn.Module):
+        def forward(self, t):
+            y = t.softmax(-1)
+            inside.set()
+            done.wait(10)
+            return y
+
+    model = Waits()
+    dep = _deployment(x, model=model).install()
+    try:
+        worker = threading.Thread(target=model, args=(x,))
+        worker.start()
+        assert inside.wait(10)
+        x.softmax(-1)      # another thread, while the model is in its forward: eager
+        done.set()
+        worker.join()
+        assert dep.kernels[0].calls == 1
+    finally:
+        dep.remove()
+
+
+def test_a_graph_compiled_with_the_kernel_runs_eager_once_it_is_removed():
+    x = torch.randn(16, 300)
+    model = torch.nn.Softmax(-1)
+    ref = torch.softmax(x, -1)
+    dep = _deployment(x).install()
+    compiled = torch.compile(lambda t: torch.softmax(t, -1), backend="aot_eager", fullgraph=True)
+    try:
+        torch.testing.assert_close(compiled(x), ref)
+        assert dep.kernels[0].calls == 1
+    finally:
+        dep.remove()
+    torch.testing.assert_close(compiled(x), ref)
+    assert dep.kernels[0].calls == 1, "the compiled graph's kforge::run fell back to eager"
+    torch._dynamo.reset()
+
+
+@needs_fast
+def test_a_decision_taken_before_the_kernels_changed_is_not_cached():
+    from kforge.deploy._dispatch import _MISS, DISPATCHER, _remember
+    from kforge.deploy._fast import dispatch_type
+    from kforge.deploy._dispatch import _KEY_VALUE_TYPES, _PLAIN
+
+    front = dispatch_type()({}, _MISS, print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, ())
+    cache: dict = {}
+    x = torch.randn(4, 6)
+    _remember(front, cache, (x, -1), {}, _MISS, DISPATCHER, DISPATCHER.generation - 1)
+    assert cache == {}
+    _remember(front, cache, (x, -1), {}, _MISS, DISPATCHER, DISPATCHER.generation)
+    assert list(cache.values()) == [_MISS]

@@ -28,6 +28,16 @@ def _fast_key(inputs: Iterable[torch.Tensor | None], params: tuple) -> tuple:
     return (tuple([None if t is None else (t.shape, t.dtype, t.stride(), t.device) for t in inputs]), params)
 
 
+def _typed(value: Any) -> Any:
+    """A parameter as it enters a key: numbers with their type (2, 2.0 and True are equal in
+    Python but give different results: an int64 tensor times 2 stays int64, times 2.0 does not)."""
+    if type(value) in (bool, int, float):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_typed(v) for v in value)
+    return value
+
+
 def _device(name: str) -> torch.device:
     return torch.device(name)
 
@@ -36,12 +46,11 @@ def variant_key(variant: Variant) -> tuple:
     """The dispatch key of a variant, in the same form ``_fast_key`` builds from a live call."""
     ins = tuple(None if s is None else (torch.Size(s.shape), torch_dtype(s.dtype), s.stride, _device(s.device))
                 for s in variant.inputs)
-    return (ins, tuple(v for _, v in variant.params))
+    return (ins, tuple(_typed(v) for _, v in variant.params))
 
 
 def _param_values(names: tuple[str, ...], params: dict) -> tuple:
-    # NB: binders already return hashable params (tuples, not lists); no freezing on the hot path.
-    return tuple([params[n] for n in names])
+    return tuple([_typed(params[n]) for n in names])
 
 
 class DeployedKernel:
@@ -58,6 +67,9 @@ class DeployedKernel:
         self.candidate_id = candidate_id
         self.speedup = speedup
         self.inplace = bool(variant.param_dict.get("inplace"))
+        # NB: a plain attribute, computed here: dynamo reads it as a constant while tracing (it
+        # cannot trace the JSON hashing behind variant.key).
+        self.run_name = f"{variant.key}:{id(kernel)}"
         self._cuda = variant.device.startswith("cuda")
         self._index = torch.device(variant.device).index or 0 if self._cuda else 0
         self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
@@ -165,6 +177,7 @@ class Dispatcher:
         # The first input's shapes per operator: a call whose first argument is a plain tensor of
         # another shape cannot hit, and goes to eager without binding (a false miss only costs speed).
         self.first_shapes: dict[str, set[torch.Size]] = {}
+        self.generation = 0  # bumped whenever the installed kernels change: cached decisions expire
         self.patches: dict[tuple[int, str], _Patch] = {}
         self.lock = threading.RLock()
 
@@ -188,6 +201,7 @@ class Dispatcher:
             self._index_shapes()
 
     def _index_shapes(self) -> None:
+        self.generation += 1
         for patch in self.patches.values():
             patch.cache.clear()  # decisions were taken against the old tables
         for op, table in self.tables.items():
@@ -198,6 +212,7 @@ class Dispatcher:
                 shapes.add(torch.Size(first.shape) if first is not None else None)
 
     def _patch_op(self, spec: OpSpec) -> None:
+        _prime_dynamo()
         for target in spec.targets:
             if target is None:
                 continue
@@ -212,12 +227,36 @@ class Dispatcher:
     def _unpatch_op(self, op: str) -> None:
         for key, patch in list(self.patches.items()):
             if patch.spec.name == op:
+                self.generation += 1
                 patch.cache.clear()  # a wrapper someone kept a reference to decides afresh
                 if patch.owned:
                     setattr(patch.owner, patch.name, patch.original)
                 else:
                     delattr(patch.owner, patch.name)
                 del self.patches[key]
+
+
+_PRIMED = False
+
+
+def _prime_dynamo() -> None:
+    """Have dynamo index torch's functions before the first patch, never after.
+
+    Dynamo builds its table of known torch functions once, by looking names up on the torch
+    modules. Built while a kforge wrapper stands in for ``torch.softmax``, the table would hold the
+    wrapper and not the original, and a compiled model that falls back to the original (a guard
+    miss) would fail to trace. Built first, the original is known and the wrapper is traced as
+    the Python function it is."""
+    global _PRIMED
+    if _PRIMED:
+        return
+    _PRIMED = True
+    try:
+        from torch._dynamo import trace_rules
+
+        trace_rules.get_torch_obj_rule_map()
+    except Exception:  # another torch: compile support degrades, dispatch does not
+        pass
 
 
 def _locations(target: Any) -> list[tuple[Any, str]]:
@@ -234,6 +273,28 @@ def _locations(target: Any) -> list[tuple[Any, str]]:
     return out
 
 
+def _context_checks() -> tuple[Callable[[], Any], ...]:
+    """Zero-argument callables, each truthy when a call must run eagerly whatever its signature:
+    functorch transforms (vmap, grad), a dispatch or function mode (tracing, make_fx, a user's
+    mode), autocast (eager would change the dtype), forward-mode AD (a dual tensor's tangent)."""
+    from torch.autograd import forward_ad
+
+    names = ("_are_functorch_transforms_active", "_len_torch_dispatch_stack", "_is_torch_function_mode_enabled",
+             "_is_any_autocast_enabled")
+    checks = [getattr(torch._C, n) for n in names if hasattr(torch._C, n)]
+    return (*checks, lambda: forward_ad._current_level >= 0)
+
+
+_CONTEXT_CHECKS = _context_checks()
+
+
+def _eager_only() -> bool:
+    for check in _CONTEXT_CHECKS:
+        if check():
+            return True
+    return False
+
+
 _MISS = object()      # a cached decision: this call runs the original
 _CACHE_LIMIT = 1024   # distinct calls remembered per patched callable
 
@@ -247,16 +308,17 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         """The whole decision in Python; with ``front``, deterministic outcomes are cached by call."""
         if not table:
             return original(*args, **kwargs)
+        generation = dispatcher.generation
         try:
             call = bind(*args, **kwargs)
             inputs = call.inputs
             key = _fast_key(inputs, _param_values(names, call.params))
             entry = table.get(key)
         except (Unsupported, TypeError, ValueError, AttributeError):
-            _remember(front, cache, args, kwargs, _MISS)
+            _remember(front, cache, args, kwargs, _MISS, dispatcher, generation)
             return original(*args, **kwargs)
         if entry is None:
-            _remember(front, cache, args, kwargs, _MISS)
+            _remember(front, cache, args, kwargs, _MISS, dispatcher, generation)
             return original(*args, **kwargs)
         dk, dep = entry
         grad = torch.is_grad_enabled()
@@ -266,6 +328,8 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
                 if grad and t.requires_grad:
                     return original(*args, **kwargs)
                 traced = traced or type(t) not in _PLAIN
+                if not traced and (t.is_neg() or t.is_conj()):  # lazily negated/conjugated views
+                    return original(*args, **kwargs)
         if traced:
             # NB: traced by torch.compile (fake or functional tensors): the graph gets the kernel as
             # the opaque custom op kforge::run. The model scope is not checked here: forward hooks
@@ -276,7 +340,8 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         else:
             positions = _positions(inputs, args, kwargs) if front is not None else None
             if positions is not None:
-                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace))
+                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace), dispatcher,
+                          generation)
             if not dep.active:
                 return original(*args, **kwargs)
             outs = dk.launch(inputs)
@@ -288,16 +353,20 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
     front = None
     if front_type is not None:
         front = front_type(cache, _MISS, lambda *a, **k: guard(a, k, front), original, torch.is_grad_enabled,
-                           _PLAIN, _KEY_VALUE_TYPES)
+                           _PLAIN, _KEY_VALUE_TYPES, _CONTEXT_CHECKS)
         run = front.run
 
     def kforge_dispatch(*args, **kwargs):
         if args and type(args[0]) in _PLAIN and args[0].shape not in shapes:
             return original(*args, **kwargs)  # cannot hit: the cheapest way out
         # NB: the C front is opaque to dynamo, so a traced call takes the Python guard.
-        if front is None or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return guard(args, kwargs, None)
-        return run(args, kwargs or None)
+        if front is not None:
+            return run(args, kwargs or None)  # checks the eager-only contexts itself
+        if _eager_only():
+            return original(*args, **kwargs)
+        return guard(args, kwargs, None)
 
     kforge_dispatch.__wrapped__ = original  # type: ignore[attr-defined]
     kforge_dispatch.__name__ = getattr(original, "__name__", spec.name)
@@ -308,13 +377,20 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
-def _remember(front: Any, cache: dict, args: tuple, kwargs: dict, decision: Any) -> None:
-    """Cache ``decision`` for calls identical to this one (a no-op without the C front)."""
-    if front is None or len(cache) >= _CACHE_LIMIT:
+def _remember(front: Any, cache: dict, args: tuple, kwargs: dict, decision: Any, dispatcher: "Dispatcher",
+              generation: int) -> None:
+    """Cache ``decision`` for calls identical to this one (a no-op without the C front), unless the
+    installed kernels changed since the decision was taken (another thread may have done so)."""
+    if front is None or dispatcher.generation != generation:
         return
     key = front.key(args, kwargs or None)
-    if key is not None:
-        cache[key] = decision
+    if key is None:
+        return
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()  # many distinct calls (e.g. a varying scalar): start over rather than freeze
+    cache[key] = decision
+    if dispatcher.generation != generation:  # changed meanwhile: the clear may have come first
+        cache.pop(key, None)
 
 
 def _positions(inputs: tuple, args: tuple, kwargs: dict) -> tuple | None:
@@ -352,13 +428,14 @@ class Deployment:
     kernels: list[DeployedKernel]
     model: Any = None
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (signature, reason)
-    _depth: int = 0
     _hooks: list = field(default_factory=list)
     installed: bool = False
+    # NB: per thread: another thread's calls made while this model runs forward stay on eager.
+    _scope: threading.local = field(default_factory=threading.local, repr=False)
 
     @property
     def active(self) -> bool:
-        return self.installed and (self.model is None or self._depth > 0)
+        return self.installed and (self.model is None or getattr(self._scope, "depth", 0) > 0)
 
     def install(self) -> "Deployment":
         if self.installed:
@@ -368,15 +445,15 @@ class Deployment:
             self._hooks.append(self.model.register_forward_pre_hook(self._enter))
             self._hooks.append(self.model.register_forward_hook(self._exit, always_call=True))
         for dk in self.kernels:
-            _RUN_TABLE[_register_name(dk)] = dk
+            _RUN_TABLE[_register_name(dk)] = (dk, dk.variant)
         self.installed = True
         return self
 
     def _enter(self, *_):
-        self._depth += 1
+        self._scope.depth = getattr(self._scope, "depth", 0) + 1
 
     def _exit(self, *_):
-        self._depth -= 1
+        self._scope.depth = getattr(self._scope, "depth", 1) - 1
 
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before."""
@@ -386,6 +463,10 @@ class Deployment:
             h.remove()
         self._hooks.clear()
         DISPATCHER.uninstall(self)
+        for dk in self.kernels:
+            # NB: graphs compiled meanwhile still call kforge::run with this name: from now on it
+            # runs eager, and the kernel (its library, its workspace) is no longer held here.
+            _RUN_TABLE[_register_name(dk)] = (None, dk.variant)
         self.installed = False
 
     def register_key(self, dk: DeployedKernel) -> str:
@@ -406,20 +487,25 @@ class Deployment:
         return f"<kforge Deployment {state}: {len(self.kernels)} kernels, {len(self.skipped)} kept on eager>"
 
 
-_RUN_TABLE: dict[str, DeployedKernel] = {}
+_RUN_TABLE: dict[str, tuple[DeployedKernel | None, Variant]] = {}  # kernel None once removed
 
 
 def _register_name(dk: DeployedKernel) -> str:
-    return f"{dk.variant.key}:{id(dk.kernel)}"
+    return dk.run_name
 
 
 def _run_impl(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    return _RUN_TABLE[key](tuple(inputs))
+    dk, variant = _RUN_TABLE[key]
+    if dk is None:  # removed since the graph was compiled: eager, as everywhere else
+        out = get_spec(variant.op).reference(list(inputs), variant.param_dict)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+    return dk(tuple(inputs))
 
 
 def _run_fake(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    dk = _RUN_TABLE[key]
-    return [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in dk._outs]
+    _, variant = _RUN_TABLE[key]
+    return [torch.empty_strided(s.shape, s.stride, dtype=torch_dtype(s.dtype), device=_device(s.device))
+            for s in variant.outputs]
 
 
 def _register_custom_op() -> None:

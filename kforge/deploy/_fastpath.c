@@ -278,6 +278,8 @@ static PyObject* s_device;
 static PyObject* s_requires_grad;
 static PyObject* s_active;
 static PyObject* s_copy_;
+static PyObject* s_is_neg;
+static PyObject* s_is_conj;
 
 static int in_types(PyObject* obj, PyObject* types) {
     PyTypeObject* t = Py_TYPE(obj);
@@ -295,6 +297,14 @@ static int plain_scalar(PyObject* v) {
 /* One argument's part of the key (new reference), or NULL without an error: not cacheable. */
 static PyObject* key_part(PyObject* v, const KeyTypes* kt) {
     if (in_types(v, kt->tensor_types)) {
+        /* a lazily negated or conjugated view reads differently from its memory: never cached */
+        for (int b = 0; b < 2; ++b) {
+            PyObject* bit = PyObject_CallMethodNoArgs(v, b ? s_is_conj : s_is_neg);
+            if (bit == NULL) return NULL;
+            int set = PyObject_IsTrue(bit);
+            Py_DECREF(bit);
+            if (set != 0) return NULL;
+        }
         PyObject *shape = NULL, *dtype = NULL, *stride = NULL, *device = NULL, *part = NULL;
         if ((shape = PyObject_GetAttr(v, s_shape)) && (dtype = PyObject_GetAttr(v, s_dtype)) &&
             (stride = PyObject_CallMethodNoArgs(v, s_stride)) && (device = PyObject_GetAttr(v, s_device)))
@@ -343,12 +353,16 @@ static PyObject* call_key(PyObject* args, PyObject* kwargs, const KeyTypes* kt) 
         Py_ssize_t pos = 0, j = n;
         PyObject *name, *value;
         while (PyDict_Next(kwargs, &pos, &name, &value)) {
-            PyObject* part = key_part(value, kt);
-            if (part == NULL) { Py_DECREF(key); return NULL; }
+            if (j + 2 > n + 2 * nk) break;  /* the dict grew meanwhile: not ours to key */
             Py_INCREF(name);
+            Py_INCREF(value);
+            PyObject* part = key_part(value, kt);
+            Py_DECREF(value);
+            if (part == NULL) { Py_DECREF(name); Py_DECREF(key); return NULL; }
             PyTuple_SET_ITEM(key, j++, name);
             PyTuple_SET_ITEM(key, j++, part);
         }
+        if (j != n + 2 * nk) { Py_DECREF(key); return NULL; }  /* it changed size: not cacheable */
     }
     return key;
 }
@@ -361,6 +375,7 @@ typedef struct {
     PyObject* slow;       /* the Python guard: slow(*args, **kwargs) */
     PyObject* original;   /* the torch callable */
     PyObject* grad_enabled;  /* torch.is_grad_enabled */
+    PyObject* checks;        /* tuple of callables, each truthy when every call must run eager */
 } Dispatch;
 
 /* The input tensors of a cached hit, picked from the call by position (int) or keyword (str). */
@@ -396,23 +411,35 @@ static PyObject* Dispatch_run(Dispatch* self, PyObject* const* argv, Py_ssize_t 
     }
     PyObject* args = argv[0];
     PyObject* kwargs = argv[1] == Py_None ? NULL : argv[1];
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->checks); ++i) {
+        PyObject* r = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->checks, i));
+        if (r == NULL) return NULL;
+        int on = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (on < 0) return NULL;
+        if (on) return PyObject_Call(self->original, args, kwargs);  /* a transform, a mode, autocast */
+    }
     PyObject* key = call_key(args, kwargs, &self->kt);
     if (key == NULL) {
         if (PyErr_Occurred()) return NULL;
         return PyObject_Call(self->slow, args, kwargs);
     }
     PyObject* entry = PyDict_GetItemWithError(self->cache, key);  /* borrowed */
+    Py_XINCREF(entry);  /* ours before anything can run: the cache may be cleared meanwhile */
     Py_DECREF(key);
     if (entry == NULL) {
         if (PyErr_Occurred()) return NULL;
         return PyObject_Call(self->slow, args, kwargs);  /* first time: the guard decides (and caches) */
     }
-    if (entry == self->miss) return PyObject_Call(self->original, args, kwargs);
+    if (entry == self->miss) {
+        Py_DECREF(entry);
+        return PyObject_Call(self->original, args, kwargs);
+    }
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+        Py_DECREF(entry);
         PyErr_SetString(PyExc_RuntimeError, "kforge: malformed dispatch cache entry");
         return NULL;
     }
-    Py_INCREF(entry);  /* the cache may be cleared while we run */
     PyObject *result = NULL, *inputs = NULL, *outs = NULL;
     PyObject* active = PyObject_GetAttr(PyTuple_GET_ITEM(entry, 2), s_active);
     if (active == NULL) goto done;
@@ -472,20 +499,21 @@ static PyObject* Dispatch_key(Dispatch* self, PyObject* const* argv, Py_ssize_t 
 }
 
 static int Dispatch_init(Dispatch* self, PyObject* args, PyObject* kwargs) {
-    static char* names[] = {"cache", "miss", "slow", "original", "grad_enabled", "tensor_types", "value_types", NULL};
-    PyObject *cache, *miss, *slow, *original, *grad_enabled, *tensor_types, *value_types;
+    static char* names[] = {"cache", "miss", "slow", "original", "grad_enabled", "tensor_types", "value_types",
+                            "checks", NULL};
+    PyObject *cache, *miss, *slow, *original, *grad_enabled, *tensor_types, *value_types, *checks;
     if (self->cache != NULL) {
         PyErr_SetString(PyExc_TypeError, "a dispatch front is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOO!O!", names, &PyDict_Type, &cache, &miss, &slow,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOO!O!O!", names, &PyDict_Type, &cache, &miss, &slow,
                                      &original, &grad_enabled, &PyTuple_Type, &tensor_types, &PyTuple_Type,
-                                     &value_types))
+                                     &value_types, &PyTuple_Type, &checks))
         return -1;
-    PyObject* objs[] = {miss, slow, original, grad_enabled, tensor_types, value_types};
+    PyObject* objs[] = {miss, slow, original, grad_enabled, tensor_types, value_types, checks};
     PyObject** slots[] = {&self->miss, &self->slow, &self->original, &self->grad_enabled, &self->kt.tensor_types,
-                          &self->kt.value_types};
-    for (int i = 0; i < 6; ++i) {
+                          &self->kt.value_types, &self->checks};
+    for (int i = 0; i < 7; ++i) {
         Py_INCREF(objs[i]);
         *slots[i] = objs[i];
     }
@@ -518,6 +546,7 @@ static int Dispatch_traverse(Dispatch* self, visitproc visit, void* arg) {
     Py_VISIT(self->grad_enabled);
     Py_VISIT(self->kt.tensor_types);
     Py_VISIT(self->kt.value_types);
+    Py_VISIT(self->checks);
     return 0;
 }
 
@@ -529,6 +558,7 @@ static int Dispatch_clear(Dispatch* self) {
     Py_CLEAR(self->grad_enabled);
     Py_CLEAR(self->kt.tensor_types);
     Py_CLEAR(self->kt.value_types);
+    Py_CLEAR(self->checks);
     return 0;
 }
 
@@ -572,7 +602,7 @@ PyMODINIT_FUNC PyInit__kforge_fast(void) {
     if (intern(&s_data_ptr, "data_ptr") < 0 || intern(&s_shape, "shape") < 0 || intern(&s_dtype, "dtype") < 0 ||
         intern(&s_stride, "stride") < 0 || intern(&s_device, "device") < 0 ||
         intern(&s_requires_grad, "requires_grad") < 0 || intern(&s_active, "active") < 0 ||
-        intern(&s_copy_, "copy_") < 0)
+        intern(&s_copy_, "copy_") < 0 || intern(&s_is_neg, "is_neg") < 0 || intern(&s_is_conj, "is_conj") < 0)
         return NULL;
     PyObject* m = PyModule_Create(&module);
     if (m == NULL) return NULL;
