@@ -241,7 +241,7 @@ def test_call_keys_tell_apart_what_can_change_a_decision():
     from kforge.deploy._dispatch import _KEY_VALUE_TYPES, _PLAIN
     from kforge.deploy._fast import dispatch_type
 
-    front = dispatch_type()({}, object(), print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, ())
+    front = dispatch_type()({}, object(), print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, (), None)
     x = torch.randn(4, 6)
     key = lambda *a, **k: front.key(a, k or None)  # noqa: E731
     assert key(x, -1) == key(torch.randn(4, 6), -1), "values of tensors do not matter, their layout does"
@@ -388,7 +388,7 @@ def test_a_decision_taken_before_the_kernels_changed_is_not_cached():
     from kforge.deploy._fast import dispatch_type
     from kforge.deploy._dispatch import _KEY_VALUE_TYPES, _PLAIN
 
-    front = dispatch_type()({}, _MISS, print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, ())
+    front = dispatch_type()({}, _MISS, print, print, torch.is_grad_enabled, _PLAIN, _KEY_VALUE_TYPES, (), None)
     cache: dict = {}
     x = torch.randn(4, 6)
     _remember(front, cache, (x, -1), {}, _MISS, DISPATCHER, DISPATCHER.generation - 1)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad
 
 from ..kernels import Kernel, param_vector
 from ..kernels._library import KfTensor
@@ -273,26 +274,20 @@ def _locations(target: Any) -> list[tuple[Any, str]]:
     return out
 
 
-def _context_checks() -> tuple[Callable[[], Any], ...]:
-    """Zero-argument callables, each truthy when a call must run eagerly whatever its signature:
-    functorch transforms (vmap, grad), a dispatch or function mode (tracing, make_fx, a user's
-    mode), autocast (eager would change the dtype), forward-mode AD (a dual tensor's tangent)."""
-    from torch.autograd import forward_ad
-
-    names = ("_are_functorch_transforms_active", "_len_torch_dispatch_stack", "_is_torch_function_mode_enabled",
-             "_is_any_autocast_enabled")
-    checks = [getattr(torch._C, n) for n in names if hasattr(torch._C, n)]
-    return (*checks, lambda: forward_ad._current_level >= 0)
-
-
-_CONTEXT_CHECKS = _context_checks()
+# Zero-argument callables, each truthy when a call must run eagerly whatever its signature:
+# functorch transforms (vmap, grad), a dispatch or function mode (tracing, make_fx, a user's mode),
+# autocast (eager would change the dtype). Forward-mode AD (a dual tensor's tangent) is the fifth
+# condition, read from forward_ad._current_level.
+_CONTEXT_CHECKS = tuple(getattr(torch._C, n) for n in (
+    "_are_functorch_transforms_active", "_len_torch_dispatch_stack", "_is_torch_function_mode_enabled",
+    "_is_any_autocast_enabled") if hasattr(torch._C, n))
 
 
 def _eager_only() -> bool:
     for check in _CONTEXT_CHECKS:
         if check():
             return True
-    return False
+    return forward_ad._current_level >= 0
 
 
 _MISS = object()      # a cached decision: this call runs the original
@@ -340,7 +335,8 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         else:
             positions = _positions(inputs, args, kwargs) if front is not None else None
             if positions is not None:
-                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace), dispatcher,
+                scope = dep._scope if dep.model is not None else None
+                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace, scope), dispatcher,
                           generation)
             if not dep.active:
                 return original(*args, **kwargs)
@@ -353,7 +349,7 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
     front = None
     if front_type is not None:
         front = front_type(cache, _MISS, lambda *a, **k: guard(a, k, front), original, torch.is_grad_enabled,
-                           _PLAIN, _KEY_VALUE_TYPES, _CONTEXT_CHECKS)
+                           _PLAIN, _KEY_VALUE_TYPES, _CONTEXT_CHECKS, forward_ad)
         run = front.run
 
     def kforge_dispatch(*args, **kwargs):

@@ -259,7 +259,7 @@ static PyTypeObject LauncherType = {
 /* ------------------------------------------------------------------------------------------
  * The dispatch front: a cache from the raw call (argument types and values, each tensor's shape,
  * dtype, strides and device) to what the Python guard decided for that call the first time:
- * MISS (run the original) or (launcher, input positions, deployment, inplace). Binding and the
+ * MISS (run the original) or (launcher, input positions, deployment, inplace, scope). Binding and the
  * exact-signature key are then paid once per distinct call, not per call. Only what the raw call
  * determines is cached; what can change between two identical calls (grad mode, requires_grad,
  * whether the deployment is active) is checked on every call. The Python side clears the caches
@@ -276,7 +276,9 @@ static PyObject* s_dtype;
 static PyObject* s_stride;
 static PyObject* s_device;
 static PyObject* s_requires_grad;
-static PyObject* s_active;
+static PyObject* s_installed;
+static PyObject* s_depth;
+static PyObject* s_current_level;
 static PyObject* s_copy_;
 static PyObject* s_is_neg;
 static PyObject* s_is_conj;
@@ -370,12 +372,13 @@ static PyObject* call_key(PyObject* args, PyObject* kwargs, const KeyTypes* kt) 
 typedef struct {
     PyObject_HEAD
     KeyTypes kt;
-    PyObject* cache;      /* dict: call key -> MISS or (launcher, positions, deployment, inplace) */
+    PyObject* cache;      /* dict: call key -> MISS or (launcher, positions, deployment, inplace, scope) */
     PyObject* miss;       /* the MISS sentinel */
     PyObject* slow;       /* the Python guard: slow(*args, **kwargs) */
     PyObject* original;   /* the torch callable */
     PyObject* grad_enabled;  /* torch.is_grad_enabled */
     PyObject* checks;        /* tuple of callables, each truthy when every call must run eager */
+    PyObject* forward_ad;    /* torch.autograd.forward_ad (its _current_level), or None */
 } Dispatch;
 
 /* The input tensors of a cached hit, picked from the call by position (int) or keyword (str). */
@@ -404,6 +407,37 @@ bad:
     return NULL;
 }
 
+/* Deployment.active without a Python frame: installed, and, for a model-scoped deployment (scope
+ * is its per-thread state), inside that model's forward in this thread. 1, 0, or -1 on error. */
+static int deployment_active(PyObject* dep, PyObject* scope) {
+    PyObject* installed = PyObject_GetAttr(dep, s_installed);
+    if (installed == NULL) return -1;
+    int on = PyObject_IsTrue(installed);
+    Py_DECREF(installed);
+    if (on <= 0 || scope == Py_None) return on;
+    PyObject* depth = PyObject_GetAttr(scope, s_depth);
+    if (depth == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();  /* never entered in this thread */
+        return 0;
+    }
+    long d = PyLong_AsLong(depth);
+    Py_DECREF(depth);
+    if (d == -1 && PyErr_Occurred()) return -1;
+    return d > 0;
+}
+
+/* Forward-mode AD is on when its module's level is 0 or more. 1, 0, or -1 on error. */
+static int forward_ad_on(PyObject* module) {
+    if (module == Py_None) return 0;
+    PyObject* level = PyObject_GetAttr(module, s_current_level);
+    if (level == NULL) return -1;
+    long l = PyLong_AsLong(level);
+    Py_DECREF(level);
+    if (l == -1 && PyErr_Occurred()) return -1;
+    return l >= 0;
+}
+
 static PyObject* Dispatch_run(Dispatch* self, PyObject* const* argv, Py_ssize_t argc) {
     if (argc != 2 || !PyTuple_CheckExact(argv[0]) || (argv[1] != Py_None && !PyDict_CheckExact(argv[1]))) {
         PyErr_SetString(PyExc_TypeError, "run(args: tuple, kwargs: dict | None)");
@@ -419,6 +453,9 @@ static PyObject* Dispatch_run(Dispatch* self, PyObject* const* argv, Py_ssize_t 
         if (on < 0) return NULL;
         if (on) return PyObject_Call(self->original, args, kwargs);  /* a transform, a mode, autocast */
     }
+    int fwd = forward_ad_on(self->forward_ad);
+    if (fwd < 0) return NULL;
+    if (fwd) return PyObject_Call(self->original, args, kwargs);  /* dual tensors: eager keeps tangents */
     PyObject* key = call_key(args, kwargs, &self->kt);
     if (key == NULL) {
         if (PyErr_Occurred()) return NULL;
@@ -435,16 +472,13 @@ static PyObject* Dispatch_run(Dispatch* self, PyObject* const* argv, Py_ssize_t 
         Py_DECREF(entry);
         return PyObject_Call(self->original, args, kwargs);
     }
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 5) {
         Py_DECREF(entry);
         PyErr_SetString(PyExc_RuntimeError, "kforge: malformed dispatch cache entry");
         return NULL;
     }
     PyObject *result = NULL, *inputs = NULL, *outs = NULL;
-    PyObject* active = PyObject_GetAttr(PyTuple_GET_ITEM(entry, 2), s_active);
-    if (active == NULL) goto done;
-    int is_active = PyObject_IsTrue(active);
-    Py_DECREF(active);
+    int is_active = deployment_active(PyTuple_GET_ITEM(entry, 2), PyTuple_GET_ITEM(entry, 4));
     if (is_active < 0) goto done;
     if (!is_active) { result = PyObject_Call(self->original, args, kwargs); goto done; }
     inputs = pick_inputs(PyTuple_GET_ITEM(entry, 1), args, kwargs);
@@ -500,20 +534,20 @@ static PyObject* Dispatch_key(Dispatch* self, PyObject* const* argv, Py_ssize_t 
 
 static int Dispatch_init(Dispatch* self, PyObject* args, PyObject* kwargs) {
     static char* names[] = {"cache", "miss", "slow", "original", "grad_enabled", "tensor_types", "value_types",
-                            "checks", NULL};
-    PyObject *cache, *miss, *slow, *original, *grad_enabled, *tensor_types, *value_types, *checks;
+                            "checks", "forward_ad", NULL};
+    PyObject *cache, *miss, *slow, *original, *grad_enabled, *tensor_types, *value_types, *checks, *forward_ad;
     if (self->cache != NULL) {
         PyErr_SetString(PyExc_TypeError, "a dispatch front is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOO!O!O!", names, &PyDict_Type, &cache, &miss, &slow,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOOO!O!O!O", names, &PyDict_Type, &cache, &miss, &slow,
                                      &original, &grad_enabled, &PyTuple_Type, &tensor_types, &PyTuple_Type,
-                                     &value_types, &PyTuple_Type, &checks))
+                                     &value_types, &PyTuple_Type, &checks, &forward_ad))
         return -1;
-    PyObject* objs[] = {miss, slow, original, grad_enabled, tensor_types, value_types, checks};
+    PyObject* objs[] = {miss, slow, original, grad_enabled, tensor_types, value_types, checks, forward_ad};
     PyObject** slots[] = {&self->miss, &self->slow, &self->original, &self->grad_enabled, &self->kt.tensor_types,
-                          &self->kt.value_types, &self->checks};
-    for (int i = 0; i < 7; ++i) {
+                          &self->kt.value_types, &self->checks, &self->forward_ad};
+    for (int i = 0; i < 8; ++i) {
         Py_INCREF(objs[i]);
         *slots[i] = objs[i];
     }
@@ -547,6 +581,7 @@ static int Dispatch_traverse(Dispatch* self, visitproc visit, void* arg) {
     Py_VISIT(self->kt.tensor_types);
     Py_VISIT(self->kt.value_types);
     Py_VISIT(self->checks);
+    Py_VISIT(self->forward_ad);
     return 0;
 }
 
@@ -559,6 +594,7 @@ static int Dispatch_clear(Dispatch* self) {
     Py_CLEAR(self->kt.tensor_types);
     Py_CLEAR(self->kt.value_types);
     Py_CLEAR(self->checks);
+    Py_CLEAR(self->forward_ad);
     return 0;
 }
 
@@ -601,7 +637,8 @@ PyMODINIT_FUNC PyInit__kforge_fast(void) {
     if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&DispatchType) < 0) return NULL;
     if (intern(&s_data_ptr, "data_ptr") < 0 || intern(&s_shape, "shape") < 0 || intern(&s_dtype, "dtype") < 0 ||
         intern(&s_stride, "stride") < 0 || intern(&s_device, "device") < 0 ||
-        intern(&s_requires_grad, "requires_grad") < 0 || intern(&s_active, "active") < 0 ||
+        intern(&s_requires_grad, "requires_grad") < 0 || intern(&s_installed, "installed") < 0 ||
+        intern(&s_depth, "depth") < 0 || intern(&s_current_level, "_current_level") < 0 ||
         intern(&s_copy_, "copy_") < 0 || intern(&s_is_neg, "is_neg") < 0 || intern(&s_is_conj, "is_conj") < 0)
         return NULL;
     PyObject* m = PyModule_Create(&module);
