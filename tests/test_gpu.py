@@ -135,3 +135,25 @@ def test_deploy_under_cuda_graph_and_torch_compile(tmp_path):
         compiled(x)
         assert dep.kernels[0].calls == calls + 1
     s.close()
+
+
+def test_c_dispatch_launches_on_the_current_stream(tmp_path):
+    from kforge.deploy._fast import launcher_type, unavailable_reason
+
+    if launcher_type() is None:
+        pytest.skip(f"no C launcher on this machine: {unavailable_reason()}")
+    s, model = _winner_session(tmp_path)
+    x = torch.randn(64, 4096, device="cuda")
+    expected = model(x)
+    with s.apply() as dep:
+        (dk,) = dep.kernels
+        assert dk.fast
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # the second and third calls come from the dispatch cache
+                y = model(x)
+        side.synchronize()
+        torch.testing.assert_close(y, expected)
+        assert dk.calls == 3
+    s.close()
