@@ -80,6 +80,18 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0 if run.error is None else 1
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    results = doctor.checks()
+    if args.json:
+        print(json.dumps({"healthy": doctor.healthy(results), "checks": doctor.as_json(results)}, indent=2))
+    else:
+        print(f"kforge {__version__}")
+        print(doctor.report(results))
+    return 0 if doctor.healthy(results) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kforge", description="Capture the operators a PyTorch model runs and search for faster kernels.")
@@ -106,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=int, default=None)
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("doctor", help="what this machine can do with kforge, and what to install for the rest")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 

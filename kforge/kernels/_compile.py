@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -56,7 +57,7 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
     if cc is None:
         raise CompileError("no C compiler was found: install gcc or set CC", "")
     march = [] if arch == "generic" else ["-march=native"]
-    return [cc, "-O3", *march, "-std=gnu11", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE_DIR}",
+    return [*shlex.split(cc), "-O3", *march, "-std=gnu11", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE_DIR}",
             "-o", str(out), str(src), "-lm"]
 
 
@@ -80,6 +81,9 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise CompileError(f"compilation took longer than {timeout_s:.0f} s", "") from None
+        except OSError as exc:  # the compiler named by CC/CUDA_HOME is not there or cannot run
+            what = "set CUDA_HOME to a CUDA toolkit" if backend == "cuda" else "install gcc or set CC"
+            raise CompileError(f"could not run the compiler ({exc}): {what}", "") from None
         seconds = time.perf_counter() - start
         log = (proc.stdout + proc.stderr).replace(str(src), suffix.lstrip(".") and f"kernel{suffix}")
         if proc.returncode != 0:
