@@ -317,31 +317,46 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             return original(*args, **kwargs)
         dk, dep = entry
         grad = torch.is_grad_enabled()
-        traced = torch.compiler.is_compiling()
         for t in inputs:
-            if t is not None:
-                if grad and t.requires_grad:
-                    return original(*args, **kwargs)
-                traced = traced or type(t) not in _PLAIN
-                if not traced and (t.is_neg() or t.is_conj()):  # lazily negated/conjugated views
-                    return original(*args, **kwargs)
-        if traced:
-            # NB: traced by torch.compile (fake or functional tensors): the graph gets the kernel as
-            # the opaque custom op kforge::run. The model scope is not checked here: forward hooks
-            # are not a reliable signal inside a traced graph.
-            if not dep.installed:
-                return original(*args, **kwargs)
-            outs = torch.ops.kforge.run(dep.register_key(dk), list(inputs))
-        else:
-            positions = _positions(inputs, args, kwargs) if front is not None else None
-            if positions is not None:
-                scope = dep._scope if dep.model is not None else None
-                _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace, scope), dispatcher,
-                          generation)
-            if not dep.active:
-                return original(*args, **kwargs)
-            outs = dk.launch(inputs)
+            if t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj()):
+                return original(*args, **kwargs)  # autograd, a tensor subclass, a lazily negated view
+        positions = _positions(inputs, args, kwargs) if front is not None else None
+        if positions is not None:
+            scope = dep._scope if dep.model is not None else None
+            _remember(front, cache, args, kwargs, (dk.launch, positions, dep, dk.inplace, scope), dispatcher,
+                      generation)
+        if not dep.active:
+            return original(*args, **kwargs)
+        outs = dk.launch(inputs)
         if dk.inplace:
+            return inputs[0].copy_(outs[0])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def traced(args: tuple, kwargs: dict) -> Any:
+        """The call as dynamo traces it: the kernel becomes the opaque custom op kforge::run.
+
+        The decision is taken once, at trace time, by a function dynamo treats as a constant, so
+        the compiled graph does not guard on kforge's tables (which made every call of a compiled
+        model re-check each key). A graph compiled while a kernel was installed keeps calling it
+        through kforge::run, which runs eager once the kernel is removed; kernels installed later
+        reach graphs compiled later. The model scope is not checked here: forward hooks are not a
+        reliable signal inside a traced graph."""
+        try:
+            call = bind(*args, **kwargs)
+            inputs = call.inputs
+            metas = tuple(None if t is None else (tuple(t.shape), t.dtype, tuple(t.stride()), t.device)
+                          for t in inputs)
+            params = _param_values(names, call.params)
+        except (Unsupported, TypeError, ValueError, AttributeError):
+            return original(*args, **kwargs)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+            return original(*args, **kwargs)
+        decision = _decide_traced(spec.name, metas, params)
+        if decision is None:
+            return original(*args, **kwargs)
+        name, inplace = decision
+        outs = torch.ops.kforge.run(name, list(inputs))
+        if inplace:
             return inputs[0].copy_(outs[0])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -353,11 +368,11 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         run = front.run
 
     def kforge_dispatch(*args, **kwargs):
+        # NB: first, so that dynamo never traces (and guards on) what follows.
+        if torch.compiler.is_compiling():
+            return traced(args, kwargs)
         if args and type(args[0]) in _PLAIN and args[0].shape not in shapes:
             return original(*args, **kwargs)  # cannot hit: the cheapest way out
-        # NB: the C front is opaque to dynamo, so a traced call takes the Python guard.
-        if torch.compiler.is_compiling():
-            return guard(args, kwargs, None)
         if front is not None:
             return run(args, kwargs or None)  # checks the eager-only contexts itself
         if _eager_only():
@@ -371,6 +386,17 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
 
 
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+@torch.compiler.assume_constant_result
+def _decide_traced(op: str, metas: tuple, params: tuple) -> tuple[str, bool] | None:
+    """At trace time: the installed kernel for this exact signature, as (run name, inplace)."""
+    key = (tuple(None if m is None else (torch.Size(m[0]), m[1], tuple(m[2]), m[3]) for m in metas), params)
+    entry = DISPATCHER.tables.get(op, {}).get(key)
+    if entry is None or not entry[1].installed:
+        return None
+    dk = entry[0]
+    return dk.run_name, dk.inplace
 
 
 def _remember(front: Any, cache: dict, args: tuple, kwargs: dict, decision: Any, dispatcher: "Dispatcher",
