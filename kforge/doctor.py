@@ -36,10 +36,9 @@ def _cuda() -> Check:
         return Check("cuda device", False, "no CUDA device visible to torch",
                      "kforge still runs everything on the CPU backend; on a GPU machine install a CUDA build "
                      "of torch")
-    from .kernels import device_info
-
-    info = device_info("cuda")
-    return Check("cuda device", True, f"{info.name}, {info.arch}, {info.sm_count} SMs")
+    props = torch.cuda.get_device_properties(0)  # no allocation: device_info would time a copy
+    return Check("cuda device", True, f"{props.name}, sm_{props.major}{props.minor}, "
+                                      f"{props.multi_processor_count} SMs, {torch.cuda.device_count()} visible")
 
 
 def _nvcc() -> Check:
@@ -67,8 +66,10 @@ def _cpu_backend() -> Check:
     try:
         built = compile_source(src, "cpu", "native")
     except CompileError as exc:
-        return Check("C compiler (CPU backend)", False, f"{exc} {exc.log.strip()[-300:]}".strip(),
-                     "install gcc with OpenMP (Debian/Ubuntu: apt install gcc) or set CC", required=True)
+        fix = (f"fix CC (now {os.environ['CC']!r}) or unset it" if os.environ.get("CC")
+               else "install gcc with OpenMP (Debian/Ubuntu: apt install gcc)")
+        return Check("C compiler (CPU backend)", False, f"{exc} {exc.log.strip()[-300:]}".strip(), fix,
+                     required=True)
     built.path.unlink(missing_ok=True)
     return Check("C compiler (CPU backend)", True, f"kernels build with OpenMP ({built.seconds:.2f} s)", required=True)
 
@@ -77,18 +78,24 @@ def _fast_path() -> Check:
     from .deploy._fast import launcher_type, unavailable_reason
 
     if launcher_type() is None:
-        return Check("C dispatch path", False, unavailable_reason() or "unavailable",
-                     "install this Python's headers (Debian/Ubuntu: apt install python3-dev); applied kernels "
-                     "still work through Python, a few microseconds slower per call")
+        why = unavailable_reason() or "unavailable"
+        if "KFORGE_FASTPATH" in why:
+            fix = "unset KFORGE_FASTPATH to use it"
+        elif "Python.h" in why:
+            fix = "install this Python's headers (Debian/Ubuntu: apt install python3-dev)"
+        else:
+            fix = "make a C compiler available (gcc, or CC)"
+        return Check("C dispatch path", False, why,
+                     f"{fix}; applied kernels still work through Python, a few microseconds slower per call")
     return Check("C dispatch path", True, "built and loaded (applied kernels dispatch in C)")
 
 
 def _cache() -> Check:
     from .kernels._compile import cache_dir
 
-    path = cache_dir().parent
+    path = cache_dir()  # creates it
     ok = os.access(path, os.W_OK)
-    return Check("cache", ok, str(path), "" if ok else "set KFORGE_CACHE to a writable folder", required=True)
+    return Check("cache", ok, str(path.parent), "" if ok else "set KFORGE_CACHE to a writable folder", required=True)
 
 
 def _module(name: str, extra: str, what: str) -> Check:
@@ -97,25 +104,41 @@ def _module(name: str, extra: str, what: str) -> Check:
                  "" if found else f'pip install "kforge[{extra}]"')
 
 
-def _key(env: str, provider: str) -> Check:
-    from .proposers._llm import config_path
+def _key(env: str, provider: str, section: str) -> Check:
+    from .proposers._llm import config_path, load_config
 
     if os.environ.get(env):
         return Check(f"{provider} key", True, f"{env} is set")
     path = config_path()
-    return Check(f"{provider} key", False, f"{env} is not set",
-                 f"export {env}=... or put api_key in the [{provider.lower()}] table of {path}; the built-in "
+    if load_config().get(section, {}).get("api_key"):
+        return Check(f"{provider} key", True, f"api_key in the [{section}] table of {path}")
+    return Check(f"{provider} key", False, f"{env} is not set and {path} has no [{section}] api_key",
+                 f"export {env}=... or put api_key in the [{section}] table of {path}; the built-in "
                  "proposer needs no key")
+
+
+def _safely(name: str, fn, *args, required: bool = False) -> Check:
+    """A check that raised is reported as failed, never as a traceback."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # the point of a doctor: report, don't crash
+        return Check(name, False, f"the check itself failed: {type(exc).__name__}: {exc}",
+                     "fix what the message names and run kforge doctor again", required=required)
 
 
 def checks() -> list[Check]:
     """Every check, in the order a user reads them."""
-    out = [Check("python", True, f"{platform.python_implementation()} {platform.python_version()}"), _torch(),
-           _cuda(), _nvcc(), _cpu_backend(), _fast_path(), _cache(),
-           _module("anthropic", "llm", "Anthropic proposer"), _module("openai", "llm", "OpenAI-compatible proposer"),
-           _key("ANTHROPIC_API_KEY", "Anthropic"), _key("OPENAI_API_KEY", "OpenAI"),
-           _module("anywidget", "notebook", "notebook views"), _module("altair", "notebook", "charts")]
-    return out
+    return [Check("python", True, f"{platform.python_implementation()} {platform.python_version()}"),
+            _safely("torch", _torch, required=True), _safely("cuda device", _cuda),
+            _safely("nvcc (CUDA backend)", _nvcc),
+            _safely("C compiler (CPU backend)", _cpu_backend, required=True),
+            _safely("C dispatch path", _fast_path), _safely("cache", _cache, required=True),
+            _safely("anthropic", _module, "anthropic", "llm", "Anthropic proposer"),
+            _safely("openai", _module, "openai", "llm", "OpenAI-compatible proposer"),
+            _safely("Anthropic key", _key, "ANTHROPIC_API_KEY", "Anthropic", "anthropic"),
+            _safely("OpenAI key", _key, "OPENAI_API_KEY", "OpenAI", "openai"),
+            _safely("anywidget", _module, "anywidget", "notebook", "notebook views"),
+            _safely("altair", _module, "altair", "notebook", "charts")]
 
 
 def report(results: list[Check]) -> str:

@@ -29,7 +29,7 @@ def test_doctor_reports_a_missing_compiler_as_fatal_with_its_fix(tmp_path):
     out = _run(env={"CC": str(tmp_path / "no-such-cc"), "KFORGE_CACHE": str(tmp_path / "cache"),
                     "KFORGE_FASTPATH": "0", "OPENAI_API_KEY": ""})
     assert out.returncode == 1
-    assert "FAIL C compiler (CPU backend)" in out.stdout and "install gcc" in out.stdout
+    assert "FAIL C compiler (CPU backend)" in out.stdout and "fix CC" in out.stdout and "cannot run" in out.stdout
     assert "KFORGE_FASTPATH=0" in out.stdout
     assert "OPENAI_API_KEY is not set" in out.stdout and "built-in proposer needs no key" in out.stdout
 
@@ -41,3 +41,19 @@ def test_healthy_depends_on_required_checks_only():
     assert doctor.healthy([ok, optional_fail]) and not doctor.healthy([ok, required_fail])
     text = doctor.report([ok, optional_fail, required_fail])
     assert "FAIL c" in text and "-> fix c" in text and "-> fix b" in text
+
+
+def test_a_check_that_raises_is_reported_not_a_traceback(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = _run(env={"KFORGE_CACHE": str(blocker)})
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "FAIL cache" in out.stdout and "the check itself failed" in out.stdout
+
+
+def test_a_key_in_the_config_file_counts(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[openai]\napi_key = "sk-from-file"\n')
+    data = json.loads(_run("--json", env={"KFORGE_CONFIG": str(cfg), "OPENAI_API_KEY": ""}).stdout)
+    (check,) = [c for c in data["checks"] if c["name"] == "OpenAI key"]
+    assert check["ok"] and "sk-from-file" not in json.dumps(data)

@@ -395,3 +395,32 @@ def test_a_decision_taken_before_the_kernels_changed_is_not_cached():
     assert cache == {}
     _remember(front, cache, (x, -1), {}, _MISS, DISPATCHER, DISPATCHER.generation)
     assert list(cache.values()) == [_MISS]
+
+
+def test_compiled_calls_with_dynamic_shapes_run_eager_and_stay_correct():
+    x = torch.randn(16, 300)
+    dep = _deployment(x).install()
+    try:
+        for fn in (lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend="eager")
+            for rows in (16, 8, 4):  # the second size makes dynamo go dynamic
+                t = torch.randn(rows, 300)
+                torch.testing.assert_close(compiled(t), torch.softmax(t, -1))
+    finally:
+        dep.remove()
+        torch._dynamo.reset()
+
+
+def test_a_graph_naming_a_kernel_this_process_never_loaded_runs_eager():
+    from kforge.deploy._dispatch import _run_fake, _run_impl
+
+    x = torch.randn(16, 300)
+    dk = _softmax_kernel("softmax_rows", x)
+    again = _softmax_kernel("softmax_rows", x)
+    assert dk.run_name == again.run_name, "the name is the same in every process for the same kernel"
+    foreign = "0000-not-loaded|" + dk.run_name.split("|", 1)[1]
+    (y,) = _run_impl(foreign, [x])
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    (fake,) = _run_fake(foreign, [x])
+    assert fake.shape == x.shape and fake.dtype == x.dtype

@@ -8,6 +8,7 @@ original function. Everything else in the model never passes through kforge.
 from __future__ import annotations
 
 import ctypes
+import json
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -68,9 +69,11 @@ class DeployedKernel:
         self.candidate_id = candidate_id
         self.speedup = speedup
         self.inplace = bool(variant.param_dict.get("inplace"))
-        # NB: a plain attribute, computed here: dynamo reads it as a constant while tracing (it
-        # cannot trace the JSON hashing behind variant.key).
-        self.run_name = f"{variant.key}:{id(kernel)}"
+        # NB: the name compiled graphs call kforge::run with. A plain attribute, computed here
+        # (dynamo reads it as a constant); the same in every process for the same kernel binary
+        # and variant (a graph cached on disk by another process names it); and it carries the
+        # variant, so that a process without this kernel can still run the call eagerly.
+        self.run_name = f"{kernel.path.stem}|{json.dumps(variant.to_json(), sort_keys=True, separators=(',', ':'))}"
         self._cuda = variant.device.startswith("cuda")
         self._index = torch.device(variant.device).index or 0 if self._cuda else 0
         self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
@@ -344,13 +347,17 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
         try:
             call = bind(*args, **kwargs)
             inputs = call.inputs
-            metas = tuple(None if t is None else (tuple(t.shape), t.dtype, tuple(t.stride()), t.device)
-                          for t in inputs)
             params = _param_values(names, call.params)
         except (Unsupported, TypeError, ValueError, AttributeError):
             return original(*args, **kwargs)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        for t in inputs:
+            # NB: dynamic shapes (SymInts) are not constants to decide on; eager there.
+            if t is not None and (t._has_symbolic_sizes_strides or torch.is_grad_enabled() and t.requires_grad):
+                return original(*args, **kwargs)
+        first = next((t for t in inputs if t is not None), None)
+        if torch._C._are_functorch_transforms_active() or (first is not None and _autocast_on(first.device.type)):
             return original(*args, **kwargs)
+        metas = tuple(None if t is None else (tuple(t.shape), t.dtype, tuple(t.stride()), t.device) for t in inputs)
         decision = _decide_traced(spec.name, metas, params)
         if decision is None:
             return original(*args, **kwargs)
@@ -386,6 +393,13 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
 
 
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # an older torch: one flag for CUDA
+        return torch.is_autocast_enabled()
 
 
 @torch.compiler.assume_constant_result
@@ -516,16 +530,23 @@ def _register_name(dk: DeployedKernel) -> str:
     return dk.run_name
 
 
+def _run_entry(key: str) -> tuple[DeployedKernel | None, Variant]:
+    entry = _RUN_TABLE.get(key)
+    if entry is None:  # a graph compiled elsewhere (an on-disk cache) names a kernel not loaded here
+        entry = (None, Variant.from_json(json.loads(key.split("|", 1)[1])))
+    return entry
+
+
 def _run_impl(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    dk, variant = _RUN_TABLE[key]
-    if dk is None:  # removed since the graph was compiled: eager, as everywhere else
+    dk, variant = _run_entry(key)
+    if dk is None:  # removed since the graph was compiled, or never loaded here: eager
         out = get_spec(variant.op).reference(list(inputs), variant.param_dict)
         return list(out) if isinstance(out, (tuple, list)) else [out]
     return dk(tuple(inputs))
 
 
 def _run_fake(key: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    _, variant = _RUN_TABLE[key]
+    _, variant = _run_entry(key)
     return [torch.empty_strided(s.shape, s.stride, dtype=torch_dtype(s.dtype), device=_device(s.device))
             for s in variant.outputs]
 

@@ -56,8 +56,14 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise CompileError("no C compiler was found: install gcc or set CC", "")
+    try:
+        cc_args = shlex.split(cc)  # CC may carry a launcher or flags ("ccache gcc")
+    except ValueError as exc:
+        raise CompileError(f"CC={cc!r} cannot be parsed ({exc}): fix or unset CC", "") from None
+    if not cc_args:
+        raise CompileError("CC is set but empty: unset it or name a C compiler", "")
     march = [] if arch == "generic" else ["-march=native"]
-    return [*shlex.split(cc), "-O3", *march, "-std=gnu11", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE_DIR}",
+    return [*cc_args, "-O3", *march, "-std=gnu11", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE_DIR}",
             "-o", str(out), str(src), "-lm"]
 
 
@@ -82,7 +88,12 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         except subprocess.TimeoutExpired:
             raise CompileError(f"compilation took longer than {timeout_s:.0f} s", "") from None
         except OSError as exc:  # the compiler named by CC/CUDA_HOME is not there or cannot run
-            what = "set CUDA_HOME to a CUDA toolkit" if backend == "cuda" else "install gcc or set CC"
+            if backend == "cuda":
+                what = "install the CUDA toolkit or set CUDA_HOME"
+            elif os.environ.get("CC"):
+                what = f"CC={os.environ['CC']!r} names a compiler that cannot run: fix or unset CC"
+            else:
+                what = "install gcc or set CC"
             raise CompileError(f"could not run the compiler ({exc}): {what}", "") from None
         seconds = time.perf_counter() - start
         log = (proc.stdout + proc.stderr).replace(str(src), suffix.lstrip(".") and f"kernel{suffix}")
