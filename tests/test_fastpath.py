@@ -424,3 +424,34 @@ def test_a_graph_naming_a_kernel_this_process_never_loaded_runs_eager():
     torch.testing.assert_close(y, torch.softmax(x, -1))
     (fake,) = _run_fake(foreign, [x])
     assert fake.shape == x.shape and fake.dtype == x.dtype
+
+
+@needs_fast
+def test_a_per_call_workspace_is_fresh_for_every_call():
+    # NB: what CUDA launches use (a workspace from the caching allocator per call), exercised on the
+    # CPU: with no shared workspace and the GIL released, concurrent calls must still not mix.
+    import ctypes
+
+    from kforge.kernels._library import KfTensor
+
+    spec = get_spec("relu")
+    x = torch.randn(64, 256)
+    call = spec.bind(x)
+    variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
+    dk = DeployedKernel(variant, Kernel(compile_source(WORKSPACE_COPY, "cpu", "native").path))
+    made = []
+
+    def workspace():
+        t = torch.empty(dk.kernel.workspace_bytes, dtype=torch.uint8)
+        made.append(t.data_ptr())
+        return t
+
+    launcher = launcher_type()(
+        ctypes.cast(dk._fn, ctypes.c_void_p).value, bytes(dk._ins)[:ctypes.sizeof(KfTensor)], 1,
+        bytes(dk._out_structs)[:ctypes.sizeof(KfTensor)], 1, b"", workspace,
+        (lambda: torch.empty(64, 256),), None, 0, "relu", dk.kernel, True)
+    xs = [torch.randn(64, 256) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        wrong = sum(pool.map(lambda i: sum(not torch.equal(launcher((xs[i],))[0], xs[i]) for _ in range(30)),
+                             range(4)))
+    assert wrong == 0 and len(made) == 120 and launcher.calls == 120

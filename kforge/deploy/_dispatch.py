@@ -88,8 +88,14 @@ class DeployedKernel:
         pv = param_vector(variant)
         self._params = (ctypes.c_double * max(len(pv), 1))(*pv)
         self._n = (n_in, n_out, len(pv))
+        # NB: on CUDA each call takes its workspace from the caching allocator, which orders its
+        # reuse on the calling stream: launches on several streams (or graphs) never share one. On
+        # the CPU the kernel runs inside the call, so one workspace, used one call at a time.
+        self._ws_alloc = (functools.partial(torch.empty, (kernel.workspace_bytes,), dtype=torch.uint8,
+                                            device=variant.device)
+                          if kernel.workspace_bytes and self._cuda else None)
         self._workspace = (torch.empty(kernel.workspace_bytes, dtype=torch.uint8, device=variant.device)
-                           if kernel.workspace_bytes else None)
+                           if kernel.workspace_bytes and not self._cuda else None)
         self._fn = kernel._launch
         self._in_slots = list(self._ins)[:n_in]   # NB: indexing a ctypes array builds a proxy each time
         self._out_slots = list(self._out_structs)[:n_out]
@@ -111,7 +117,7 @@ class DeployedKernel:
         return launcher(
             ctypes.cast(self._fn, ctypes.c_void_p).value, bytes(self._ins)[:ctypes.sizeof(KfTensor) * self._n[0]],
             self._n[0], bytes(self._out_structs)[:ctypes.sizeof(KfTensor) * self._n[1]], self._n[1],
-            bytes(self._params)[:ctypes.sizeof(ctypes.c_double) * self._n[2]], self._ws_ptr, allocs,
+            bytes(self._params)[:ctypes.sizeof(ctypes.c_double) * self._n[2]], self._ws_alloc or self._ws_ptr, allocs,
             stream_fn, self._index, self.variant.signature, (self.kernel, self._workspace),
             not self._cuda)  # a CPU kernel runs inside the call: let other threads go meanwhile
 
@@ -127,6 +133,8 @@ class DeployedKernel:
             raise TypeError(f"expected {self._n[0]} inputs, got {len(inputs)}")
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
         stream = _raw_stream(self._index) if self._cuda else None
+        ws = self._ws_alloc() if self._ws_alloc is not None else None
+        ws_ptr = ws.data_ptr() if ws is not None else self._ws_ptr
         # NB: the structs are shared, so two threads must not fill them at once.
         with self._lock:
             for slot, t in zip(self._in_slots, inputs):
@@ -134,7 +142,7 @@ class DeployedKernel:
             for slot, t in zip(self._out_slots, outs):
                 slot.data = t.data_ptr()
             code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2],
-                            self._ws_ptr, stream)
+                            ws_ptr, stream)
             if code == 0:
                 self._py_calls += 1
         if code != 0:

@@ -4,7 +4,8 @@
  * strides, dtypes: the variant is exact). A call takes the input tensors, allocates the outputs
  * through the callables it was given (torch.empty_strided with the variant's layout), fills the
  * data pointers into copies of the descriptors on the C stack (so concurrent calls share no
- * descriptors; a kernel with a workspace runs one call at a time), asks for the current stream,
+ * descriptors; on the CPU a kernel with a workspace runs one call at a time, on CUDA each call
+ * gets its own workspace from the stream-ordered caching allocator), asks for the current stream,
  * and calls kf_launch. The Python equivalent is
  * DeployedKernel._launch_py in _dispatch.py; both must behave identically.
  *
@@ -31,7 +32,8 @@ typedef struct {
     kf_tensor ins[KF_MAX_TENSORS];
     kf_tensor outs[KF_MAX_TENSORS];
     double* params;
-    void* workspace;
+    void* workspace;       /* a fixed workspace (CPU), or NULL */
+    PyObject* ws_alloc;    /* or a callable returning a fresh workspace tensor per call (CUDA), or NULL */
     PyObject* allocs;      /* tuple of n_out callables, each returning a fresh output tensor */
     PyObject* stream_fn;   /* callable(stream_arg) -> raw stream handle, or NULL (CPU) */
     PyObject* stream_arg;
@@ -107,16 +109,26 @@ static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kwargs)
         Py_DECREF(s);
         if (stream == NULL && PyErr_Occurred()) goto fail;
     }
+    void* workspace = self->workspace;
+    PyObject* ws = NULL;  /* a per-call workspace, alive until the kernel has been launched */
+    if (self->ws_alloc != NULL) {
+        ws = PyObject_CallNoArgs(self->ws_alloc);
+        if (ws == NULL || read_ptr(ws, &workspace) < 0) {
+            Py_XDECREF(ws);
+            goto fail;
+        }
+    }
     int code;
     if (self->release_gil) {
         Py_BEGIN_ALLOW_THREADS
         if (self->workspace != NULL) PyThread_acquire_lock(self->ws_lock, WAIT_LOCK);
-        code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, self->workspace, stream);
+        code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, workspace, stream);
         if (self->workspace != NULL) PyThread_release_lock(self->ws_lock);
         Py_END_ALLOW_THREADS
     } else {
-        code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, self->workspace, stream);
+        code = self->fn(ins, self->n_in, outs, self->n_out, self->params, self->n_params, workspace, stream);
     }
+    Py_XDECREF(ws);  /* CUDA: the caching allocator orders its reuse after this stream's launch */
     if (code != 0) {
         PyErr_Format(PyExc_RuntimeError, "kforge kernel for %U failed to launch (error %d)", self->label, code);
         goto fail;
@@ -180,8 +192,14 @@ static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwargs) {
     memcpy(self->params, pv.buf, (size_t)pv.len);
     self->n_params = (int)(pv.len / (Py_ssize_t)sizeof(double));
     PyBuffer_Release(&pv);
-    self->workspace = workspace == Py_None ? NULL : PyLong_AsVoidPtr(workspace);
-    if (PyErr_Occurred()) return -1;
+    self->workspace = NULL;
+    if (PyCallable_Check(workspace)) {
+        Py_INCREF(workspace);
+        Py_XSETREF(self->ws_alloc, workspace);
+    } else if (workspace != Py_None) {
+        self->workspace = PyLong_AsVoidPtr(workspace);
+        if (PyErr_Occurred()) return -1;
+    }
     self->n_in = n_in;
     self->n_out = n_out;
     self->release_gil = release_gil;
@@ -209,6 +227,7 @@ static int Launcher_init(Launcher* self, PyObject* args, PyObject* kwargs) {
 }
 
 static int Launcher_traverse(Launcher* self, visitproc visit, void* arg) {
+    Py_VISIT(self->ws_alloc);
     Py_VISIT(self->allocs);
     Py_VISIT(self->stream_fn);
     Py_VISIT(self->stream_arg);
@@ -218,6 +237,7 @@ static int Launcher_traverse(Launcher* self, visitproc visit, void* arg) {
 
 static int Launcher_clear(Launcher* self) {
     self->fn = NULL;  /* uncallable from here on */
+    Py_CLEAR(self->ws_alloc);
     Py_CLEAR(self->allocs);
     Py_CLEAR(self->stream_fn);
     Py_CLEAR(self->stream_arg);
