@@ -368,7 +368,6 @@ def test_a_model_scoped_kernel_stays_eager_in_other_threads(path):
 
 def test_a_graph_compiled_with_the_kernel_runs_eager_once_it_is_removed():
     x = torch.randn(16, 300)
-    model = torch.nn.Softmax(-1)
     ref = torch.softmax(x, -1)
     dep = _deployment(x).install()
     compiled = torch.compile(lambda t: torch.softmax(t, -1), backend="aot_eager", fullgraph=True)
