@@ -454,3 +454,20 @@ def test_a_per_call_workspace_is_fresh_for_every_call():
         wrong = sum(pool.map(lambda i: sum(not torch.equal(launcher((xs[i],))[0], xs[i]) for _ in range(30)),
                              range(4)))
     assert wrong == 0 and len(made) == 120 and launcher.calls == 120
+
+
+@pytest.mark.slow
+def test_inductor_keeps_the_kernel_between_fused_neighbours():
+    x = torch.randn(16, 300)
+    fn = lambda t: torch.softmax(torch.tanh(t), -1) * 2  # noqa: E731
+    ref = fn(x)
+    dep = _deployment(x).install()
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), ref)
+        assert dep.kernels[0].calls == 2, "the compiled graph calls the kernel through kforge::run"
+    finally:
+        dep.remove()
+        torch._dynamo.reset()
