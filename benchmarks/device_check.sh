@@ -5,6 +5,7 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+timeout 60 python3 -m kforge.cli doctor 2>&1 | tee "$OUT/doctor.txt"
 timeout 200 python3 -m pytest -q -x tests/test_gpu.py -p no:cacheprovider -o addopts="" 2>&1 | tail -15 | tee "$OUT/test_gpu.txt"
 timeout 240 python3 benchmarks/builtin_kernels.py --only silu,add,relu,gelu --strategies vectorized,tiled --extra 12 \
     2>&1 | tee "$OUT/builtin_elementwise.txt" | grep -v "^    " | tail -80
