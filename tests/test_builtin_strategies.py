@@ -94,6 +94,11 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         variant("add", x(3, 7), 2.5),
         variant("add", x(5, 4).t(), x(4, 5)),
         variant("mul", x(6, 1, 8), x(5, 1)),
+        variant("relu", x(8, 64, 1, 1)),                      # a last dimension of 1, flat index space
+        variant("add", x(4, 6, 5, 1), x(4, 6, 5, 1)),
+        variant("mul", x(2, 64, 1, 1), x(2, 64, 1, 1)),
+        variant("sigmoid", x(1)),                             # one element
+        variant("add", x(2, 3), float("inf")),                # a non-finite scalar: eager's
         variant("mul", x(4, 32), 0.5),
         variant("pad", x(2, 3, 5, 4), (1, 2, 0, 3), "constant", 1.5),
         variant("pad", x(2, 3, 6), (2, 1), "reflect"),

@@ -43,6 +43,8 @@ def _operands(v: Variant) -> list[tuple[str, TensorSig | None]]:
 
 def _bstrides(sig: TensorSig, shape: tuple[int, ...]) -> tuple[int, ...]:
     """``sig``'s strides broadcast against ``shape`` (0 where it is broadcast)."""
+    if len(shape) == 1 and sig.numel == shape[0] and sig.is_contiguous:
+        return (1,)  # the flat index space: a contiguous operand as large as the output
     pad = len(shape) - len(sig.shape)
     return tuple(0 if d < pad or sig.shape[d - pad] == 1 else sig.stride[d - pad] for d in range(len(shape)))
 
@@ -67,8 +69,9 @@ def _ok(v: Variant) -> bool:
     sigs = [s for _, s in _operands(v) if s is not None]
     if not floats_only(y, *sigs) or y.numel == 0:
         return False
-    if v.op in ("add", "mul") and v.inputs[1] is None and not isinstance(v.param_dict["scalar"], (int, float)):
-        return False
+    if v.op in ("add", "mul") and v.inputs[1] is None and not (
+            isinstance(v.param_dict["scalar"], (int, float)) and math.isfinite(v.param_dict["scalar"])):
+        return False  # a non-numeric or non-finite scalar: left to eager
     return all(len(s.shape) <= len(y.shape) for s in sigs)
 
 
@@ -102,8 +105,8 @@ def _vmax(v: Variant) -> int:
     shape = _shape(v)
     ops = _operands(v)
     w = min([vec_width(y.dtype)] + [vec_width(s.dtype) for _, s in ops if s is not None])
-    while w > 1 and not all(_vec_mode(s, shape, w) for _, s in ops):
-        w //= 2
+    while w > 1 and (shape[-1] % w or not all(_vec_mode(s, shape, w) for _, s in ops)):
+        w //= 2  # the output too is written in whole vectors
     return w
 
 
@@ -134,6 +137,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     y_t* y = (y_t*)outputs[0].data;
     long blocks = (TOTAL / {{vec}} + THREADS * ITEMS - 1) / (THREADS * ITEMS);
     if (blocks > {{max_blocks}}) blocks = {{max_blocks}};
+    if (blocks < 1) blocks = 1;
     if ({{vec}} > 1 && (uintptr_t)y % 16 == 0{{aligned}})
         elementwise<{{vec}}><<<(int)blocks, THREADS, 0, (cudaStream_t)stream>>>({{args}}, y);
     else
@@ -174,8 +178,9 @@ def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
                 z="const float z = vz[j]; " if len(_operands(v)) == 2 else "", expr=_expr(v), store=store)
 
 
-# One tile per block, no grid-stride loop: every load of a thread is issued before the first
-# store (ITEMS vectors in flight), full tiles skip bounds checks, the last tile goes element-wise.
+# One tile per block, no grid-stride loop: every load of a thread is issued before its first store
+# (ITEMS vectors in flight); only the last tile checks bounds, per vector (the element count is a
+# multiple of V).
 _CUDA_TILED = CUDA + r"""
 {{types}}#define TOTAL {{TOTAL}}L
 #define THREADS {{threads}}
@@ -188,44 +193,43 @@ template <> struct Raw<8> { typedef uint2 t; };
 template <> struct Raw<4> { typedef unsigned int t; };
 template <> struct Raw<2> { typedef unsigned short t; };
 
-/* A vector load / store, with the evict-first cache hint when STREAM: the data is touched once. */
-template <int N, typename T>
+/* A vector load / store; with S, the evict-first cache hint (data touched once). */
+template <int N, bool S, typename T>
 __device__ __forceinline__ void ld(const T* p, float (&out)[N]) {
     typedef typename Raw<sizeof(T) * N>::t R;
     union { R r; Vec<T, N> v; } u;
-    u.r = STREAM ? __ldcs(reinterpret_cast<const R*>(p)) : *reinterpret_cast<const R*>(p);
+    u.r = S ? __ldcs(reinterpret_cast<const R*>(p)) : *reinterpret_cast<const R*>(p);
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = to_f(u.v.v[i]);
 }
 
-template <int N, typename T>
+template <int N, bool S, typename T>
 __device__ __forceinline__ void st(T* p, const float (&in)[N]) {
     typedef typename Raw<sizeof(T) * N>::t R;
     union { R r; Vec<T, N> v; } u;
 #pragma unroll
     for (int i = 0; i < N; ++i) u.v.v[i] = from_f<T>(in[i]);
-    if (STREAM) __stcs(reinterpret_cast<R*>(p), u.r); else *reinterpret_cast<R*>(p) = u.r;
+    if (S) __stcs(reinterpret_cast<R*>(p), u.r); else *reinterpret_cast<R*>(p) = u.r;
 }
 
 template <int V>
 __global__ void __launch_bounds__(THREADS) tiled({{params}}, y_t* __restrict__ y) {
     const long tile = (long)blockIdx.x * (THREADS * ITEMS * V);
-    if (tile + THREADS * ITEMS * V <= TOTAL) {
+    const bool full = tile + THREADS * ITEMS * V <= TOTAL;
 {{decls}}#pragma unroll
-        for (int u = 0; u < ITEMS; ++u) {
-            const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+    for (int u = 0; u < ITEMS; ++u) {
+        const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+        if (full || i < TOTAL) {
 {{loads}}        }
+    }
 #pragma unroll
-        for (int u = 0; u < ITEMS; ++u) {
-            const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+    for (int u = 0; u < ITEMS; ++u) {
+        const long i = tile + ((long)u * THREADS + threadIdx.x) * V;
+        if (full || i < TOTAL) {
             float r[V];
 #pragma unroll
             for (int j = 0; j < V; ++j) { const float x = vx[u][j]; {{z}}r[j] = {{expr}}; }
-            st<V>(y + i, r);
-        }
-    } else {
-        for (long i = tile + threadIdx.x; i < TOTAL; i += THREADS) {
-{{scalar}}            y[i] = from_f<y_t>({{expr}});
+            st<V, STREAM>(y + i, r);
         }
     }
 }
@@ -252,7 +256,8 @@ def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
     y = v.outputs[0]
     shape = _shape(v)
     vec = c["vec"]
-    params, args, decls, loads, scalar, aligned = [], [], [], [], [], ""
+    stream = c["cache"] == "stream"
+    params, args, decls, loads, aligned = [], [], [], [], ""
     roles = {"y": y}
     for k, (role, sig) in enumerate(_operands(v)):
         roles[role] = sig
@@ -260,15 +265,15 @@ def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
             value = f"{float(v.param_dict['scalar'])!r}f"
             decls.append(f"float v{role}[ITEMS][V];\n#pragma unroll\nfor (int u = 0; u < ITEMS; ++u)\n"
                          f"#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[u][j] = {value};")
-            scalar.append(f"const float {role} = {value};")
             continue
         params.append(f"const {role}_t* __restrict__ {role}_p")
         args.append(f"(const {role}_t*)inputs[{k}].data")
         off = _offset(sig, shape)
         decls.append(f"float v{role}[ITEMS][V];")
-        scalar.append(f"const float {role} = to_f({role}_p[{off}]);")
         if _vec_mode(sig, shape, vec) == "vec":
-            loads.append(f"ld<V>({role}_p + {off}, v{role}[u]);")
+            # NB: the evict-first hint only for operands read once; a smaller one is reused
+            hint = int(stream and sig.numel == y.numel)
+            loads.append(f"ld<V, {hint}>({role}_p + {off}, v{role}[u]);")
             aligned += f" && (uintptr_t)inputs[{k}].data % 16 == 0"
         else:  # broadcast along the vector: one read (V == 1 reads every element this way too)
             loads.append(f"{{ const float s = to_f({role}_p[{off}]);\n#pragma unroll\n"
@@ -278,8 +283,8 @@ def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
         return "".join(" " * indent + ln.replace("\n", "\n" + " " * indent) + "\n" for ln in lines)
 
     return fill(_CUDA_TILED, types=cuda_types(roles), TOTAL=y.numel, threads=c["threads"], items=c["items"],
-                stream=int(c["cache"] == "stream"), vec=vec, params=", ".join(params), args=", ".join(args),
-                aligned=aligned, decls=block(decls, 8), loads=block(loads, 12), scalar=block(scalar, 12),
+                stream=int(stream), vec=vec, params=", ".join(params), args=", ".join(args),
+                aligned=aligned, decls=block(decls, 4), loads=block(loads, 12),
                 z="const float z = vz[u][j]; " if len(_operands(v)) == 2 else "", expr=_expr(v))
 
 
@@ -369,7 +374,7 @@ for _op in ("relu", "silu", "sigmoid", "tanh", "gelu", "softplus", "add", "mul")
     register(Strategy(
         f"{_op}.cuda.tiled", _op, "cuda", 2,
         "one tile per block with every load of a thread issued before its first store, bounds checks "
-        "only in the last tile, optional evict-first cache hints",
+        "only in the last tile, optional evict-first hints on the data read or written once",
         {"threads": (128, 256, 512), "items": (1, 2, 4, 8), "vec": (2, 4, 8), "cache": ("stream", "plain")},
         lambda v, d: _tiled_ok(v), _tiled_default, _render_tiled,
         valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
