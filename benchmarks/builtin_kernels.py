@@ -71,6 +71,8 @@ def seeds() -> dict[str, Variant]:
         "add bf16[1,512,128,128]": _variant("add", e(1, 512, 128, 128, dtype=BF), e(1, 512, 128, 128, dtype=BF)),
         "silu bf16[1,512,256,256]": _variant("silu", e(1, 512, 256, 256, dtype=BF)),
         "silu bf16[1,128,1024,1024]": _variant("silu", e(1, 128, 1024, 1024, dtype=BF)),
+        "silu bf16[1,333,1536] (partial last tile)": _variant("silu", e(1, 333, 1536, dtype=BF)),
+        "add f32[1,512,1]+1e-6 (last dim 1)": _variant("add", e(1, 512, 1), 1e-6),
         "embedding i64[1,512] -> bf16[262144,1536]": _variant(
             "embedding", torch.zeros(1, 512, dtype=torch.long, device="cuda"), e(262144, 1536, dtype=BF)),
     }
