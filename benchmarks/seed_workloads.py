@@ -163,7 +163,7 @@ def run_model(name: str, args: argparse.Namespace) -> None:
     apply_s = time.perf_counter() - t3
     summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
                "native_variants": len(native), "winners": len(session.results.winners),
-               "kernels_installed": e2e.kernels_installed, "kernels_skipped": e2e.skipped,
+               "kernels_installed": e2e.kernels_installed, "kernels_skipped": e2e.skipped, "dispatch": e2e.dispatch,
                "forward_eager_us": e2e.eager_us, "forward_kforge_us": e2e.kforge_us,
                "forward_compile_us": e2e.compile_us, "forward_compile_kforge_us": e2e.compile_kforge_us,
                "output_rel_diff": e2e.output_rel_diff, "build_s": build_s, "capture_s": capture_s,

@@ -269,7 +269,9 @@ class Session:
                 torch._dynamo.reset()
                 compile_kforge_us = forward_us(run(torch.compile(model, backend=compile_backend)), self.device)
             torch._dynamo.reset()
-        return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(dep.kernels), dep.skipped)
+        dispatch = None if not dep.kernels else "C" if all(k.fast for k in dep.kernels) else "Python"
+        return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(dep.kernels), dep.skipped,
+                        dispatch)
 
     def export(self, path: str | Path) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs."""

@@ -205,5 +205,8 @@ def test_end_to_end_report(tmp_path):
     assert report.compile_us > 0 and report.compile_kforge_us > 0
     assert report.kernels_installed == 1 and report.output_rel_diff < 1e-5
     assert "eager + kforge" in report.table()
+    from kforge.deploy._fast import launcher_type
+    assert report.dispatch == ("C" if launcher_type() is not None else "Python")
+    assert f"{report.dispatch} dispatch" in report.table()
     assert not any(k for k in torch.Tensor.__dict__ if k == "softmax")   # removed again afterwards
     s.close()

@@ -20,6 +20,7 @@ class EndToEnd:
     output_rel_diff: float | None          # ||kforge - eager|| / ||eager|| on the first output tensor
     kernels_installed: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    dispatch: str | None = None            # "C" or "Python": the path applied kernels were called through
 
     @property
     def speedup(self) -> float:
@@ -28,7 +29,8 @@ class EndToEnd:
     def table(self) -> str:
         ms = lambda us: "-" if us is None else f"{us / 1e3:8.3f} ms"  # noqa: E731
         lines = [f"eager              {ms(self.eager_us)}",
-                 f"eager + kforge     {ms(self.kforge_us)}  ({self.speedup:.3f}x, {self.kernels_installed} kernels)",
+                 f"eager + kforge     {ms(self.kforge_us)}  ({self.speedup:.3f}x, {self.kernels_installed} kernels"
+                 + (f", {self.dispatch} dispatch)" if self.dispatch else ")"),
                  f"torch.compile      {ms(self.compile_us)}",
                  f"compile + kforge   {ms(self.compile_kforge_us)}"]
         if self.output_rel_diff is not None:
