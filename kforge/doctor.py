@@ -53,7 +53,28 @@ def _nvcc() -> Check:
         version = next((ln.split("release")[-1].strip() for ln in out.splitlines() if "release" in ln), "")
     except (OSError, subprocess.SubprocessError) as exc:
         return Check("nvcc (CUDA backend)", False, f"{nvcc} does not run: {exc}", "reinstall the CUDA toolkit")
-    return Check("nvcc (CUDA backend)", True, f"{nvcc} (release {version})")
+    # NB: build a kernel for this GPU's architecture (sm_90 without one): a toolkit too old for the
+    # GPU fails here, not in the middle of a search.
+    import torch
+
+    from .kernels import CompileError, compile_source
+
+    arch = "sm_90"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(0)
+        arch = f"sm_{major}{minor}"
+    src = (f'/* kforge doctor {os.getpid()} {time.time_ns()} */\n#include "kforge.h"\n'
+           "__global__ void k(float* y) { y[threadIdx.x] = 0.f; }\n"
+           "KF_ENTRY int kf_launch(const kf_tensor* i, int ni, const kf_tensor* o, int no, const double* p, "
+           "int np, void* w, void* s) { k<<<1, 32, 0, (cudaStream_t)s>>>((float*)o[0].data); "
+           "return (int)cudaGetLastError(); }\n")
+    try:
+        built = compile_source(src, "cuda", arch)
+    except CompileError as exc:
+        return Check("nvcc (CUDA backend)", False, f"{nvcc} (release {version}) cannot build for {arch}: "
+                     f"{exc} {exc.log.strip()[-300:]}".strip(), f"install a CUDA toolkit that supports {arch}")
+    built.path.unlink(missing_ok=True)
+    return Check("nvcc (CUDA backend)", True, f"{nvcc} (release {version}), builds for {arch} in {built.seconds:.1f} s")
 
 
 def _cpu_backend() -> Check:

@@ -23,6 +23,9 @@ def test_doctor_json_lists_every_check_and_is_healthy_here():
     assert checks["torch"]["ok"] and checks["C compiler (CPU backend)"]["ok"] and checks["cache"]["ok"]
     assert checks["Anthropic key"]["ok"] and "sk-test" not in out.stdout, "a key is reported as set, never shown"
     assert all(c["fix"] for c in data["checks"] if not c["ok"]), "every failed check says what to do"
+    from kforge.kernels import find_nvcc
+    if find_nvcc() is not None:
+        assert checks["nvcc (CUDA backend)"]["ok"] and "builds for sm_" in checks["nvcc (CUDA backend)"]["detail"]
 
 
 def test_doctor_reports_a_missing_compiler_as_fatal_with_its_fix(tmp_path):
