@@ -262,17 +262,14 @@ class _Sub(torch.Tensor):
 # ----------------------------------------------------------------------------- what must stay eager
 
 
-def _both_paths(monkeypatch, request):
+@pytest.fixture(params=["c", "python"])
+def path(monkeypatch, request):
+    """Each test twice: through the C front, and through the Python guard (KFORGE_FASTPATH=0)."""
     if request.param == "python":
         monkeypatch.setenv("KFORGE_FASTPATH", "0")
     elif launcher_type() is None:
         pytest.skip(f"no C front here: {unavailable_reason()}")
     return request.param
-
-
-@pytest.fixture(params=["c", "python"])
-def path(monkeypatch, request):
-    return _both_paths(monkeypatch, request)
 
 
 def test_a_scalar_of_another_type_is_another_variant(path):

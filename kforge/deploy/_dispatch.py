@@ -489,7 +489,7 @@ class Deployment:
             self._hooks.append(self.model.register_forward_pre_hook(self._enter))
             self._hooks.append(self.model.register_forward_hook(self._exit, always_call=True))
         for dk in self.kernels:
-            _RUN_TABLE[_register_name(dk)] = (dk, dk.variant)
+            _RUN_TABLE[dk.run_name] = (dk, dk.variant)
         self.installed = True
         return self
 
@@ -510,11 +510,8 @@ class Deployment:
         for dk in self.kernels:
             # NB: graphs compiled meanwhile still call kforge::run with this name: from now on it
             # runs eager, and the kernel (its library, its workspace) is no longer held here.
-            _RUN_TABLE[_register_name(dk)] = (None, dk.variant)
+            _RUN_TABLE[dk.run_name] = (None, dk.variant)
         self.installed = False
-
-    def register_key(self, dk: DeployedKernel) -> str:
-        return _register_name(dk)
 
     def __enter__(self) -> "Deployment":
         return self.install()
@@ -532,10 +529,6 @@ class Deployment:
 
 
 _RUN_TABLE: dict[str, tuple[DeployedKernel | None, Variant]] = {}  # kernel None once removed
-
-
-def _register_name(dk: DeployedKernel) -> str:
-    return dk.run_name
 
 
 def _run_entry(key: str) -> tuple[DeployedKernel | None, Variant]:

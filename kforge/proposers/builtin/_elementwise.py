@@ -148,26 +148,38 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
+def _reads(v: Variant, shape: tuple[int, ...], vec: int) -> list[tuple[int, str, TensorSig | None, str, str]]:
+    """How each operand is read, as (input index, role, signature, how, what): how is "scalar"
+    (what: the baked-in value), "vec" (whole vectors at offset what) or "bcast" (one element at
+    offset what, repeated along the vector)."""
+    out = []
+    for k, (role, sig) in enumerate(_operands(v)):
+        if sig is None:
+            out.append((k, role, sig, "scalar", f"{float(v.param_dict['scalar'])!r}f"))
+        else:
+            how = "vec" if _vec_mode(sig, shape, vec) == "vec" else "bcast"
+            out.append((k, role, sig, how, _offset(sig, shape)))
+    return out
+
+
 def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
     y = v.outputs[0]
     shape = _shape(v)
     vec = c["vec"]
     params, args, loads, aligned = [], [], [], ""
     roles = {"y": y}
-    for k, (role, sig) in enumerate(_operands(v)):
+    for k, role, sig, how, what in _reads(v, shape, vec):
         roles[role] = sig
-        if sig is None:  # a scalar operand, baked in
-            loads.append(f"float v{role}[V];\n#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[j] = "
-                         f"{float(v.param_dict['scalar'])!r}f;")
+        if how == "scalar":
+            loads.append(f"float v{role}[V];\n#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[j] = {what};")
             continue
         params.append(f"const {role}_t* __restrict__ {role}")
         args.append(f"(const {role}_t*)inputs[{k}].data")
-        off = _offset(sig, shape)
-        if _vec_mode(sig, shape, vec) == "vec" or vec == 1:
-            loads.append(f"float v{role}[V]; load_vec<V>({role} + {off}, v{role});")
+        if how == "vec" or vec == 1:
+            loads.append(f"float v{role}[V]; load_vec<V>({role} + {what}, v{role});")
             aligned += f" && (uintptr_t)inputs[{k}].data % 16 == 0"
         else:
-            loads.append(f"float v{role}[V]; {{ const float s = to_f({role}[{off}]);\n#pragma unroll\n"
+            loads.append(f"float v{role}[V]; {{ const float s = to_f({role}[{what}]);\n#pragma unroll\n"
                          f"for (int j = 0; j < V; ++j) v{role}[j] = s; }}")
     store = ("store_vec<V>(y + i, r);" if y.is_contiguous
              else f"y[{_offset(y, shape)}] = from_f<y_t>(r[0]);")
@@ -259,24 +271,22 @@ def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
     stream = c["cache"] == "stream"
     params, args, decls, loads, aligned = [], [], [], [], ""
     roles = {"y": y}
-    for k, (role, sig) in enumerate(_operands(v)):
+    for k, role, sig, how, what in _reads(v, shape, vec):
         roles[role] = sig
-        if sig is None:  # a scalar operand, baked in
-            value = f"{float(v.param_dict['scalar'])!r}f"
-            decls.append(f"float v{role}[ITEMS][V];\n#pragma unroll\nfor (int u = 0; u < ITEMS; ++u)\n"
-                         f"#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[u][j] = {value};")
+        decls.append(f"float v{role}[ITEMS][V];")
+        if how == "scalar":
+            decls.append(f"#pragma unroll\nfor (int u = 0; u < ITEMS; ++u)\n"
+                         f"#pragma unroll\nfor (int j = 0; j < V; ++j) v{role}[u][j] = {what};")
             continue
         params.append(f"const {role}_t* __restrict__ {role}_p")
         args.append(f"(const {role}_t*)inputs[{k}].data")
-        off = _offset(sig, shape)
-        decls.append(f"float v{role}[ITEMS][V];")
-        if _vec_mode(sig, shape, vec) == "vec":
+        if how == "vec":
             # NB: the evict-first hint only for operands read once; a smaller one is reused
             hint = int(stream and sig.numel == y.numel)
-            loads.append(f"ld<V, {hint}>({role}_p + {off}, v{role}[u]);")
+            loads.append(f"ld<V, {hint}>({role}_p + {what}, v{role}[u]);")
             aligned += f" && (uintptr_t)inputs[{k}].data % 16 == 0"
         else:  # broadcast along the vector: one read (V == 1 reads every element this way too)
-            loads.append(f"{{ const float s = to_f({role}_p[{off}]);\n#pragma unroll\n"
+            loads.append(f"{{ const float s = to_f({role}_p[{what}]);\n#pragma unroll\n"
                          f"for (int j = 0; j < V; ++j) v{role}[u][j] = s; }}")
 
     def block(lines: list[str], indent: int) -> str:
