@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from .._redact import redact
 from ._base import Attempt, Proposal, ProposalRequest, ProposerError, Usage
 from ._pricing import PriceLike, as_price, cost
 
@@ -436,8 +437,8 @@ def task_prompt(request: ProposalRequest) -> str:
 
 
 def build_prompt(request: ProposalRequest) -> Prompt:
-    return Prompt(system_prompt(request.backend, request.device.arch), card_prompt(request),
-                  task_prompt(request))
+    return Prompt(system_prompt(request.backend, request.device.arch), redact(card_prompt(request)),
+                  redact(task_prompt(request)))  # NB: the task quotes compile logs and crash messages
 
 
 # ----------------------------------------------------------------------------- the reply
