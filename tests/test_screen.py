@@ -156,3 +156,29 @@ def test_the_screen_is_bypassed_only_for_kforge_tests(monkeypatch):
     assert screen_disabled()
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     assert not screen_disabled()
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    from kforge.evaluate import Evaluator
+
+    with Evaluator("cpu", timeout_s=30) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("name", ["attack_fork_survive", "attack_static_ctor", "attack_inline_asm",
+                                  "attack_forbidden_include"])
+def test_the_evaluator_refuses_screened_sources(evaluator, name):
+    """With the screen on (the default) a refused source gets its own status and the reason, and
+    the evaluator goes on with the next candidate."""
+    from kforge.capture import Card
+    from kforge.evaluate import Status
+    from kernel_files import kernel_source
+
+    card = Card.for_call("softmax", torch.randn(32, 256), -1)
+    # NB: until branch judge maps SourceRejected to REJECTED, the worker reports it as a compile error.
+    refused = (Status.REJECTED,) if "INFRA_ERROR" in Status.__members__ else (Status.REJECTED, Status.COMPILE_ERROR)
+    verdict = evaluator.evaluate(card, kernel_source("cpu", name))
+    assert verdict.status in refused and "refused before compiling" in verdict.message, verdict.summary()
+    assert "line " in verdict.compile_log and verdict.score == 0.0
+    assert evaluator.evaluate(card, kernel_source("cpu", "softmax_rows")).status.is_correct
