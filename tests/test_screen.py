@@ -93,6 +93,7 @@ def test_attack_corpus_is_screened(path):
     (kernel("", "#include \"../../etc/passwd\"\n"), "include"),
     (kernel("", "#define H <unistd.h>\n#include H\n"), "include"),
     (kernel("", "#include_next <math.h>\n"), "include"),
+    (kernel("", "#include <cub/../../unistd.h>\n"), "include"),
     (kernel("", "#pragma weak kf_launch\n"), "pragma"),
     (kernel("", "#pragma GCC visibility push(default)\n"), "pragma"),
     (kernel("", "#pragma redefine_extname f system\n"), "pragma"),
@@ -132,7 +133,8 @@ def test_cpp_code_that_runs_at_load_is_found(pre):
     ("struct G { G() {} float v; }; G make(int n); G other();", "G local; (void)local;"),   # locals and prototypes
     ("static const float K = 1.0f / sqrtf(128.0f); __device__ float table[4] = {1, 2, 3, 4};", ""),
     ("struct Acc { float m, s; }; static Acc zero_acc;", ""),            # a trivial type: no code at load
-    ("#pragma once\n#include <math.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>", ""),
+    ("#pragma once\n#include <math.h>\n#include <cuda_fp16.h>\n#include <cooperative_groups.h>\n"
+     "#include <cub/block/block_radix_sort.cuh>\n#include <algorithm>", ""),
     ("static int section_len(int wait_count) { int signal_value = wait_count; return signal_value; }",
      "const char* msg = \"system call; fork; asm\"; (void)msg; (void)section_len(1);"),   # look-alikes, strings
     ("/* calls system() and fork(); uses asm */", "// kill(getppid(), 9);"),             # comments

@@ -36,13 +36,16 @@ ALLOWED_INCLUDES = frozenset({
     "math.h", "float.h", "limits.h", "stdint.h", "stddef.h", "stdbool.h", "stdlib.h", "string.h",
     "stdio.h", "assert.h", "inttypes.h", "stdalign.h", "complex.h", "fenv.h",
     "cmath", "cfloat", "climits", "cstdint", "cstddef", "cstdlib", "cstring", "cstdio", "cassert",
-    "type_traits", "limits", "utility",
+    "type_traits", "limits", "utility", "algorithm", "array", "numeric",
     "omp.h", "immintrin.h", "x86intrin.h", "arm_neon.h",
     "cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "math_constants.h",
     "mma.h", "cooperative_groups.h", "cooperative_groups/reduce.h", "cooperative_groups/memcpy_async.h",
     "cub/cub.cuh", "cub/block/block_reduce.cuh", "cub/block/block_scan.cuh", "cub/warp/warp_reduce.cuh",
     "cub/block/block_load.cuh", "cub/block/block_store.cuh", "cuda/pipeline", "cuda/barrier",
 })
+
+# Header-only CUDA compute libraries: any header under these folders.
+ALLOWED_INCLUDE_DIRS = ("cub/", "cooperative_groups/", "cuda/std/")
 
 # Pragmas that only shape code generation inside the unit. Anything else (weak, visibility,
 # redefine_extname, section, init, GCC push_options with visibility...) is refused.
@@ -243,7 +246,9 @@ def _check_directives(clean: str) -> list[Finding]:
                                    "includes are not allowed; name the header"))
                 continue
             header = (inc.group(1) or inc.group(2)).strip()
-            if header not in ALLOWED_INCLUDES:
+            allowed = header in ALLOWED_INCLUDES or (header.startswith(ALLOWED_INCLUDE_DIRS) and ".." not in header
+                                                     and "\\" not in header)
+            if not allowed:
                 out.append(Finding(line, "include", f"#include {rest} is not on the allow-list: kforge.h, the standard C "
                                    "numeric/integer/string headers, omp.h, the CUDA runtime, fp16/bf16, cub and "
                                    "cooperative_groups headers (docs/security.md lists them)"))

@@ -361,6 +361,8 @@ def card_prompt(request: ProposalRequest) -> str:
 
 _ADVICE = {
     "compile_error": "It did not compile. Fix the errors in the log and keep the idea.",
+    "rejected": "The source check refused it before compiling (see the log): a kernel only computes on its "
+                "tensors: no process, file, network, environment, signal, assembly or load-time code.",
     "launch_error": "kf_launch returned an error: check the launch configuration (block size, grid "
                     "limits, shared memory, which needs cudaFuncSetAttribute above 48 KB).",
     "crashed": "It crashed the worker: look for out-of-bounds indexing, wrong strides or a wrong dtype "
