@@ -33,7 +33,7 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_cache_pointer", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_cache_content", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_count_calls", None, statuses("WRONG_RESULT")),
-    Attack("attack_burst", "include", statuses("WRONG_RESULT")),
+    Attack("attack_burst", None, statuses("WRONG_RESULT")),
     Attack("attack_poison_detect", None, statuses("WRONG_RESULT")),
     Attack("attack_forge_frames", "forbidden-call", statuses("WRONG_RESULT", "CRASHED")),
     Attack("attack_env_leak", "forbidden-call", statuses("CRASHED")),

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 # Headers a kernel may include. Standard C numerics and memory helpers, OpenMP for the CPU
 # backend, the CUDA runtime and its half/bfloat16 types, and the header-only CUDA libraries
 # (cub, cooperative groups) that block reductions use. stdio.h is allowed for printf debugging
-# (the file functions it declares are refused by name below).
+# (the file functions it declares are refused by name below), time.h for clocks and nanosleep
+# (clock_settime and timers are refused by name).
 ALLOWED_INCLUDES = frozenset({
     "kforge.h",
     "math.h", "float.h", "limits.h", "stdint.h", "stddef.h", "stdbool.h", "stdlib.h", "string.h",
-    "stdio.h", "assert.h", "inttypes.h", "stdalign.h", "complex.h", "fenv.h",
-    "cmath", "cfloat", "climits", "cstdint", "cstddef", "cstdlib", "cstring", "cstdio", "cassert",
+    "stdio.h", "assert.h", "inttypes.h", "stdalign.h", "complex.h", "fenv.h", "time.h",
+    "cmath", "cfloat", "climits", "cstdint", "cstddef", "cstdlib", "cstring", "cstdio", "cassert", "ctime",
     "type_traits", "limits", "utility", "algorithm", "array", "numeric",
     "omp.h", "immintrin.h", "x86intrin.h", "arm_neon.h",
     "cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h", "cuda_fp8.h", "math_constants.h",
