@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -155,6 +156,8 @@ def _cached(entry: Path) -> tuple[CompiledKernel | None, str]:
     """The verified cache hit of an index entry, or (None, what was wrong with it)."""
     try:
         record = json.loads(entry.read_text())
+        if not re.fullmatch(r"[0-9a-f]{64}", str(record["sha256"])):
+            raise ValueError(f"sha256 {str(record['sha256'])[:80]!r} is not a SHA-256")
         obj = entry.parent.parent / "objects" / f"{record['sha256']}.so"
     except FileNotFoundError:
         return None, ""

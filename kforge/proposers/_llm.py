@@ -254,6 +254,9 @@ constants): the kernel is only ever called with that signature.
 - Optional scratch memory: define `KF_ENTRY size_t kf_workspace_bytes(void)`; that many \
 uninitialised bytes arrive as `workspace`.
 {extra}- Match eager's numerics within the stated tolerance; accumulate half and bfloat16 in float.
+- The source is checked before compiling and refused if it has inline assembly, code that runs at load \
+(constructors, global objects with constructors), `##` token pasting, or calls to process, file, network, \
+environment, signal or dynamic-loading functions; include only kforge.h, standard C headers and the CUDA headers.
 
 # A minimal kernel that satisfies the contract
 ```{lang}
