@@ -199,8 +199,8 @@ class Arenas:
         self.pattern = torch.randint(0, 256, (PAGE,), dtype=torch.uint8, generator=generator)
         self._mem: list[_Memfd] = []
         if self.cuda:
-            self.inp = torch.zeros(_round_up(plan.in_bytes), dtype=torch.uint8, device=device)
-            self.out = torch.empty(out_total, dtype=torch.uint8, device=device)
+            self.inp = _cuda_arena(device, "inputs", plan.in_bytes)
+            self.out = _cuda_arena(device, "outputs", out_total)
         else:
             self._mem = [_Memfd("kforge-inputs", plan.in_bytes), _Memfd("kforge-outputs", out_total)]
             self.inp, self.out = self._mem[0].tensor, self._mem[1].tensor
@@ -220,8 +220,11 @@ class Arenas:
         args = [str(torch.device(self.device).index or 0)]
         for t in (self.inp, self.out):
             shared = t.untyped_storage()._share_cuda_()
-            handle, offset = shared[1], shared[3]
-            args += [bytes(handle).hex(), str(int(offset) + t.storage_offset())]
+            handle, offset = bytes(shared[1]), int(shared[3])
+            if len(handle) != 64:
+                raise RuntimeError(f"torch gave a {len(handle)}-byte CUDA IPC handle, not a cudaIpcMemHandle_t "
+                                   "(expandable segments?): unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments")
+            args += [handle.hex(), str(offset + t.storage_offset())]
         return args
 
     # ---- typed views over a group
@@ -279,6 +282,25 @@ class Arenas:
         for m in (*self._mem, self._desc, self._times):
             m.close()
         self._mem = []
+
+
+_CUDA_ARENAS: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _cuda_arena(device: str, role: str, nbytes: int) -> torch.Tensor:
+    """A device buffer of at least ``nbytes``, kept for the judge's lifetime and grown by doubling.
+
+    NB: torch never frees memory it has shared by CUDA IPC until the consumers release it through
+    its own reference counter, which a C runner does not hold: fresh buffers per candidate would
+    leak. The judge rewrites every byte a candidate can see before each use.
+    """
+    need = _round_up(max(nbytes, PAGE))
+    have = _CUDA_ARENAS.get((device, role))
+    if have is None or have.numel() < need:
+        size = max(need, 2 * have.numel() if have is not None else 0)
+        have = torch.empty(size, dtype=torch.uint8, device=device)
+        _CUDA_ARENAS[(device, role)] = have
+    return have[:need]
 
 
 def poison_value(dtype: torch.dtype, round_: int) -> float | int | bool:
