@@ -336,3 +336,10 @@ def test_a_judge_killed_from_outside_does_not_blame_the_candidate(evaluator):
         killer.join()
     assert ev.status.is_correct, ev.summary()
     assert evaluator.judge_pid != judge and evaluator.restarts >= 1
+
+
+def test_doctor_can_ask_what_the_sandbox_holds():
+    from kforge.evaluate import Sandbox, runner_sandbox
+
+    held = runner_sandbox("cpu")
+    assert Sandbox.SECCOMP in held and Sandbox.LANDLOCK_FS in held and Sandbox.RO_INPUTS in held

@@ -385,35 +385,8 @@ class _Trial:
         return cpu <= reported * _CORES * _CLOCK_RATIO + slack
 
     def start_runner(self) -> None:
-        binary, _ = _checked_runner(self.job.backend)
-        private = tempfile.mkdtemp(prefix="kforge-runner-")
-        desc, inp, out, times = self.arenas.runner_fds()
-        fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
-        cpu_s = int(self.job.timeout_s) + 5
-        mem = 0 if self.cuda else int(os.environ.get("KFORGE_RUNNER_MEMORY", 0)) or (4 << 30)
-        if not self.cuda:
-            mem += self.arenas.plan.in_bytes + self.arenas.plan.out_bytes + (256 << 20)
-        else:
-            mem = int(os.environ.get("KFORGE_RUNNER_MEMORY", 0)) or (8 << 30)
-        args = [str(desc), str(inp), str(out), str(times), self.so_path, private, str(cpu_s), str(mem)]
-        if self.cuda:
-            args += self.arenas.ipc_args()
-        try:
-            self.runner = RunnerProcess(binary, args, fds, private)
-        finally:
-            for f in (desc, inp):
-                if f >= 0:
-                    os.close(f)
         self.phase = "start-up"
-        try:
-            frame = self.runner.ready(time.monotonic() + _READY_TIMEOUT_S)
-        except (RunnerTimeout, RunnerGone, ProtocolError) as exc:
-            self.runner.kill()
-            raise _Infra(f"the runner did not start ({type(exc).__name__}): "
-                         f"{self.runner.output_tail(1500).strip()}") from None
-        if frame.op == Op.FAULT or frame.status != Code.OK:
-            raise _Infra(f"the runner failed its set-up: {self.runner.output_tail(1500).strip()}")
-        self.sandbox = self.runner.sandbox(frame)
+        self.runner, self.sandbox = _start_runner(self.job, self.so_path, self.arenas)
 
     def calibrate(self, k: int) -> tuple[float, float]:
         """Before the candidate is loaded: the smallest round trip, and the host floor per launch."""
@@ -510,6 +483,64 @@ def _checked_runner(backend: str):
         return runner_binary(backend)
     except RunnerBuildError as exc:
         raise _Infra(str(exc)) from None
+
+
+def _start_runner(job: Job, so_path: str, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
+    """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there."""
+    cuda = job.backend == "cuda"
+    binary, _ = _checked_runner(job.backend)
+    private = tempfile.mkdtemp(prefix="kforge-runner-")
+    desc, inp, out, times = arenas.runner_fds()
+    fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
+    cpu_s = int(job.timeout_s) + 5
+    mem = int(os.environ.get("KFORGE_RUNNER_MEMORY", 0)) or ((8 << 30) if cuda else (4 << 30))
+    if not cuda:
+        mem += arenas.plan.in_bytes + arenas.plan.out_bytes + (256 << 20)
+    args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(mem)]
+    try:
+        if cuda:
+            args += arenas.ipc_args()
+        runner = RunnerProcess(binary, args, fds, private)
+    except (OSError, RuntimeError) as exc:
+        raise _Infra(f"the runner could not be started: {exc}") from None
+    finally:
+        for f in (desc, inp):
+            if f >= 0:
+                os.close(f)
+    try:
+        frame = runner.ready(time.monotonic() + _READY_TIMEOUT_S)
+        if frame.op == Op.FAULT or frame.status != Code.OK:
+            raise _Infra(f"the runner failed its set-up: {runner.output_tail(1500).strip()}")
+    except (RunnerTimeout, RunnerGone, ProtocolError) as exc:
+        runner.close(graceful=False)
+        runner.remove_private_dir()
+        raise _Infra(f"the runner did not start ({type(exc).__name__}): {runner.output_tail(1500).strip()}") from None
+    except _Infra:
+        runner.close(graceful=False)
+        runner.remove_private_dir()
+        raise
+    return runner, runner.sandbox(frame)
+
+
+def runner_sandbox(device: str = "cpu") -> Sandbox:
+    """What the runner's sandbox holds on this machine for ``device``'s backend (for ``kforge doctor``).
+
+    Starts one runner with a one-element plan and no candidate, reads its ready frame, stops it.
+    """
+    sig = TensorSig((1,), "float32", (1,), device if device.startswith("cuda") else "cpu")
+    plan = Plan([sig], [sig])
+    plan.add_group(1)
+    job = Job(0, {}, "", "cuda" if device.startswith("cuda") else "cpu", device, "", timeout_s=30.0)
+    arenas = Arenas(plan, device, [], torch.Generator().manual_seed(0))
+    try:
+        runner, sandbox = _start_runner(job, "/nonexistent", arenas)
+    except _Infra as exc:
+        raise RuntimeError(f"the {job.backend} runner does not start on this machine: {exc}") from None
+    finally:
+        arenas.close()
+    runner.close()
+    runner.remove_private_dir()
+    return sandbox
 
 
 def evaluate_job(job: Job) -> Evaluation:
