@@ -409,8 +409,9 @@ class _Trial:
                 views.append(None)
                 written.append(None)
                 continue
-            values = pool.draw(i, group.count, self.gen)
-            arenas.flat_inputs(group, i).copy_(values)
+            flat = arenas.flat_inputs(group, i)
+            values = pool.draw(i, group.count, self.gen)[:, :flat.shape[1]]
+            flat.copy_(values)
             views.append(arenas.inputs(group, i))
             written.append(values if self.cuda else None)
         arenas.poison(group, batch + 2)
