@@ -10,6 +10,7 @@ class Status(str, enum.Enum):
     """Outcome of evaluating one candidate. Exactly one per evaluation."""
 
     COMPILE_ERROR = "compile_error"   # the compiler rejected the source
+    REJECTED = "rejected"             # the static screen refused the source before compiling (kernels/_screen.py)
     LAUNCH_ERROR = "launch_error"     # kf_launch returned an error (bad config, too much shared memory)
     CRASHED = "crashed"               # the runner died: segfault, illegal address, abort, broken protocol
     TIMED_OUT = "timed_out"           # no answer within the time limit; the runner was killed
