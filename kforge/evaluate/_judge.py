@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ..kernels import CompileError, compile_source, device_info, param_vector
+from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, compile_source, device_info, param_vector,
+                       verify_binary)
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
 from ._arena import Arenas, Group, Plan, extent, poison_value
 from ._checks import compare, reference_outputs
@@ -550,15 +551,20 @@ def evaluate_job(job: Job) -> Evaluation:
     try:
         built = compile_source(job.source, job.backend, job.arch)
     except CompileError as exc:
-        return Evaluation(Status.COMPILE_ERROR, str(exc), compile_log=exc.log, wall_s=time.perf_counter() - start)
+        status = Status.REJECTED if isinstance(exc, SourceRejected) else Status.COMPILE_ERROR
+        return Evaluation(status, str(exc), compile_log=exc.log, wall_s=time.perf_counter() - start)
     base = dict(compile_log=built.log, compile_s=built.seconds)
     reason = ""
     for _attempt in range(2):
         try:
-            ev = _Trial(job, str(built.path), base).run()
+            # NB: the library's bytes are checked against its recorded SHA-256 just before a runner loads it.
+            ev = _Trial(job, str(verify_binary(built.path)), base).run()
             return replace(ev, wall_s=time.perf_counter() - start)
         except _Infra as exc:
             reason = str(exc)
+        except KernelIntegrityError as exc:   # the cached library changed after it was built: build it again
+            reason = str(exc)
+            built = compile_source(job.source, job.backend, job.arch)
     return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}", wall_s=time.perf_counter()
                       - start, **base)
 
