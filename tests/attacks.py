@@ -33,8 +33,8 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_cache_pointer", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_cache_content", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_count_calls", None, statuses("WRONG_RESULT")),
-    Attack("attack_burst", None, statuses("WRONG_RESULT")),
-    Attack("attack_poison_detect", None, statuses("WRONG_RESULT")),
+    Attack("attack_burst", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),  # calls may be spaced out
+    Attack("attack_poison_detect", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),  # timed outputs poisoned too
     Attack("attack_forge_frames", "forbidden-call", statuses("WRONG_RESULT", "CRASHED")),
     Attack("attack_env_leak", "forbidden-call", statuses("CRASHED")),
     Attack("attack_write_outside", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),

@@ -9,10 +9,10 @@
     int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
     for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d];
 
-/* The honest path, made slow on purpose (REPEAT passes): an attack must never win on its own merit,
+/* The honest path, made slow on purpose (400 passes): an attack must never win on its own merit,
  * so any FASTER verdict for it is the attack working. */
 static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
-    for (int rep = 0; rep < 6; ++rep)
+    for (int rep = 0; rep < 400; ++rep)  /* ~20 ms a call: slower than any eager timing seen under load */
         for (int64_t r = 0; r < rows; ++r) {
             const float* xr = x + r * cols; float* yr = y + r * cols;
             float m = KF_NEG_INF, s = 0.f;
@@ -26,8 +26,9 @@ static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
 static double last = 0;
 static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 ENTRY { ROWS_COLS
-    double t = now_s(), gap = t - last; last = t;
-    if (gap < 2e-3) return 0;             /* in a burst: skip the work */
+    double gap = now_s() - last;          /* since the previous call returned */
+    if (gap < 2e-3) { last = now_s(); return 0; }   /* in a burst: skip the work */
     softmax_slow(x, y, rows, cols);
+    last = now_s();
     return 0;
 }

@@ -18,10 +18,10 @@
     int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
     for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d];
 
-/* The honest path, made slow on purpose (REPEAT passes): an attack must never win on its own merit,
+/* The honest path, made slow on purpose (400 passes): an attack must never win on its own merit,
  * so any FASTER verdict for it is the attack working. */
 static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
-    for (int rep = 0; rep < 6; ++rep)
+    for (int rep = 0; rep < 400; ++rep)  /* ~20 ms a call: slower than any eager timing seen under load */
         for (int64_t r = 0; r < rows; ++r) {
             const float* xr = x + r * cols; float* yr = y + r * cols;
             float m = KF_NEG_INF, s = 0.f;
