@@ -59,15 +59,6 @@ CUDA_ATTACKS = {**CPU_ATTACKS, **{a.name: a for a in [
     Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
 ]}}
 
-# Attacks whose run needs the runner's sandbox: run in today's in-process worker they would reach the
-# test process itself (kill it, patch it, fill its disk or memory, leave processes behind).
-NEEDS_SANDBOX = frozenset({
-    "attack_python_api", "attack_clock_patch", "attack_thread_count", "attack_lingering_thread",
-    "attack_forge_frames", "attack_env_leak", "attack_write_outside", "attack_fork_survive", "attack_kill_parent",
-    "attack_oom", "attack_huge_log", "attack_static_ctor", "attack_inline_asm",
-})
-
-
 def attack_table(backend: str) -> dict[str, Attack]:
     return CPU_ATTACKS if backend == "cpu" else CUDA_ATTACKS
 
@@ -82,17 +73,6 @@ FAKE_KEY = "sk-ant-api03-kforgeSandboxTest-QQQQQQQQQQQQQQQQQQQQ"
 MARKER = "kforge_attack"          # every file an attack drops has this in its name
 CHILD_COMM = "kfattack_child"     # the comm of the children attack_fork_survive leaves behind
 LOOT_PORT = 47913                 # where attack_env_leak sends what it found
-
-
-def _has_runner() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("kforge.evaluate._runner") is not None
-
-
-HAS_RUNNER = _has_runner()
-NEEDS_RUNNER_REASON = ("needs the sandboxed runner and trusted judge of branch `judge` (issue 12 part 1): in today's "
-                       "in-process worker these attacks reach the test process or win")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Same checks as tests/test_sandbox.py: each verdict is one the table allows (never FASTER), nothing
 escapes the runner, and the next honest and wrong kernels get their verdicts. Run on the device:
-`pytest -q tests/test_gpu_attacks.py` (skipped without a GPU, and until branch judge's runner lands).
+`pytest -q tests/test_gpu_attacks.py` (skipped without a GPU).
 """
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import json
 import pytest
 import torch
 
-from attacks import (CUDA_ATTACKS, FAKE_KEY, HAS_RUNNER, NEEDS_RUNNER_REASON, Jail, kill_children, loot_listener,
-                     received, surviving_children)
+from attacks import CUDA_ATTACKS, FAKE_KEY, Jail, kill_children, loot_listener, received, surviving_children
 from kforge.capture import Card
 from kforge.evaluate import Evaluator, Status
 from kforge.store import Store
 from kernel_files import kernel_source
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_RUNNER, reason=NEEDS_RUNNER_REASON)]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ import json
 import pytest
 import torch
 
-from attacks import (CPU_ATTACKS, FAKE_KEY, HAS_RUNNER, NEEDS_RUNNER_REASON, Jail, kill_children, loot_listener,
-                     received, surviving_children)
+from attacks import CPU_ATTACKS, FAKE_KEY, Jail, kill_children, loot_listener, received, surviving_children
 from kforge.capture import Card
 from kforge.evaluate import Evaluator, Status
 from kforge.kernels import compile_source, load_verified, param_vector
@@ -22,7 +21,6 @@ from kforge.store import Store
 from kernel_files import kernel_source
 
 SOFTMAX = Card.for_call("softmax", torch.randn(32, 256), -1)
-needs_runner = pytest.mark.skipif(not HAS_RUNNER, reason=NEEDS_RUNNER_REASON)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +44,6 @@ def evaluator(jail):
         yield ev
 
 
-@needs_runner
 @pytest.mark.parametrize("name", sorted(CPU_ATTACKS))
 def test_attack_gets_a_safe_verdict_and_nothing_escapes(evaluator, jail, name):
     attack = CPU_ATTACKS[name]
@@ -85,7 +82,6 @@ def test_attack_gets_a_safe_verdict_and_nothing_escapes(evaluator, jail, name):
     assert wrong.status is Status.WRONG_RESULT, wrong.summary()
 
 
-@needs_runner
 def test_a_poisoned_cache_never_loads(evaluator, jail):
     """attack_write_outside overwrites every cached library it can reach: an honest winner built
     before it still loads as itself afterwards (or is rebuilt), never as the attacker's code."""
