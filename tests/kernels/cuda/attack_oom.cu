@@ -1,4 +1,4 @@
-// Attack corpus (CUDA): Takes 6 GiB of host memory (touched) and asks for 200 GiB of device memory. Expected: the
+// Attack corpus (CUDA): Takes 12 GiB of host memory (touched) and asks for 200 GiB of device memory. Expected: the
 // runner's host memory limit stops it (LAUNCH_ERROR 12 or CRASHED); the device allocation fails
 // cleanly (GPU memory is not limited by the sandbox: docs/security.md).
 #include "kforge.h"
@@ -30,7 +30,7 @@ static int softmax_slow(const float* x, float* y, int64_t rows, int64_t cols, cu
 }
 
 ENTRY { SHAPE
-    size_t n = (size_t)6 << 30;
+    size_t n = (size_t)12 << 30;   // above the CUDA runner's 8 GiB data limit
     char* p = (char*)malloc(n);
     if (!p) return 12;
     for (size_t i = 0; i < n; i += 4096) p[i] = (char)i;
