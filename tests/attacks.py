@@ -52,7 +52,7 @@ CPU_ATTACKS = {a.name: a for a in [
 ]}
 
 CUDA_ATTACKS = {**CPU_ATTACKS, **{a.name: a for a in [
-    Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED")),
+    Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),
     # NB: device memory cannot be made read-only for one kernel: modify-and-restore is not caught on the GPU.
     Attack("attack_modify_restore", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_static_ctor", "load-time-code", statuses("WRONG_RESULT")),
