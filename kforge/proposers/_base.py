@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ..capture import Card
+    from ..ops import Card
     from ..evaluate import Evaluation
     from ..kernels import DeviceInfo
 
