@@ -1,7 +1,7 @@
 """kforge: capture the operators a PyTorch model runs, search for faster kernels, put them back."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .capture import Batches, CaptureError, CaptureLimits
 from .ops import Card, Cards

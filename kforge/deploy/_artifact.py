@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..kernels import CONTRACT_VERSION, Kernel, backend_of, compile_source, device_info
 from ..ops import Card, Variant
 from ._dispatch import DeployedKernel, Deployment
