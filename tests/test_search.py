@@ -294,10 +294,10 @@ def test_two_evaluators_search_cards_concurrently(tmp_path):
     s.close()
 
 
-def test_linear_refinement_with_a_fast_proposer_waits_for_each_verdict(tmp_path):
+def test_linear_refinement_with_an_instant_proposer_waits_for_each_verdict(tmp_path):
     s = _session(tmp_path)
     prop = ScriptedProposer(_variants(4))
-    prop.fast = True
+    prop.instant = True
     s.optimize(proposer=prop, policy="linear", iterations=4, confirm=False, parallel=4)
     cands = s.store.candidates()
     assert len(cands) == 4
@@ -307,10 +307,10 @@ def test_linear_refinement_with_a_fast_proposer_waits_for_each_verdict(tmp_path)
     s.close()
 
 
-def test_fast_proposer_sees_pending_candidates(tmp_path):
+def test_an_instant_proposer_sees_pending_candidates(tmp_path):
     s = _session(tmp_path)
     prop = ScriptedProposer(_variants(4))
-    prop.fast = True
+    prop.instant = True
     s.optimize(proposer=prop, policy="best_of_n", iterations=4, confirm=False, parallel=4)
     assert [len(r.tried) for r in prop.requests] == [0, 1, 2, 3]   # pending ones included
     s.close()

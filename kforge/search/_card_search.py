@@ -30,7 +30,10 @@ MAX_INFRA_FAILURES = 3
 
 
 def proposes_inline(proposer: Proposer) -> bool:
-    """Whether the proposer answers at once (no network), so proposals are made in the search thread."""
+    """Whether the proposer answers at once (no network), so proposals are made in the search thread.
+
+    NB: ``fast`` is the attribute's former name ("fast" also names the C dispatch path).
+    """
     return bool(getattr(proposer, "instant", getattr(proposer, "fast", False)))
 
 
