@@ -122,8 +122,8 @@ class CardSearch:
         except ProposerError as exc:
             self._record_call(exc)
             with self.owner._lock:
-                key = f"proposer_failures:{self.card.key}"
-                self.store.set_meta(key, int(self.store.get_meta(key) or 0) + 1)
+                meta = f"proposer_failures:{self.card.key}"
+                self.store.set_meta(meta, int(self.store.get_meta(meta) or 0) + 1)
             return exc
         call_id = self._record_call(proposal)
         with self.owner._lock:
