@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 
 import kforge
-import kforge.store
 from kforge.evaluate import Evaluation, Status
 from kforge.ops import CardStatus, CardVerdict
 from kforge.search import EventKind
@@ -46,7 +45,8 @@ class FakeEvaluator:
         self.answers = list(answers)
         self.calls: list[int] = []
 
-    def evaluate(self, card, source, store=None, *, seed=0):
+    def evaluate_variant(self, variant, source, examples=(), *, seed=0):
+        assert examples, "the search hands the card's stored examples"
         self.calls.append(seed)
         status, speedup = self.answers.pop(0) if self.answers else (Status.NO_GAIN, 1.0)
         return Evaluation(status, f"scripted {status.value}", speedup=speedup,
@@ -167,17 +167,10 @@ def test_a_confirmation_is_stored_and_not_timed_again(tmp_path):
 # ----------------------------------------------------------------------------- failures outside the candidate
 
 
-@pytest.fixture
-def infra_status(monkeypatch):
-    """The evaluator's "failure outside the candidate's control" status (simulated where it does not exist yet)."""
-    status = getattr(Status, "INFRA_ERROR", None)
-    if status is None:
-        status = Status.CRASHED
-        monkeypatch.setattr(kforge.store, "_INFRA_ERROR", status)
-    return status
+infra_status = Status.INFRA_ERROR
 
 
-def test_infrastructure_failures_cost_no_budget_and_are_redone_on_resume(tmp_path, infra_status):
+def test_infrastructure_failures_cost_no_budget_and_are_redone_on_resume(tmp_path):
     s = _session(tmp_path)
     ev = _with_evaluator(s, [(infra_status, 0.0), (Status.NO_GAIN, 1.0), (Status.NO_GAIN, 1.0)])
     run = s.optimize(proposer=ScriptedProposer(_sources(3)), iterations=2, parallel=1, confirm=False)
@@ -192,7 +185,7 @@ def test_infrastructure_failures_cost_no_budget_and_are_redone_on_resume(tmp_pat
     s.close()
 
 
-def test_repeated_infrastructure_failures_end_the_card_with_a_reason(tmp_path, infra_status):
+def test_repeated_infrastructure_failures_end_the_card_with_a_reason(tmp_path):
     s = _session(tmp_path)
     _with_evaluator(s, [(infra_status, 0.0)] * 10)
     s.optimize(proposer=ScriptedProposer(_sources(10)), iterations=5, parallel=1, confirm=False)
@@ -202,12 +195,15 @@ def test_repeated_infrastructure_failures_end_the_card_with_a_reason(tmp_path, i
     s.close()
 
 
-@pytest.mark.parametrize("name", ["TIMING_MISMATCH", "REJECTED"])
-def test_new_failure_statuses_score_zero(name):
-    status = getattr(Status, name, None)
-    if status is None:
-        pytest.skip(f"Status.{name} is added by the evaluator's hardening")
-    assert not status.is_correct and Evaluation(status, speedup=3.0).score == 0.0
+@pytest.mark.parametrize("status", [Status.TIMING_MISMATCH, Status.REJECTED])
+def test_refused_candidates_are_failures_that_count(tmp_path, status):
+    s = _session(tmp_path)
+    _with_evaluator(s, [(status, 3.0), (Status.NO_GAIN, 1.0)])
+    s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=2, parallel=1, confirm=False)
+    first, second = s.store.candidates()
+    assert first.is_evaluated and first.status is status and first.speedup == 0.0  # scored 0, not redone
+    assert s.results.items[0].status is CardStatus.EAGER
+    s.close()
 
 
 # ----------------------------------------------------------------------------- progress, names

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from .._version import __version__
-from ..kernels import CONTRACT_VERSION, Kernel, backend_of, compile_source, device_info
+from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, load_verified, verify_binary
 from ..ops import Card, Variant
 from ._dispatch import DeployedKernel, Deployment
 
@@ -74,7 +74,7 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         stem = k.variant.key
         src, lib = root / "kernels" / f"{stem}{ext}", root / "kernels" / f"{stem}.so"
         src.write_text(k.source)
-        shutil.copyfile(k.binary, lib)
+        shutil.copyfile(verify_binary(k.binary), lib)  # NB: a changed cache entry never reaches an artifact
         entries.append({"variant": k.variant.to_json(), "signature": k.variant.signature,
                         "source": src.name, "source_sha256": _sha256(src),
                         "binary": lib.name, "binary_sha256": _sha256(lib),
@@ -152,11 +152,12 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     from ..evaluate import Evaluator
 
                     evaluator = Evaluator(here_device)
-                ev = evaluator.evaluate(Card(variant, 1, 0.0, 1.0, None), source)
+                ev = evaluator.evaluate_variant(variant, source)
                 if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
-            kernels.append(DeployedKernel(variant, Kernel(binary), e.get("candidate_id"), e.get("speedup")))
+            kernels.append(DeployedKernel(variant, load_verified(binary, e["binary_sha256"] if same_target else None),
+                                          e.get("candidate_id"), e.get("speedup")))
     finally:
         if evaluator is not None:
             evaluator.close()

@@ -6,6 +6,7 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+from .._redact import redact
 from ._base import Attempt, ProposalRequest
 
 
@@ -223,6 +224,8 @@ def card_prompt(request: ProposalRequest) -> str:
 
 _ADVICE = {
     "compile_error": "It did not compile. Fix the errors in the log and keep the idea.",
+    "rejected": "The source check refused it before compiling (see the log): a kernel only computes on its "
+                "tensors: no process, file, network, environment, signal, assembly or load-time code.",
     "launch_error": "kf_launch returned an error: check the launch configuration (block size, grid "
                     "limits, shared memory, which needs cudaFuncSetAttribute above 48 KB).",
     "crashed": "It crashed the worker: look for out-of-bounds indexing, wrong strides or a wrong dtype "
@@ -299,5 +302,5 @@ def task_prompt(request: ProposalRequest) -> str:
 
 
 def build_prompt(request: ProposalRequest) -> Prompt:
-    return Prompt(system_prompt(request.backend, request.device.arch), card_prompt(request),
-                  task_prompt(request))
+    return Prompt(system_prompt(request.backend, request.device.arch), redact(card_prompt(request)),
+                  redact(task_prompt(request)))  # NB: the task quotes compile logs and crash messages

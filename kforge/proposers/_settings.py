@@ -1,5 +1,4 @@
-"""LLM proposer settings: the config file (``$KFORGE_CONFIG`` or the user config dir), the
-environment and arguments, in that order of precedence reversed (arguments win)."""
+"""LLM proposer settings: each from its argument, else the environment, else the config file."""
 from __future__ import annotations
 
 import os
@@ -7,16 +6,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .._config import config_path
 from ._base import ProposerError
 from ._pricing import PriceLike
-
-
-def config_path() -> Path:
-    """$KFORGE_CONFIG, else $XDG_CONFIG_HOME/kforge/config.toml (~/.config by default)."""
-    if os.environ.get("KFORGE_CONFIG"):
-        return Path(os.environ["KFORGE_CONFIG"]).expanduser()
-    root = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(root) / "kforge" / "config.toml"
 
 
 def load_config(path: str | os.PathLike | None = None) -> dict[str, Any]:

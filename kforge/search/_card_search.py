@@ -58,6 +58,7 @@ class CardSearch:
         self.evaluated = 0          # evaluations made in this run that count
         self.repeats = 0            # proposals that repeated a source (not stored; they use budget)
         self.reason = "iteration budget used"
+        self.examples = self.store.example_paths(card.key)
 
     # ------------------------------------------------------------------ budget units
 
@@ -87,9 +88,13 @@ class CardSearch:
 
     # ------------------------------------------------------------------ the shared steps
 
+    def judge(self, source: str, seed: int) -> Evaluation:
+        """The evaluator's verdict on ``source`` for the card's variant and its stored examples."""
+        return self.evaluator.evaluate_variant(self.card.variant, source, self.examples, seed=seed)
+
     def evaluate(self, candidate: Candidate) -> Evaluation:
         """Evaluate a stored candidate, store the evaluation, grow the tree, publish the events."""
-        ev = self.evaluator.evaluate(self.card, candidate.source, self.store, seed=candidate.id)
+        ev = self.judge(candidate.source, seed=candidate.id)
         self.store.set_evaluation(candidate.id, ev)
         counts = not is_infra_failure(ev)
         self.tree.update(replace(candidate, evaluation=ev))

@@ -34,7 +34,7 @@ def decide(search: "CardSearch") -> CardVerdict:
         cand = node.candidate
         confirmed = cand.confirmation is not None
         if not confirmed and can_confirm:
-            ev = search.evaluator.evaluate(card, cand.source, store, seed=cand.id + 7919)
+            ev = search.judge(cand.source, seed=cand.id + 7919)
             if not is_infra_failure(ev):
                 store.set_confirmation(cand.id, ev)
                 cand = replace(cand, confirmation=ev)
