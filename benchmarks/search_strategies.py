@@ -27,7 +27,7 @@ from kforge.capture import Card, Cards  # noqa: E402
 from kforge.evaluate import Evaluator  # noqa: E402
 from kforge.kernels import device_info  # noqa: E402
 from kforge.proposers import make_proposer  # noqa: E402
-from kforge.search import Budget, OptimizationRun, Results, make_strategy, plan  # noqa: E402
+from kforge.search import Budget, OptimizationRun, Results, make_policy, plan  # noqa: E402
 from kforge.store import Store  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def main() -> None:
             store.save_cards(cards)
             chosen, _ = plan(cards, info)
             run = OptimizationRun(store=store, evaluator=evaluator, proposer=make_proposer("builtin"),
-                                  strategy=make_strategy(name), planned=chosen, device=info,
+                                  policy=make_policy(name), planned=chosen, device=info,
                                   budget=Budget(iterations=args.iterations, parallel=4))
             start = time.perf_counter()
             run.start(background=False)

@@ -149,7 +149,7 @@ def run_model(name: str, args: argparse.Namespace) -> None:
                        "iterations": args.iterations}
                 _append(name, row)
                 print(f"  {row['status']:<6} {row['speedup']:.2f}x  {card.signature}", flush=True)
-        session.optimize(cards=todo, iterations=args.iterations, strategy=args.strategy, parallel=args.parallel,
+        session.optimize(cards=todo, iterations=args.iterations, policy=args.strategy, parallel=args.parallel,
                          on_event=on_event)
     search_s = time.perf_counter() - t2
     # end to end

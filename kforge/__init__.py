@@ -1,22 +1,25 @@
 """kforge: capture the operators a PyTorch model runs, search for faster kernels, put them back."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
-from .capture import Batches, Card, Cards, CaptureError, CaptureLimits
+from .capture import Batches, CaptureError, CaptureLimits
+from .ops import Card, Cards
 from .examples import example
 from .session import Session
 
 
-def load(model, path, *, device=None, revalidate=None):
+def load(model, path, *, device=None, revalidate=None, all_winners=False):
     """Install the kernels exported to ``path`` into ``model`` (no LLM, no search, no store).
 
     Returns a Deployment (``remove()`` undoes it). Kernels built for another GPU architecture or
-    torch version are rebuilt and re-validated against eager first; failures stay on eager.
+    torch version are rebuilt and re-validated against eager first; failures stay on eager. An
+    operator's kernels are left out when dispatching it costs this host more than they save
+    (listed in ``Deployment.skipped``); ``all_winners=True`` installs them anyway.
     """
     from .deploy import load_artifact
 
-    return load_artifact(model, path, device=device, revalidate=revalidate)
+    return load_artifact(model, path, device=device, revalidate=revalidate, all_winners=all_winners)
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext kforge``: registers the ``%kforge`` magics (IPython stays optional)."""

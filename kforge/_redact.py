@@ -37,7 +37,7 @@ _config_cache: dict[str, tuple[float, tuple[str, ...]]] = {}
 def _config_secrets() -> tuple[str, ...]:
     """Secret-looking values of kforge's config file (keys named like KEY/TOKEN/SECRET, any table)."""
     try:
-        from .proposers._llm import config_path
+        from ._config import config_path
 
         path = config_path()
         mtime = path.stat().st_mtime

@@ -64,7 +64,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         session.capture()
         print(session.cards.table(args.limit))
     ops = args.ops.split(",") if args.ops else None
-    run = session.optimize(proposer=args.proposer, strategy=args.strategy, iterations=args.iterations,
+    run = session.optimize(proposer=args.proposer, policy=args.strategy, iterations=args.iterations,
                            dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
                            max_cards=args.max_cards, background=False,
                            on_event=None if args.json else print_progress)

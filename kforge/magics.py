@@ -139,7 +139,7 @@ class KforgeMagics(Magics):
             raise UsageError("%kforge optimize: --iterations must be at least 1")
         split = (lambda s: [p.strip() for p in s.split(",") if p.strip()] if s else None)
         try:
-            run = session.optimize(proposer=args.proposer, strategy=args.strategy, iterations=args.iterations,
+            run = session.optimize(proposer=args.proposer, policy=args.strategy, iterations=args.iterations,
                                    dollars=args.dollars, ops=split(args.ops), cards=split(args.cards),
                                    max_cards=args.max_cards, background=args.background)
         except ValueError as exc:

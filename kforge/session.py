@@ -123,15 +123,17 @@ class Session:
             self._evaluator = Evaluator(self.device)
         return self._evaluator
 
-    def optimize(self, *, proposer: Any = "builtin", strategy: Any = "mcts", iterations: int = 50,
+    def optimize(self, *, proposer: Any = "builtin", policy: Any = "mcts", iterations: int = 50,
                  dollars: float | None = None, seconds_per_card: float | None = None, parallel: int = 4,
                  ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
                  max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
-                 devices: Sequence[str] | None = None, on_event: Callable | None = None) -> "OptimizationRun":
+                 devices: Sequence[str] | None = None, on_event: Callable | None = None,
+                 strategy: Any = None) -> "OptimizationRun":
         """Search for faster kernels for the planned cards.
 
         proposer: "builtin" (no network, no key), "anthropic[:model]", "openai[:model]",
-        "local:<url>" or a Proposer. strategy: "mcts", "linear" or "best_of_n". Budgets:
+        "local:<url>" or a Proposer. policy (the search policy): "mcts", "linear" or "best_of_n"
+        (``strategy=`` is its deprecated name). Budgets:
         ``iterations`` candidates per card, ``dollars`` for the run, ``seconds_per_card``.
         ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
         unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
@@ -142,8 +144,14 @@ class Session:
         """
         from .kernels import device_info
         from .proposers import make_proposer
-        from .search import Budget, OptimizationRun, make_strategy, plan
+        from .search import Budget, OptimizationRun, make_policy, plan
 
+        if strategy is not None:
+            import warnings
+
+            warnings.warn("optimize(strategy=...) is now optimize(policy=...): a search policy; the built-in "
+                          "kernel families are the strategies", DeprecationWarning, stacklevel=2)
+            policy = strategy
         if iterations < 1:
             raise ValueError("iterations must be at least 1")
         if dollars is not None and dollars <= 0:
@@ -158,7 +166,7 @@ class Session:
         budget = Budget(iterations=iterations, dollars=dollars, seconds_per_card=seconds_per_card,
                         parallel=parallel, confirm=confirm)
         run = OptimizationRun(store=self.store, evaluator=self._evaluators(devices), proposer=prop,
-                              strategy=make_strategy(strategy), planned=chosen, device=info, budget=budget,
+                              policy=make_policy(policy), planned=chosen, device=info, budget=budget,
                               seed=seed, on_event=on_event)
         self.run = run
         return run.start(background)
@@ -191,7 +199,9 @@ class Session:
         return Results(self.cards, self.store)
 
     def winners(self) -> list:
-        """(card, winning candidate) for every card whose search found a confirmed winner."""
+        """(card, winning candidate) for every card whose search found a winner.
+
+        The candidate's ``speedup`` is the verdict's (its confirmation's, when it was confirmed)."""
         out = []
         for r in self.results.winners:
             out.append((self.cards[r.key], self.store.candidate(r.winner_id)))
@@ -207,17 +217,22 @@ class Session:
         backend = backend_of(self.device)
         verdicts = self.store.results()
         found = {card.key: (card, cand) for card, cand in self.winners()}
-        winners = [Winner(card, verdicts[key].get("eager_us") or card.eager_us,
-                          verdicts[key].get("kernel_us") or card.eager_us / max(cand.speedup, 1e-9))
+        winners = [Winner(card, verdicts[key].eager_us or card.eager_us,
+                          verdicts[key].kernel_us or card.eager_us / max(verdicts[key].speedup, 1e-9))
                    for key, (card, cand) in found.items()]
         skipped: list[tuple[str, str]] = []
         if not all_winners:
             winners, skipped = select_winners(self.cards, winners, DISPATCH_COST[backend])
+        op_calls: dict[str, int] = {}
+        for card in self.cards:
+            op_calls[card.op] = op_calls.get(card.op, 0) + card.calls
         out = []
         for w in winners:
             cand = found[w.card.key][1]
             built = compile_source(cand.source, backend, self.evaluator.arch)
-            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, cand.speedup))
+            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, verdicts[w.card.key].speedup,
+                                      calls=w.card.calls, eager_us=w.eager_us, kernel_us=w.kernel_us,
+                                      op_calls=op_calls[w.card.op]))
         return out, skipped
 
     def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False) -> "Deployment":
@@ -273,11 +288,15 @@ class Session:
         return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(dep.kernels), dep.skipped,
                         dispatch)
 
-    def export(self, path: str | Path) -> Path:
-        """Write the winners to a self-contained artifact folder that kforge.load() installs."""
+    def export(self, path: str | Path, *, all_winners: bool = False) -> Path:
+        """Write the winners to a self-contained artifact folder that kforge.load() installs.
+
+        Like ``apply()``, an operator's winners are left out when dispatching it costs the host
+        more than they save; ``all_winners=True`` exports every winner.
+        """
         from .deploy import export_artifact
 
-        return export_artifact(path, self._compiled_winners()[0], self.device)
+        return export_artifact(path, self._compiled_winners(all_winners)[0], self.device)
 
     def close(self) -> None:
         """Stop the evaluator's worker process and close the store (the session is then done)."""

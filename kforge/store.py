@@ -18,10 +18,16 @@ import torch
 
 from ._redact import redact
 from .evaluate import Evaluation, Status
+from .ops import CardVerdict
 from .proposers._base import Usage
 
 if TYPE_CHECKING:
-    from .capture import Cards
+    from .ops import Cards
+
+def is_infra_failure(evaluation: Evaluation | None) -> bool:
+    """An evaluation that failed outside the candidate's control (``INFRA_ERROR``): it counts for
+    nothing, and is done again."""
+    return evaluation is not None and not evaluation.status.blames_candidate
 
 SCHEMA_VERSION = 1
 
@@ -48,6 +54,8 @@ CREATE TABLE IF NOT EXISTS candidates (
     evaluated_at REAL);
 CREATE INDEX IF NOT EXISTS candidates_card ON candidates(card_key);
 CREATE TABLE IF NOT EXISTS results (card_key TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS confirmations (
+    candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id), evaluation TEXT NOT NULL, created_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     card_key TEXT,
@@ -69,7 +77,12 @@ CREATE TABLE IF NOT EXISTS llm_calls (
 
 @dataclass(frozen=True)
 class Candidate:
-    """A candidate as recorded: the frozen row that views, exports and resumed searches read."""
+    """A candidate as recorded: the frozen row that views, exports and resumed searches read.
+
+    A candidate has one speedup: its confirmation's (a second timing, made for the best ones
+    before a card is decided) when it has one, else its evaluation's. The first timing stays
+    readable as ``first_speedup``.
+    """
 
     id: int
     card_key: str
@@ -82,18 +95,34 @@ class Candidate:
     evaluation: Evaluation | None
     dollars: float
     created_at: float
+    confirmation: Evaluation | None = None
+
+    @property
+    def measured(self) -> Evaluation | None:
+        """The evaluation that stands: the confirmation if there is one, else the first evaluation."""
+        if self.confirmation is not None:
+            return self.confirmation
+        return None if is_infra_failure(self.evaluation) else self.evaluation
 
     @property
     def status(self) -> Status | None:
-        return self.evaluation.status if self.evaluation else None
+        ev = self.measured
+        return ev.status if ev else None
 
     @property
     def is_evaluated(self) -> bool:
-        return self.evaluation is not None
+        """Evaluated for good (an evaluation that failed outside the candidate's control is redone)."""
+        return self.measured is not None
 
     @property
     def speedup(self) -> float:
-        return self.evaluation.score if self.evaluation else 0.0
+        ev = self.measured
+        return ev.score if ev else 0.0
+
+    @property
+    def first_speedup(self) -> float:
+        """The speedup of the first evaluation, before any confirmation (history)."""
+        return self.evaluation.score if self.evaluation and not is_infra_failure(self.evaluation) else 0.0
 
 
 @dataclass(frozen=True)
@@ -167,7 +196,7 @@ class Store:
         self.set_meta("cards_meta", {"model_us": cards.model_us, "uncaptured": [list(u) for u in cards.uncaptured]})
 
     def load_cards(self) -> "Cards":
-        from .capture import Card, Cards
+        from .ops import Card, Cards
 
         items = tuple(Card.from_json(json.loads(b)) for (b,) in self._rows("SELECT body FROM cards ORDER BY position"))
         meta = self.get_meta("cards_meta") or {}
@@ -200,6 +229,11 @@ class Store:
         return [json.loads(b) for (b,) in self._rows(
             "SELECT body FROM examples WHERE card_key = ? ORDER BY idx", (card_key,))]
 
+    def example_paths(self, card_key: str) -> list[tuple[list[str | None], list[str]]]:
+        """Per stored example of a card: its input and reference-output blob files (None: not a tensor)."""
+        return [([str(self.blobs / f"{d}.pt") if d else None for d in ref["inputs"]],
+                 [str(self.blobs / f"{d}.pt") for d in ref["outputs"]]) for ref in self.example_refs(card_key)]
+
     def load_examples(self, card_key: str, device: str = "cpu") -> list[tuple[list, list]]:
         """The stored (inputs, reference outputs) of a card, on ``device``."""
         out = []
@@ -227,41 +261,54 @@ class Store:
                     (evaluation.status.value, evaluation.score, json.dumps(evaluation.to_json()), time.time(),
                      candidate_id))
 
-    _CAND_COLS = "id, card_key, parent_id, proposer, strategy, config, intent, source, evaluation, dollars, created_at"
+    def set_confirmation(self, candidate_id: int, evaluation: Evaluation) -> None:
+        """Store the second timing of a candidate; from then on it is the candidate's speedup."""
+        self._write("INSERT OR REPLACE INTO confirmations (candidate_id, evaluation, created_at) VALUES (?, ?, ?)",
+                    (candidate_id, json.dumps(evaluation.to_json()), time.time()))
+
+    _CAND_COLS = ("c.id, c.card_key, c.parent_id, c.proposer, c.strategy, c.config, c.intent, c.source, c.evaluation,"
+                  " c.dollars, c.created_at, f.evaluation FROM candidates c"
+                  " LEFT JOIN confirmations f ON f.candidate_id = c.id")
 
     @staticmethod
     def _candidate(row: tuple) -> Candidate:
-        (cid, key, parent, proposer, strategy, config, intent, source, evaluation, dollars, created) = row
+        (cid, key, parent, proposer, strategy, config, intent, source, evaluation, dollars, created, conf) = row
         ev = Evaluation.from_json(json.loads(evaluation)) if evaluation else None
+        confirmation = Evaluation.from_json(json.loads(conf)) if conf else None
         return Candidate(cid, key, parent, proposer, strategy, json.loads(config), intent, source, ev, dollars,
-                         created)
+                         created, confirmation)
 
     def candidates(self, card_key: str | None = None) -> list[Candidate]:
         if card_key is None:
-            rows = self._rows(f"SELECT {self._CAND_COLS} FROM candidates ORDER BY id")
+            rows = self._rows(f"SELECT {self._CAND_COLS} ORDER BY c.id")
         else:
-            rows = self._rows(f"SELECT {self._CAND_COLS} FROM candidates WHERE card_key = ? ORDER BY id", (card_key,))
+            rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.card_key = ? ORDER BY c.id", (card_key,))
         return [self._candidate(r) for r in rows]
 
     def candidate(self, candidate_id: int) -> Candidate:
-        rows = self._rows(f"SELECT {self._CAND_COLS} FROM candidates WHERE id = ?", (candidate_id,))
+        rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.id = ?", (candidate_id,))
         if not rows:
             raise KeyError(f"no candidate {candidate_id} in {self.workdir}")
         return self._candidate(rows[0])
 
     def best(self, card_key: str) -> Candidate | None:
-        rows = self._rows(f"SELECT {self._CAND_COLS} FROM candidates WHERE card_key = ? AND status = ? "
-                          "ORDER BY speedup DESC, id LIMIT 1", (card_key, Status.FASTER.value))
-        return self._candidate(rows[0]) if rows else None
+        """The fastest candidate of a card whose standing evaluation says FASTER (ties: the first)."""
+        faster = [c for c in self.candidates(card_key) if c.status is Status.FASTER]
+        return max(faster, key=lambda c: (c.speedup, -c.id)) if faster else None
 
     # ------------------------------------------------------------------ per-card verdicts
 
-    def save_result(self, card_key: str, body: dict) -> None:
+    def save_result(self, card_key: str, verdict: CardVerdict) -> None:
         self._write("INSERT OR REPLACE INTO results (card_key, body, updated_at) VALUES (?, ?, ?)",
-                    (card_key, redact(json.dumps(body)), time.time()))
+                    (card_key, redact(json.dumps(verdict.to_json())), time.time()))
 
-    def results(self) -> dict[str, dict]:
-        return {k: json.loads(b) for k, b in self._rows("SELECT card_key, body FROM results")}
+    def results(self) -> dict[str, CardVerdict]:
+        """Every decided card's verdict, by card key."""
+        return {k: CardVerdict.from_json(json.loads(b)) for k, b in self._rows("SELECT card_key, body FROM results")}
+
+    def result(self, card_key: str) -> CardVerdict | None:
+        rows = self._rows("SELECT body FROM results WHERE card_key = ?", (card_key,))
+        return CardVerdict.from_json(json.loads(rows[0][0])) if rows else None
 
     # ------------------------------------------------------------------ LLM calls and cost
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 import kforge
+from kforge.ops import CardStatus, CardVerdict
 from kforge.deploy import ArtifactError, read_manifest
 from kernel_files import kernel_source
 
@@ -35,8 +36,8 @@ def _winner_session(tmp_path, source_name="softmax_rows"):
     assert ev.status.is_correct, ev.summary()
     cid = s.store.add_candidate(card.key, None, "test", src, intent="hand-written")
     s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, {"status": "winner", "winner_id": cid, "speedup": 1.5, "kernel_us": 1.0,
-                                   "eager_us": card.eager_us, "candidates": 1, "reason": "test"})
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=1.5, kernel_us=1.0,
+                                              eager_us=card.eager_us, candidates=1))
     return s, model, card
 
 

@@ -75,7 +75,8 @@ def test_correct_softmax_reports_timings_and_roofline(evaluator):
     assert ev.status.is_correct
     assert ev.candidate_us > 0 and ev.eager_us > 0
     assert ev.speedup == pytest.approx(ev.eager_us / ev.candidate_us)
-    assert ev.candidate_spread is not None and 0 < ev.roofline_fraction < 1
+    # NB: no upper bound: the fraction is over the bandwidth measured on this CPU, which varies with load
+    assert ev.candidate_spread is not None and ev.roofline_fraction > 0
     assert "second run at new addresses" in ev.checks and "random set 2" in ev.checks
     assert "runner clock cross-checked" in ev.checks and any(c.startswith("timed calls checked") for c in ev.checks)
     assert ev.max_rel_error < 1e-5

@@ -10,6 +10,7 @@ import torch.nn as nn
 
 import kforge
 from kforge.capture import Card
+from kforge.ops import CardStatus, CardVerdict
 from kforge.evaluate import Evaluator, Status
 from kforge.ops import get_spec
 from kernel_files import kernel_source
@@ -182,9 +183,8 @@ def _winner_session(tmp_path):
     assert ev.status.is_correct
     cid = s.store.add_candidate(card.key, None, "test", src)
     s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, {"status": "winner", "winner_id": cid, "speedup": ev.speedup,
-                                   "kernel_us": ev.candidate_us, "eager_us": ev.eager_us, "candidates": 1,
-                                   "reason": "test"})
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=ev.speedup,
+                                              kernel_us=ev.candidate_us, eager_us=ev.eager_us, candidates=1))
     return s, model
 
 

@@ -32,8 +32,6 @@ def _fails(shell, line, cell=None):
 
 
 def test_load_ext_kforge_registers_the_magic():
-    if not hasattr(kforge, "load_ipython_extension"):
-        pytest.skip("kforge/__init__.py does not re-export load_ipython_extension from kforge.magics yet")
     sh = InteractiveShell.instance()
     sh.run_line_magic("load_ext", "kforge")
     assert sh.find_magic("kforge") is not None

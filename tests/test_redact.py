@@ -7,6 +7,7 @@ import torch
 from kforge._redact import redact
 from kforge.capture import Card
 from kforge.evaluate import Evaluation, Status
+from kforge.ops import CardStatus, CardVerdict
 from kforge.proposers._base import Usage
 from kforge.store import Store
 
@@ -56,7 +57,7 @@ def test_store_write_boundary(secrets_env):
                                          compile_log=f"warning: {FAKE_DB}"))
     call = store.add_llm_call("anthropic", Usage("m"), f"prompt {FAKE_ANTHROPIC}", f"reply {FAKE_DB}",
                               card_key=card.key, error=f"HTTP 401 for key {FAKE_ANTHROPIC}")
-    store.save_result(card.key, {"reason": f"leak {FAKE_DB}"})
+    store.save_result(card.key, CardVerdict(CardStatus.EAGER, f"leak {FAKE_DB}"))
     store.close()
     raw = b"".join(p.read_bytes() for p in (secrets_env / "work").rglob("*") if p.is_file())
     assert FAKE_ANTHROPIC.encode() not in raw and FAKE_DB.encode() not in raw

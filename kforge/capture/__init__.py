@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._capture import Batches, CaptureError, CaptureLimits, capture_cards, split_batch, time_variant
-from ._card import Card, Cards
+from ..ops import Card, Cards
 
 __all__ = ["Batches", "Card", "Cards", "CaptureError", "CaptureLimits", "capture_cards", "split_batch",
            "time_variant"]

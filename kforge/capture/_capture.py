@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from ..evaluate.timing import bench
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
 from ..store import Store, iter_tensors
-from ._card import Card, Cards
+from ..ops import Card, Cards
 
 
 class CaptureError(RuntimeError):

@@ -18,9 +18,9 @@ from typing import Any, Iterable
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, load_verified, verify_binary
-from ..ops import Variant
+from ..ops import Card, Variant
 from ._dispatch import DeployedKernel, Deployment
 
 FORMAT = "kforge-artifact"
@@ -54,6 +54,10 @@ class ExportedKernel:
     binary: Path
     candidate_id: int | None
     speedup: float | None
+    calls: int = 0                  # for the dispatch-cost filter at load: this variant's calls per forward,
+    eager_us: float | None = None   # one call's eager and kernel time (from one evaluation),
+    kernel_us: float | None = None
+    op_calls: int = 0               # and the calls of its operator per forward, all variants
 
 
 def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str) -> Path:
@@ -74,7 +78,8 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         entries.append({"variant": k.variant.to_json(), "signature": k.variant.signature,
                         "source": src.name, "source_sha256": _sha256(src),
                         "binary": lib.name, "binary_sha256": _sha256(lib),
-                        "candidate_id": k.candidate_id, "speedup": k.speedup})
+                        "candidate_id": k.candidate_id, "speedup": k.speedup, "calls": k.calls,
+                        "eager_us": k.eager_us, "kernel_us": k.kernel_us, "op_calls": k.op_calls})
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": __version__,
                 "contract": CONTRACT_VERSION, "target": _target(device), "kernels": entries}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -108,11 +113,13 @@ def read_manifest(path: str | Path) -> dict:
 
 
 def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
-                  install: bool = True) -> Deployment:
+                  install: bool = True, all_winners: bool = False) -> Deployment:
     """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store.
 
     ``revalidate``: None (default) re-validates only when the artifact was built for another
-    target (architecture, backend or torch version); True always; False never.
+    target (architecture, backend or torch version); True always; False never. As in
+    ``Session.apply``, an operator's kernels are left out when dispatching it costs this host more
+    than they save (``all_winners=True`` installs them anyway).
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -125,10 +132,10 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                             f"{here['backend']}: export it again from a session on this backend")
     check = (not same_target) if revalidate is None else revalidate
     kernels: list[DeployedKernel] = []
-    skipped: list[tuple[str, str]] = []
+    entries, skipped = _worth_dispatching(manifest["kernels"], here["backend"], all_winners)
     evaluator = None
     try:
-        for e in manifest["kernels"]:
+        for e in entries:
             variant = _retarget(Variant.from_json(e["variant"]), here_device)
             source = (root / "kernels" / e["source"]).read_text()
             if same_target:
@@ -145,9 +152,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     from ..evaluate import Evaluator
 
                     evaluator = Evaluator(here_device)
-                from ..capture import Card
-
-                ev = evaluator.evaluate(Card(variant, 1, 0.0, 1.0, None), source)
+                ev = evaluator.evaluate_variant(variant, source)
                 if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
@@ -160,6 +165,40 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
         warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=2)
     dep = Deployment(kernels, model, skipped)
     return dep.install() if install else dep
+
+
+def _worth_dispatching(entries: list[dict], backend: str, all_winners: bool
+                       ) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The dispatch-cost filter of ``Session.apply`` on a manifest's kernels (those that carry timings)."""
+    from ._select import DISPATCH_COST, Winner, select_winners
+
+    timed = [e for e in entries if e.get("calls") and e.get("eager_us") and e.get("kernel_us")]
+    if all_winners or not timed:
+        return entries, []
+    winners, cards = {}, []
+    for i, e in enumerate(timed):
+        card = Card(Variant.from_json(e["variant"]), e["calls"], e["eager_us"], 0.0, None)
+        winners[i] = Winner(card, e["eager_us"], e["kernel_us"])
+        cards.append(card)
+    op_calls = {}
+    for e, card in zip(timed, cards):
+        op_calls[card.op] = max(op_calls.get(card.op, 0), e.get("op_calls") or 0)
+    kept, skipped = select_winners(cards + _unseen_calls(cards, op_calls), list(winners.values()),
+                                   DISPATCH_COST[backend])
+    keep = {id(w) for w in kept}
+    chosen = [e for i, e in enumerate(timed) if id(winners[i]) in keep]
+    return [e for e in entries if e not in timed] + chosen, skipped
+
+
+def _unseen_calls(cards: list, op_calls: dict[str, int]) -> list:
+    """Stand-in cards for an operator's calls that have no kernel (they pay the guard's miss cost)."""
+    out = []
+    for op, n in op_calls.items():
+        mine = [c for c in cards if c.op == op]
+        rest = n - sum(c.calls for c in mine)
+        if rest > 0:
+            out.append(Card(mine[0].variant, rest, 0.0, 0.0, None))
+    return out
 
 
 def _retarget(variant: Variant, device: str) -> Variant:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..capture import Card
+from ..ops import Card
 
 
 @dataclass(frozen=True)

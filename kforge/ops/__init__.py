@@ -1,12 +1,19 @@
-"""Operator specs: what kforge intercepts, how a call becomes a variant, and its reference."""
+"""Operator specs: what kforge intercepts, how a call becomes a variant, and its reference.
+
+Also the records most of kforge reads: ``Card``/``Cards`` (one per captured variant) and the
+search's ``CardVerdict``/``CardStatus``, defined here, at the lowest layer that can hold them.
+"""
 from __future__ import annotations
 
 from ._registry import Call, OpSpec, Unsupported, all_specs, get_spec, random_tensor, register, spec_for
 from ._signature import DTYPE_CODES, TensorSig, Variant, dtype_name, torch_dtype
 from . import _definitions
 from ._definitions import inplace_binder
+from ._card import Card, Cards
+from ._verdict import CardStatus, CardVerdict
 
 __all__ = [
-    "Call", "OpSpec", "Unsupported", "TensorSig", "Variant", "DTYPE_CODES", "all_specs", "get_spec",
-    "spec_for", "register", "random_tensor", "dtype_name", "torch_dtype", "inplace_binder",
+    "Call", "Card", "CardStatus", "CardVerdict", "Cards", "OpSpec", "Unsupported", "TensorSig",
+    "Variant", "DTYPE_CODES", "all_specs", "get_spec", "spec_for", "register", "random_tensor", "dtype_name",
+    "torch_dtype", "inplace_binder",
 ]

@@ -79,10 +79,6 @@ class TensorSig:
     def is_floating(self) -> bool:
         return self.dtype in ("float32", "float16", "bfloat16", "float64")
 
-    def matches(self, t: torch.Tensor) -> bool:
-        return (tuple(t.shape) == self.shape and t.dtype is torch_dtype(self.dtype)
-                and tuple(t.stride()) == self.stride and _device_name(t.device) == self.device)
-
     def short(self) -> str:
         dims = ",".join(str(s) for s in self.shape)
         text = f"{_SHORT[self.dtype]}[{dims}]"

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ..capture import Card
+    from ..ops import Card
     from ..evaluate import Evaluation
     from ..kernels import DeviceInfo
 
@@ -70,9 +70,10 @@ class ProposerError(RuntimeError):
 
 @runtime_checkable
 class Proposer(Protocol):
-    """``name`` is recorded with every candidate. A proposer may set ``fast = True`` when it
+    """``name`` is recorded with every candidate. A proposer may set ``instant = True`` when it
     answers at once (no network): the search then proposes one at a time, each proposal seeing
-    the pending ones, and overlaps only the compiles."""
+    the pending ones, and overlaps only the compiles. (``fast = True``, its former name, still
+    works.)"""
 
     name: str
 

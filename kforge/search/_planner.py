@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..capture import Card, Cards
+from ..ops import Card, Cards
 from ..kernels import DeviceInfo
 
 

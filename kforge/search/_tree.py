@@ -1,4 +1,4 @@
-"""The search tree of one card, rebuilt from the store, and the strategies that grow it.
+"""The search tree of one card, rebuilt from the store, and the search policies that grow it.
 
 Node = candidate, edge = one revision, value = speedup over eager (failures 0). The root stands
 for eager itself; its children are first candidates.
@@ -59,9 +59,11 @@ class Tree:
         return node
 
     def update(self, candidate: Candidate) -> Node:
+        """Put the candidate's evaluation in the tree (one that does not count leaves the node pending)."""
         node = self.nodes[candidate.id]
         node.candidate = candidate
-        self.backup(node, candidate.speedup)
+        if candidate.is_evaluated:
+            self.backup(node, candidate.speedup)
         return node
 
     @staticmethod
@@ -86,7 +88,9 @@ class Tree:
         return min(means), max(means)
 
 
-class Strategy(Protocol):
+class SearchPolicy(Protocol):
+    """Which node the proposer revises next. (Not a "strategy": those are the built-in kernel families.)"""
+
     name: str
     lookahead: bool  # may pick again before the pending candidates are evaluated
 
@@ -158,13 +162,25 @@ class BestOfN:
         return tree.root
 
 
-STRATEGIES = {"mcts": MCTS, "linear": LinearRefinement, "best_of_n": BestOfN}
+Strategy = SearchPolicy  # NB: the old name, kept for code written before the rename
+
+POLICIES = {"mcts": MCTS, "linear": LinearRefinement, "best_of_n": BestOfN}
 
 
-def make_strategy(strategy: str | Strategy) -> Strategy:
-    if isinstance(strategy, str):
+def make_policy(policy: str | SearchPolicy) -> SearchPolicy:
+    """A search policy by name ("mcts", "linear", "best_of_n"), or the policy object itself."""
+    if isinstance(policy, str):
         try:
-            return STRATEGIES[strategy]()
+            return POLICIES[policy]()
         except KeyError:
-            raise ValueError(f"unknown search strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}") from None
-    return strategy
+            raise ValueError(f"unknown search policy {policy!r}; choose one of {', '.join(POLICIES)}") from None
+    return policy
+
+
+def make_strategy(strategy: str | SearchPolicy) -> SearchPolicy:
+    """Deprecated: use make_policy."""
+    import warnings
+
+    warnings.warn("make_strategy is now make_policy (search policies are not kernel strategies)",
+                  DeprecationWarning, stacklevel=2)
+    return make_policy(strategy)

@@ -8,8 +8,10 @@ import difflib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..ops import CardStatus
+
 if TYPE_CHECKING:
-    from ..capture import Cards
+    from ..ops import Cards
     from ..store import Candidate, Store
 
 
@@ -58,12 +60,12 @@ def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> l
     for card in cards:
         verdict = verdicts.get(card.key)
         if card.key == searching:
-            status = "searching"
+            status = CardStatus.SEARCHING.value
         elif verdict:
-            status = verdict["status"]
+            status = verdict.status.value
         else:
-            status = "not searched"
-        speedup = verdict["speedup"] if verdict and verdict["status"] == "winner" else best.get(card.key)
+            status = CardStatus.NOT_SEARCHED.value
+        speedup = verdict.speedup if verdict and verdict.status.has_winner else best.get(card.key)
         rows.append(asdict(CardRow(card.key, card.op, card.signature, card.calls, card.share, card.eager_us,
                                    speedup, status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
     return rows
@@ -103,7 +105,7 @@ def candidate_detail(store: "Store", candidate_id: int) -> dict[str, Any]:
     """Everything the source view shows for one candidate: the large texts fetched on demand."""
     cand = store.candidate(candidate_id)
     parent: Candidate | None = store.candidate(cand.parent_id) if cand.parent_id is not None else None
-    ev = cand.evaluation
+    ev = cand.measured or cand.evaluation  # the standing evaluation: the confirmation once there is one
     evaluation = None
     if ev is not None:
         evaluation = {"status": ev.status.value, "message": ev.message, "speedup": ev.speedup,

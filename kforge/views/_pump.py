@@ -51,10 +51,6 @@ class EventPump:
         if event.kind is EventKind.RUN_FINISHED:
             self.flush()
 
-    def put(self, event: "Event") -> None:
-        """Queue one event (thread-safe); it reaches the sinks with the next batch."""
-        self._queue.put(event)
-
     def flush(self) -> int:
         """Deliver every queued event now, as one batch; returns how many."""
         with self._flushing:  # one delivery at a time, in order, whichever thread flushes

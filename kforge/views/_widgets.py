@@ -19,7 +19,7 @@ from ..search import EventKind
 from . import _data
 
 if TYPE_CHECKING:
-    from ..capture import Cards
+    from ..ops import Cards
     from ..search import Event, OptimizationRun
     from ..store import Store
 
@@ -213,20 +213,36 @@ class RunProgress(View):
             current = ""
             best: dict[str, float] = {}
             log: list[str] = []
+            # NB: true counts: evaluations and proposer failures made; a card's share of the total is its
+            # remaining budget until it finishes, then what it used.
+            iterations = self._run.budget.iterations
+            planned: dict[str, int] = {}
+            used: dict[str, int] = {}
+            finished: set[str] = set()
             for e in list(self._run.events):
-                if e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED):
+                if e.kind is EventKind.EVALUATED and e.data.get("counts", True) or e.kind is EventKind.PROPOSER_FAILED:
                     done += 1
+                    if e.card_key not in finished:
+                        used[e.card_key] = used.get(e.card_key, 0) + 1
                 elif e.kind is EventKind.CARD_STARTED:
                     current = e.message
+                    planned[e.card_key] = int(e.data.get("budget", iterations))
                 elif e.kind is EventKind.NEW_BEST and e.card_key:
                     best[e.card_key] = float(e.data.get("speedup", 0.0))
                 elif e.kind is EventKind.CARD_FINISHED:
                     cards_done += 1
-                    done = max(done, cards_done * self._run.budget.iterations)
+                    finished.add(e.card_key)
+                    planned[e.card_key] = used.get(e.card_key, 0)
+                    if e.data.get("status") == "winner":  # the verdict's speedup: confirmed, or the one timing
+                        best[e.card_key] = float(e.data.get("speedup", 0.0))
+                    else:
+                        best.pop(e.card_key, None)
                 if e.kind is not EventKind.PROPOSED:
                     card = f"[{e.card_key[:8]}] " if e.card_key else ""
                     log.append(f"{e.kind.value}: {card}{e.message}")
+            total = sum(planned.values()) + max(len(self._run.planned) - len(planned), 0) * iterations
             with self.hold_sync():
+                self.total = total
                 self.done, self.cards_done, self.current, self.best = min(done, self.total), cards_done, current, best
                 self.log = log[-self.LOG_LINES:]
                 self.dollars = self._run.dollars

@@ -78,7 +78,7 @@ def time_breakdown(session: "Session", top: int = 12) -> Any:
     after: dict[str, float] = {}
     for card in session.cards:
         r = results.get(card.key)
-        speedup = r.speedup if r is not None and r.status == "winner" and r.speedup > 0 else 1.0
+        speedup = r.speedup if r is not None and r.status.has_winner and r.speedup > 0 else 1.0
         before[card.op] = before.get(card.op, 0.0) + card.total_us
         after[card.op] = after.get(card.op, 0.0) + card.total_us / speedup
     ops = sorted(before, key=lambda op: -before[op])[:top]

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 
+from ...kernels import DeviceInfo
 from ...ops import Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import Strategy, contiguous, fill, floats_only, register, vec_width
+from ._strategy import contiguous, fill, floats_only, strategy, vec_width
 
 # ----------------------------------------------------------------------------- pad
 
@@ -81,18 +82,20 @@ def _pad_fill(v: Variant) -> dict:
     return dict(TOTAL=v.outputs[0].numel, index=_pad_source_offset(v), value=float(value or 0.0))
 
 
-register(Strategy(
-    "pad.cuda.gather", "pad", "cuda", 0,
-    "one thread per output element: source index (constant, reflect, replicate, circular) from "
-    "baked-in extents",
-    {"threads": (128, 256, 512)}, lambda v, d: _pad_ok(v) and v.inputs[0].dtype == v.outputs[0].dtype,
-    lambda v, d: {"threads": 256},
-    lambda v, c, d: fill(_PAD_CUDA, types=cuda_types({"x": v.inputs[0], "y": v.outputs[0]}),
-                         max_blocks=8 * d.sm_count * 2048 // c["threads"], **_pad_fill(v), **c)))
-register(Strategy(
-    "pad.cpu.gather", "pad", "cpu", 0, "OpenMP over output elements, source index per element",
-    {}, lambda v, d: _pad_ok(v) and v.inputs[0].dtype == v.outputs[0].dtype, lambda v, d: {},
-    lambda v, c, d: fill(_PAD_CPU, io=cpu_io("x", v.inputs[0]) + cpu_io("y", v.outputs[0]), **_pad_fill(v))))
+@strategy("pad", "cuda", "gather", level=0,
+          doc="one thread per output element: source index (constant, reflect, replicate, circular) from "
+              "baked-in extents",
+          space={"threads": (128, 256, 512)}, applies=lambda v, d: _pad_ok(v) and v.inputs[0].dtype == v.outputs[0].dtype,
+          default=lambda v, d: {"threads": 256})
+def _pad_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_PAD_CUDA, types=cuda_types({"x": v.inputs[0], "y": v.outputs[0]}),
+                max_blocks=8 * d.sm_count * 2048 // c["threads"], **_pad_fill(v), **c)
+
+
+@strategy("pad", "cpu", "gather", level=0, doc="OpenMP over output elements, source index per element",
+          applies=lambda v, d: _pad_ok(v) and v.inputs[0].dtype == v.outputs[0].dtype, default=lambda v, d: {})
+def _pad_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_PAD_CPU, io=cpu_io("x", v.inputs[0]) + cpu_io("y", v.outputs[0]), **_pad_fill(v))
 
 # ----------------------------------------------------------------------------- embedding
 
@@ -164,14 +167,15 @@ def _emb_fill(v: Variant) -> dict:
     return dict(idx_t="int64_t" if idx.dtype == "int64" else "int32_t", ROWS=idx.numel, D=w.shape[1])
 
 
-register(Strategy(
-    "embedding.cuda.warp_gather", "embedding", "cuda", 1,
-    "one warp per looked-up row, copied with 16-byte vectors",
-    {"rows_per_block": (1, 2, 4, 8), "vec": (1, 2, 4, 8)}, lambda v, d: _emb_ok(v),
-    lambda v, d: {"rows_per_block": 4, "vec": _emb_vmax(v)},
-    lambda v, c, d: fill(_EMB_CUDA, types=cuda_types({"w": v.inputs[1]}), **_emb_fill(v), **c),
-    valid_fn=lambda v, c, d: c["vec"] <= _emb_vmax(v)))
-register(Strategy(
-    "embedding.cpu.memcpy", "embedding", "cpu", 0, "OpenMP over looked-up rows, one memcpy each",
-    {}, lambda v, d: _emb_ok(v), lambda v, d: {},
-    lambda v, c, d: fill(_EMB_CPU, w_t={"float32": "float"}.get(v.inputs[1].dtype, "uint16_t"), **_emb_fill(v))))
+@strategy("embedding", "cuda", "warp_gather", level=1, doc="one warp per looked-up row, copied with 16-byte vectors",
+          space={"rows_per_block": (1, 2, 4, 8), "vec": (1, 2, 4, 8)}, applies=lambda v, d: _emb_ok(v),
+          default=lambda v, d: {"rows_per_block": 4, "vec": _emb_vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _emb_vmax(v))
+def _embedding_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_EMB_CUDA, types=cuda_types({"w": v.inputs[1]}), **_emb_fill(v), **c)
+
+
+@strategy("embedding", "cpu", "memcpy", level=0, doc="OpenMP over looked-up rows, one memcpy each",
+          applies=lambda v, d: _emb_ok(v), default=lambda v, d: {})
+def _embedding_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_EMB_CPU, w_t={"float32": "float"}.get(v.inputs[1].dtype, "uint16_t"), **_emb_fill(v))

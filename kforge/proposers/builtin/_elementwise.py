@@ -6,7 +6,7 @@ import math
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import Strategy, fill, floats_only, register, vec_width
+from ._strategy import fill, floats_only, strategy, vec_width
 
 _UNARY = {
     "relu": "(x < 0.f ? 0.f : x)",
@@ -162,6 +162,25 @@ def _reads(v: Variant, shape: tuple[int, ...], vec: int) -> list[tuple[int, str,
     return out
 
 
+_OPS = ("relu", "silu", "sigmoid", "tanh", "gelu", "softplus", "add", "mul")
+
+
+@strategy(_OPS, "cuda", "grid_stride", level=0,
+          doc="one element per thread per step, grid-stride, any strides and broadcasting",
+          space={"threads": (128, 256, 512), "waves": (2, 4, 8)}, applies=lambda v, d: _ok(v),
+          default=lambda v, d: {"threads": 256, "waves": 4})
+def _grid_stride(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _render_cuda(v, {**c, "vec": 1, "items": 1}, dev)
+
+
+@strategy(_OPS, "cuda", "vectorized", level=1,
+          doc="16-byte vector loads and stores, several vectors in flight per thread, broadcast operands "
+              "read once per vector",
+          space={"threads": (128, 256, 512), "items": (1, 2, 4), "vec": (2, 4, 8), "waves": (2, 4, 8)},
+          applies=lambda v, d: _ok(v) and _vmax(v) > 1,
+          default=lambda v, d: {"threads": 256, "items": 2 if v.outputs[0].numel >= (1 << 22) else 1,
+                                "vec": _vmax(v), "waves": 4},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v))
 def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
     y = v.outputs[0]
     shape = _shape(v)
@@ -264,6 +283,12 @@ def _tiled_ok(v: Variant) -> bool:
     return _ok(v) and v.outputs[0].is_contiguous and _vmax(v) > 1 and v.outputs[0].numel < (1 << 37)
 
 
+@strategy(_OPS, "cuda", "tiled", level=2,
+          doc="one tile per block with every load of a thread issued before its first store, bounds checks "
+              "only in the last tile, optional evict-first hints on the data read or written once",
+          space={"threads": (128, 256, 512), "items": (1, 2, 4, 8), "vec": (2, 4, 8), "cache": ("stream", "plain")},
+          applies=lambda v, d: _tiled_ok(v), default=lambda v, d: _tiled_default(v, d),
+          valid=lambda v, c, d: c["vec"] <= _vmax(v))
 def _render_tiled(v: Variant, c: dict, dev: DeviceInfo) -> str:
     y = v.outputs[0]
     shape = _shape(v)
@@ -344,56 +369,33 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
-def _render_cpu(template: str):
-    def render(v: Variant, c: dict, dev: DeviceInfo) -> str:
-        y = v.outputs[0]
-        shape = _shape(v)
-        io, decls, loads, buffer_loads = cpu_io("y", y), "", "", ""
-        for k, (role, sig) in enumerate(_operands(v)):
-            if sig is None:
-                value = f"{float(v.param_dict['scalar'])!r}f"
-            else:
-                io += cpu_io(role, sig)
-                decls += f"    const {role}_t* p_{role} = (const {role}_t*)inputs[{k}].data;\n"
-                value = f"{role}_ld(p_{role}, {_offset(sig, shape)})"
-            loads += f"        const float {role} = {value};\n"
-            buffer_loads += f"            b{role}[k] = {value};\n"
-        if len(_operands(v)) == 1:
-            buffer_loads += "            bz[k] = 0.f;\n"
-        return fill(template, io=io, TOTAL=y.numel, decls=decls, loads=loads, buffer_loads=buffer_loads,
-                    yoff=_offset(y, shape), expr=_expr(v), **c)
-    return render
+def _render_cpu(template: str, v: Variant, c: dict) -> str:
+    y = v.outputs[0]
+    shape = _shape(v)
+    io, decls, loads, buffer_loads = cpu_io("y", y), "", "", ""
+    for k, (role, sig) in enumerate(_operands(v)):
+        if sig is None:
+            value = f"{float(v.param_dict['scalar'])!r}f"
+        else:
+            io += cpu_io(role, sig)
+            decls += f"    const {role}_t* p_{role} = (const {role}_t*)inputs[{k}].data;\n"
+            value = f"{role}_ld(p_{role}, {_offset(sig, shape)})"
+        loads += f"        const float {role} = {value};\n"
+        buffer_loads += f"            b{role}[k] = {value};\n"
+    if len(_operands(v)) == 1:
+        buffer_loads += "            bz[k] = 0.f;\n"
+    return fill(template, io=io, TOTAL=y.numel, decls=decls, loads=loads, buffer_loads=buffer_loads,
+                yoff=_offset(y, shape), expr=_expr(v), **c)
 
 
-for _op in ("relu", "silu", "sigmoid", "tanh", "gelu", "softplus", "add", "mul"):
-    register(Strategy(
-        f"{_op}.cuda.grid_stride", _op, "cuda", 0,
-        "one element per thread per step, grid-stride, any strides and broadcasting",
-        {"threads": (128, 256, 512), "waves": (2, 4, 8)}, lambda v, d: _ok(v),
-        lambda v, d: {"threads": 256, "waves": 4},
-        lambda v, c, d: _render_cuda(v, {**c, "vec": 1, "items": 1}, d)))
-    register(Strategy(
-        f"{_op}.cuda.vectorized", _op, "cuda", 1,
-        "16-byte vector loads and stores, several vectors in flight per thread, broadcast operands "
-        "read once per vector",
-        {"threads": (128, 256, 512), "items": (1, 2, 4), "vec": (2, 4, 8), "waves": (2, 4, 8)},
-        lambda v, d: _ok(v) and _vmax(v) > 1,
-        lambda v, d: {"threads": 256, "items": 2 if v.outputs[0].numel >= (1 << 22) else 1, "vec": _vmax(v),
-                      "waves": 4},
-        _render_cuda, valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
-    register(Strategy(
-        f"{_op}.cuda.tiled", _op, "cuda", 2,
-        "one tile per block with every load of a thread issued before its first store, bounds checks "
-        "only in the last tile, optional evict-first hints on the data read or written once",
-        {"threads": (128, 256, 512), "items": (1, 2, 4, 8), "vec": (2, 4, 8), "cache": ("stream", "plain")},
-        lambda v, d: _tiled_ok(v), _tiled_default, _render_tiled,
-        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v)))
-    register(Strategy(
-        f"{_op}.cpu.flat", _op, "cpu", 0,
-        "one OpenMP SIMD loop over every output element, broadcasting by index",
-        {}, lambda v, d: _ok(v), lambda v, d: {}, _render_cpu(_CPU_FLAT)))
-    register(Strategy(
-        f"{_op}.cpu.blocked", _op, "cpu", 1,
-        "OpenMP over blocks: convert to float buffers, one vectorisable compute loop, store",
-        {"block": (256, 1024, 4096)}, lambda v, d: _ok(v), lambda v, d: {"block": 1024},
-        _render_cpu(_CPU_BLOCKED)))
+@strategy(_OPS, "cpu", "flat", level=0, doc="one OpenMP SIMD loop over every output element, broadcasting by index",
+          applies=lambda v, d: _ok(v), default=lambda v, d: {})
+def _flat(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _render_cpu(_CPU_FLAT, v, c)
+
+
+@strategy(_OPS, "cpu", "blocked", level=1,
+          doc="OpenMP over blocks: convert to float buffers, one vectorisable compute loop, store",
+          space={"block": (256, 1024, 4096)}, applies=lambda v, d: _ok(v), default=lambda v, d: {"block": 1024})
+def _blocked(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _render_cpu(_CPU_BLOCKED, v, c)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import (Strategy, cdiv, contiguous, fill, floats_only, prod, register, rows_of,
-                        vec_width)
+from ._strategy import cdiv, contiguous, fill, floats_only, prod, rows_of, strategy, vec_width
 
 _F32_EPS = 1.1920928955078125e-07
 
@@ -203,17 +202,45 @@ def _row_d(v: Variant) -> int:
     return rows_of(v, _trailing(v))[1]
 
 
+_ROW_OPS = ("layer_norm", "rms_norm")
+
+
+@strategy(_ROW_OPS, "cuda", "block_row", level=0,
+          doc="one block per row: Welford statistics over vector loads, then a normalise pass",
+          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8)}, applies=lambda v, d: _row_ok(v),
+          default=lambda v, d: {"threads": 256 if _row_d(v) <= 8192 else 1024, "vec": _vmax(v, _row_d(v))},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v, _row_d(v)))
 def _render_block_row(v: Variant, c: dict, dev: DeviceInfo) -> str:
     return fill(_ROW_BLOCK, threads=c["threads"], kernel="norm_block_row", grid="ROWS", block="THREADS",
                 **_row_common(v, c))
 
 
+@strategy(_ROW_OPS, "cuda", "warp_row", level=1,
+          doc="one warp per row held in registers, exact two-pass statistics by warp shuffles",
+          space={"rows_per_block": (2, 4, 8), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _row_ok(v) and _row_d(v) <= 2048,
+          default=lambda v, d: {"rows_per_block": 4, "vec": _vmax(v, _row_d(v))},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v, _row_d(v)),
+          fit=lambda v, d: 3.0 if _row_d(v) <= 1024 else 1.5,
+          explain=lambda v, c: (f"one warp per {_row_d(v)}-element row ({cdiv(_row_d(v), 32)} per lane in "
+                                f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads"))
 def _render_warp_row(v: Variant, c: dict, dev: DeviceInfo) -> str:
     return fill(_ROW_REGISTER, group=32, rows_per_block=c["rows_per_block"], kernel="norm_register_row",
                 grid="(ROWS + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK", block="GROUP * ROWS_PER_BLOCK",
                 **_row_common(v, c))
 
 
+@strategy(_ROW_OPS, "cuda", "block_register", level=2,
+          doc="one block per row held in registers: read once, exact two-pass statistics, written once",
+          space={"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _row_ok(v) and 256 <= _row_d(v) <= 32768,
+          default=lambda v, d: {"threads": _register_threads(_row_d(v), _vmax(v, _row_d(v))),
+                                "vec": _vmax(v, _row_d(v))},
+          valid=lambda v, c, d: (c["vec"] <= _vmax(v, _row_d(v))
+                                 and cdiv(_row_d(v), c["threads"] * c["vec"]) * c["vec"] <= 32),
+          fit=lambda v, d: 2.5 if _row_d(v) > 1024 else 2.0,
+          explain=lambda v, c: (f"one {c['threads']}-thread block per {_row_d(v)}-element row held in "
+                                f"registers, {c['vec']}-wide loads"))
 def _render_block_register(v: Variant, c: dict, dev: DeviceInfo) -> str:
     return fill(_ROW_REGISTER, group=c["threads"], rows_per_block=1, kernel="norm_register_row",
                 grid="ROWS", block="GROUP", **_row_common(v, c))
@@ -290,51 +317,24 @@ def _cpu_io(v: Variant) -> str:
     return "".join(cpu_io(role, sig) for role, sig in _sigs(v).items())
 
 
-def _cpu_row_render(template: str):
-    def render(v: Variant, c: dict, dev: DeviceInfo) -> str:
-        common = _row_common(v, {"vec": 1})
-        del common["types"], common["vec"]
-        return fill(template, io=_cpu_io(v), **common)
-    return render
+def _cpu_row_render(template: str, v: Variant) -> str:
+    common = _row_common(v, {"vec": 1})
+    del common["types"], common["vec"]
+    return fill(template, io=_cpu_io(v), **common)
 
 
-for _op in ("layer_norm", "rms_norm"):
-    register(Strategy(
-        f"{_op}.cuda.block_row", _op, "cuda", 0,
-        "one block per row: Welford statistics over vector loads, then a normalise pass",
-        {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8)}, lambda v, d: _row_ok(v),
-        lambda v, d: {"threads": 256 if _row_d(v) <= 8192 else 1024, "vec": _vmax(v, _row_d(v))},
-        _render_block_row, valid_fn=lambda v, c, d: c["vec"] <= _vmax(v, _row_d(v))))
-    register(Strategy(
-        f"{_op}.cuda.warp_row", _op, "cuda", 1,
-        "one warp per row held in registers, exact two-pass statistics by warp shuffles",
-        {"rows_per_block": (2, 4, 8), "vec": (1, 2, 4, 8)},
-        lambda v, d: _row_ok(v) and _row_d(v) <= 2048,
-        lambda v, d: {"rows_per_block": 4, "vec": _vmax(v, _row_d(v))}, _render_warp_row,
-        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v, _row_d(v)),
-        fit_fn=lambda v, d: 3.0 if _row_d(v) <= 1024 else 1.5,
-        explain_fn=lambda v, c: (f"one warp per {_row_d(v)}-element row ({cdiv(_row_d(v), 32)} per lane in "
-                                 f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads")))
-    register(Strategy(
-        f"{_op}.cuda.block_register", _op, "cuda", 2,
-        "one block per row held in registers: read once, exact two-pass statistics, written once",
-        {"threads": (64, 128, 256, 512, 1024), "vec": (1, 2, 4, 8)},
-        lambda v, d: _row_ok(v) and 256 <= _row_d(v) <= 32768,
-        lambda v, d: {"threads": _register_threads(_row_d(v), _vmax(v, _row_d(v))), "vec": _vmax(v, _row_d(v))},
-        _render_block_register,
-        valid_fn=lambda v, c, d: (c["vec"] <= _vmax(v, _row_d(v))
-                                  and cdiv(_row_d(v), c["threads"] * c["vec"]) * c["vec"] <= 32),
-        fit_fn=lambda v, d: 2.5 if _row_d(v) > 1024 else 2.0,
-        explain_fn=lambda v, c: (f"one {c['threads']}-thread block per {_row_d(v)}-element row held in "
-                                 f"registers, {c['vec']}-wide loads")))
-    register(Strategy(
-        f"{_op}.cpu.two_pass", _op, "cpu", 0,
-        "OpenMP over rows: SIMD mean, then SIMD variance around it, then normalise",
-        {}, lambda v, d: _row_ok(v), lambda v, d: {}, _cpu_row_render(_CPU_TWO_PASS)))
-    register(Strategy(
-        f"{_op}.cpu.one_pass", _op, "cpu", 1,
-        "OpenMP over rows: sum and sum of squares in one SIMD pass (double accumulators), then normalise",
-        {}, lambda v, d: _row_ok(v), lambda v, d: {}, _cpu_row_render(_CPU_ONE_PASS)))
+@strategy(_ROW_OPS, "cpu", "two_pass", level=0,
+          doc="OpenMP over rows: SIMD mean, then SIMD variance around it, then normalise",
+          applies=lambda v, d: _row_ok(v), default=lambda v, d: {})
+def _two_pass(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _cpu_row_render(_CPU_TWO_PASS, v)
+
+
+@strategy(_ROW_OPS, "cpu", "one_pass", level=1,
+          doc="OpenMP over rows: sum and sum of squares in one SIMD pass (double accumulators), then normalise",
+          applies=lambda v, d: _row_ok(v), default=lambda v, d: {})
+def _one_pass(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _cpu_row_render(_CPU_ONE_PASS, v)
 
 
 # ----------------------------------------------------------------------------- group_norm (CUDA)
@@ -488,27 +488,29 @@ def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
     return split
 
 
-register(Strategy(
-    "group_norm.cuda.block_group", "group_norm", "cuda", 1,
-    "one block per (sample, group): Welford statistics over 16-byte loads, then the per-channel affine",
-    {"threads": (256, 512, 1024), "vec": (1, 2, 4, 8)}, lambda v, d: _gn_ok(v),
-    lambda v, d: {"threads": 512, "vec": _gn_vmax(v)},
-    lambda v, c, d: fill(_GN, **_gn_common(v, {**c, "split": 1})),
-    valid_fn=lambda v, c, d: c["vec"] <= _gn_vmax(v),
-    fit_fn=lambda v, d: 3.0 if _gn_default_split(v, d) == 1 else 1.0))
-register(Strategy(
-    "group_norm.cuda.split", "group_norm", "cuda", 3,
-    "each group split over many blocks: Welford partials in the workspace, merged by the "
-    "normalise pass (second read mostly from L2)",
-    {"split": (2, 4, 8, 16, 32, 64, 128, 256), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
-    lambda v, d: _gn_ok(v) and _gn_group_size(v) >= 16384,
-    lambda v, d: {"split": max(2, _gn_default_split(v, d)), "threads": 512, "vec": _gn_vmax(v)},
-    lambda v, c, d: fill(_GN, **_gn_common(v, c)),
-    valid_fn=lambda v, c, d: c["vec"] <= _gn_vmax(v),
-    fit_fn=lambda v, d: 4.0 if _gn_default_split(v, d) >= 4 else 0.5,
-    explain_fn=lambda v, c: (f"split each of the {_gn_dims(v)[0] * _gn_dims(v)[3]} groups of {_gn_group_size(v)} "
-                             f"elements over {c['split']} blocks of {c['threads']} threads, Welford partials "
-                             f"then normalise")))
+@strategy("group_norm", "cuda", "block_group", level=1,
+          doc="one block per (sample, group): Welford statistics over 16-byte loads, then the per-channel affine",
+          space={"threads": (256, 512, 1024), "vec": (1, 2, 4, 8)}, applies=lambda v, d: _gn_ok(v),
+          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _gn_vmax(v),
+          fit=lambda v, d: 3.0 if _gn_default_split(v, d) == 1 else 1.0)
+def _gn_block_group(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_GN, **_gn_common(v, {**c, "split": 1}))
+
+
+@strategy("group_norm", "cuda", "split", level=3,
+          doc="each group split over many blocks: Welford partials in the workspace, merged by the "
+              "normalise pass (second read mostly from L2)",
+          space={"split": (2, 4, 8, 16, 32, 64, 128, 256), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _gn_ok(v) and _gn_group_size(v) >= 16384,
+          default=lambda v, d: {"split": max(2, _gn_default_split(v, d)), "threads": 512, "vec": _gn_vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _gn_vmax(v),
+          fit=lambda v, d: 4.0 if _gn_default_split(v, d) >= 4 else 0.5,
+          explain=lambda v, c: (f"split each of the {_gn_dims(v)[0] * _gn_dims(v)[3]} groups of "
+                                f"{_gn_group_size(v)} elements over {c['split']} blocks of {c['threads']} threads, "
+                                "Welford partials then normalise"))
+def _gn_split(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_GN, **_gn_common(v, c))
 
 # ----------------------------------------------------------------------------- group_norm (CPU)
 
@@ -583,23 +585,25 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
-def _cpu_gn_render(template: str):
-    def render(v: Variant, c: dict, dev: DeviceInfo) -> str:
-        common = _gn_common(v, {})
-        del common["types"]
-        return fill(template, io=_cpu_io(v), **common)
-    return render
+def _cpu_gn_render(template: str, v: Variant) -> str:
+    common = _gn_common(v, {})
+    del common["types"]
+    return fill(template, io=_cpu_io(v), **common)
 
 
-register(Strategy(
-    "group_norm.cpu.per_group", "group_norm", "cpu", 0,
-    "OpenMP over (sample, group): one double-precision statistics pass, then the per-channel affine",
-    {}, lambda v, d: _gn_ok(v), lambda v, d: {}, _cpu_gn_render(_CPU_GN_PER_GROUP)))
-register(Strategy(
-    "group_norm.cpu.per_channel", "group_norm", "cpu", 1,
-    "OpenMP over channels (parallel even with few groups): per-channel partial sums, then normalise",
-    {}, lambda v, d: _gn_ok(v), lambda v, d: {}, _cpu_gn_render(_CPU_GN_PER_CHANNEL),
-    fit_fn=lambda v, d: 1.0 if _gn_dims(v)[0] * _gn_dims(v)[3] < 4 * d.sm_count else 0.0))
+@strategy("group_norm", "cpu", "per_group", level=0,
+          doc="OpenMP over (sample, group): one double-precision statistics pass, then the per-channel affine",
+          applies=lambda v, d: _gn_ok(v), default=lambda v, d: {})
+def _gn_per_group(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return _cpu_gn_render(_CPU_GN_PER_GROUP, v)
+
+
+@strategy("group_norm", "cpu", "per_channel", level=1,
+          doc="OpenMP over channels (parallel even with few groups): per-channel partial sums, then normalise",
+          applies=lambda v, d: _gn_ok(v), default=lambda v, d: {},
+          fit=lambda v, d: 1.0 if _gn_dims(v)[0] * _gn_dims(v)[3] < 4 * d.sm_count else 0.0)
+def _gn_per_channel(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return _cpu_gn_render(_CPU_GN_PER_CHANNEL, v)
 
 # ----------------------------------------------------------------------------- batch_norm (inference)
 
@@ -692,16 +696,17 @@ def _bn_common(v: Variant) -> dict:
                 HAS_B=sigs["b"] is not None)
 
 
-register(Strategy(
-    "batch_norm.cuda.affine", "batch_norm", "cuda", 1,
-    "inference batch norm as one per-channel affine: grid-stride over 16-byte vectors",
-    {"threads": (256, 512), "vec": (1, 2, 4, 8), "waves": (4, 8, 16)}, lambda v, d: _bn_ok(v),
-    lambda v, d: {"threads": 256, "vec": _bn_vmax(v), "waves": 8},
-    lambda v, c, d: fill(_BN, types=_types(v), threads=c["threads"], vec=c["vec"],
-                         max_blocks=c["waves"] * d.sm_count * 2048 // c["threads"], **_bn_common(v)),
-    valid_fn=lambda v, c, d: c["vec"] <= _bn_vmax(v)))
-register(Strategy(
-    "batch_norm.cpu.affine", "batch_norm", "cpu", 0,
-    "OpenMP over (sample, channel) planes: one per-channel affine",
-    {}, lambda v, d: _bn_ok(v), lambda v, d: {},
-    lambda v, c, d: fill(_CPU_BN, io=_cpu_io(v), **_bn_common(v))))
+@strategy("batch_norm", "cuda", "affine", level=1,
+          doc="inference batch norm as one per-channel affine: grid-stride over 16-byte vectors",
+          space={"threads": (256, 512), "vec": (1, 2, 4, 8), "waves": (4, 8, 16)}, applies=lambda v, d: _bn_ok(v),
+          default=lambda v, d: {"threads": 256, "vec": _bn_vmax(v), "waves": 8},
+          valid=lambda v, c, d: c["vec"] <= _bn_vmax(v))
+def _bn_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_BN, types=_types(v), threads=c["threads"], vec=c["vec"],
+                max_blocks=c["waves"] * d.sm_count * 2048 // c["threads"], **_bn_common(v))
+
+
+@strategy("batch_norm", "cpu", "affine", level=0, doc="OpenMP over (sample, channel) planes: one per-channel affine",
+          applies=lambda v, d: _bn_ok(v), default=lambda v, d: {})
+def _bn_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_CPU_BN, io=_cpu_io(v), **_bn_common(v))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...kernels import DeviceInfo
 from ...ops import Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import Strategy, contiguous, fill, floats_only, prod, register
+from ._strategy import contiguous, fill, floats_only, prod, strategy
 
 
 def _ok(v: Variant) -> bool:
@@ -157,28 +157,26 @@ def _default_lanes(v: Variant) -> int:
     return lanes
 
 
+_OPS = ("adaptive_avg_pool2d", "max_pool2d", "avg_pool2d")
+
+
+@strategy(_OPS, "cuda", "lanes_per_output", level=1,
+          doc="a group of lanes per output element: the window spread over the lanes (coalesced), combined by shuffles",
+          space={"threads": (128, 256, 512), "lanes": (2, 4, 8, 16, 32)}, applies=lambda v, d: _ok(v),
+          default=lambda v, d: {"threads": 256, "lanes": max(2, _default_lanes(v))})
 def _render_cuda(v: Variant, c: dict, dev: DeviceInfo) -> str:
     return fill(_CUDA_POOL, types=cuda_types({"x": v.inputs[0], "y": v.outputs[0]}), **_pieces(v), **c)
 
 
+@strategy(_OPS, "cuda", "thread_per_output", level=0,
+          doc="one thread per output element, window bounds and divisor as torch computes them",
+          space={"threads": (128, 256, 512)}, applies=lambda v, d: _ok(v), default=lambda v, d: {"threads": 256},
+          fit=lambda v, d: 2.0 if _window_elems(v) <= 16 else 0.0)
+def _thread_per_output(v: Variant, c: dict, dev: DeviceInfo) -> str:
+    return _render_cuda(v, {**c, "lanes": 1}, dev)
+
+
+@strategy(_OPS, "cpu", "direct", level=0, doc="OpenMP over output elements, window loops with torch's bounds",
+          applies=lambda v, d: _ok(v), default=lambda v, d: {})
 def _render_cpu(v: Variant, c: dict, dev: DeviceInfo) -> str:
     return fill(_CPU_POOL, io=cpu_io("x", v.inputs[0]) + cpu_io("y", v.outputs[0]), **_pieces(v))
-
-
-for _op in ("adaptive_avg_pool2d", "max_pool2d", "avg_pool2d"):
-    register(Strategy(
-        f"{_op}.cuda.thread_per_output", _op, "cuda", 0,
-        "one thread per output element, window bounds and divisor as torch computes them",
-        {"threads": (128, 256, 512)}, lambda v, d: _ok(v), lambda v, d: {"threads": 256},
-        lambda v, c, d: _render_cuda(v, {**c, "lanes": 1}, d),
-        fit_fn=lambda v, d: 2.0 if _window_elems(v) <= 16 else 0.0))
-    register(Strategy(
-        f"{_op}.cuda.lanes_per_output", _op, "cuda", 1,
-        "a group of lanes per output element: the window spread over the lanes (coalesced), "
-        "combined by shuffles",
-        {"threads": (128, 256, 512), "lanes": (2, 4, 8, 16, 32)}, lambda v, d: _ok(v),
-        lambda v, d: {"threads": 256, "lanes": max(2, _default_lanes(v))}, _render_cuda))
-    register(Strategy(
-        f"{_op}.cpu.direct", _op, "cpu", 0,
-        "OpenMP over output elements, window loops with torch's bounds",
-        {}, lambda v, d: _ok(v), lambda v, d: {}, _render_cpu))

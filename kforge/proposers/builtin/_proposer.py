@@ -31,7 +31,7 @@ class BuiltinProposer:
     """
 
     name = "builtin"
-    fast = True  # answers at once: the search proposes sequentially and overlaps only compiles
+    instant = True  # answers at once: the search proposes sequentially and overlaps only compiles
 
     def ranked(self, variant: Variant, device: DeviceInfo) -> list[Strategy]:
         """Applicable strategies, most promising first."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...kernels import DeviceInfo
 from ...ops import Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import Strategy, cdiv, contiguous, fill, floats_only, prod, register, vec_width
+from ._strategy import cdiv, contiguous, fill, floats_only, prod, strategy, vec_width
 
 
 def _view(v: Variant) -> tuple[int, int, int]:
@@ -325,12 +325,10 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
-def _cpu_render(template: str, log: bool):
-    def render(v: Variant, config: dict, device: DeviceInfo) -> str:
-        outer, d, inner = _view(v)
-        io = cpu_io("in", v.inputs[0]) + cpu_io("out", v.outputs[0])
-        return fill(template, io=io, OUTER=outer, D=d, INNER=inner, LOG=log)
-    return render
+def _cpu_render(template: str, v: Variant) -> str:
+    outer, d, inner = _view(v)
+    io = cpu_io("in", v.inputs[0]) + cpu_io("out", v.outputs[0])
+    return fill(template, io=io, OUTER=outer, D=d, INNER=inner, LOG=_log(v))
 
 
 def _default_split(v: Variant, dev: DeviceInfo) -> int:
@@ -341,60 +339,79 @@ def _default_split(v: Variant, dev: DeviceInfo) -> int:
     return split
 
 
-for _op, _log in (("softmax", False), ("log_softmax", True)):
-    _what = "log-softmax" if _log else "softmax"
-    register(Strategy(
-        f"{_op}.cuda.block_row", _op, "cuda", 0,
-        f"one block per row, three passes over global memory with block-wide {_what} reductions",
-        {"threads": (128, 256, 512, 1024)}, lambda v, d: _rows(v),
-        lambda v, d: {"threads": 256 if _view(v)[1] <= 4096 else 1024},
-        lambda v, c, d, _l=_log: fill(_BLOCK_ROW, **_common(v, c, _l))))
-    register(Strategy(
-        f"{_op}.cuda.warp_row", _op, "cuda", 1,
-        "one warp per row held in registers, 16-byte loads, warp-shuffle max and sum",
-        {"rows_per_block": (2, 4, 8), "vec": (1, 2, 4, 8)},
-        lambda v, d: _rows(v) and _view(v)[1] <= 2048,
-        lambda v, d: {"rows_per_block": 4, "vec": _vmax(v)},
-        lambda v, c, d, _l=_log: fill(_REGISTER_ROW, group=32, **_common(v, c, _l)),
-        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v),
-        fit_fn=lambda v, d: 3.0 if _view(v)[1] <= 1024 else 1.0,
-        explain_fn=lambda v, c: (f"one warp per {_view(v)[1]}-element row ({cdiv(_view(v)[1], 32)} per lane in "
-                                 f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads")))
-    register(Strategy(
-        f"{_op}.cuda.block_register", _op, "cuda", 2,
-        "one block per row held in registers (read once, written once), 16-byte loads",
-        {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8)},
-        lambda v, d: _rows(v) and 256 <= _view(v)[1] <= 1024 * 32,
-        lambda v, d: {"threads": max(128, min(1024, 1 << (cdiv(_view(v)[1], 8) - 1).bit_length())),
-                      "vec": _vmax(v)},
-        lambda v, c, d, _l=_log: fill(_REGISTER_ROW, group=c["threads"], rows_per_block=1,
-                                     **_common(v, c, _l)),
-        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v) and cdiv(_view(v)[1], c["threads"] * c["vec"]) * c["vec"] <= 32,
-        fit_fn=lambda v, d: 2.5 if _view(v)[1] > 1024 else 1.5,
-        explain_fn=lambda v, c: (f"one {c['threads']}-thread block per {_view(v)[1]}-element row held in "
-                                 f"registers, {c['vec']}-wide loads")))
-    register(Strategy(
-        f"{_op}.cuda.online_split", _op, "cuda", 3,
-        "each long row split over many blocks: online (max, sum) partials in the workspace, "
-        "then a merge-and-normalise pass",
-        {"split": (2, 4, 8, 16, 32, 64, 128), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
-        lambda v, d: _rows(v) and _view(v)[1] >= 4096,
-        lambda v, d: {"split": max(2, _default_split(v, d)), "threads": 512, "vec": _vmax(v)},
-        lambda v, c, d, _l=_log: fill(_ONLINE_SPLIT, **_common(v, c, _l)),
-        valid_fn=lambda v, c, d: c["vec"] <= _vmax(v),
-        fit_fn=lambda v, d: 4.0 if _default_split(v, d) >= 4 else 0.5,
-        explain_fn=lambda v, c: (f"split each {_view(v)[1]}-element row over {c['split']} blocks of {c['threads']} "
-                                 f"threads ({_view(v)[0] * c['split']} blocks), online partials then normalise")))
-    register(Strategy(
-        f"{_op}.cuda.strided", _op, "cuda", 0,
-        "reduced dimension not innermost: one thread per column, coalesced across the inner dims",
-        {"threads": (128, 256, 512)}, lambda v, d: _ok(v) and _view(v)[2] > 1,
-        lambda v, d: {"threads": 256}, lambda v, c, d, _l=_log: fill(_STRIDED, **_common(v, c, _l))))
-    register(Strategy(
-        f"{_op}.cpu.three_pass", _op, "cpu", 0,
-        "OpenMP over rows: max, exponentials into a per-thread buffer with their sum, then scale",
-        {}, lambda v, d: _ok(v), lambda v, d: {}, _cpu_render(_CPU_THREE_PASS, _log)))
-    register(Strategy(
-        f"{_op}.cpu.online", _op, "cpu", 1,
-        "OpenMP over rows: single-pass online max and rescaled sum in 16-wide blocks, then write",
-        {}, lambda v, d: _ok(v), lambda v, d: {}, _cpu_render(_CPU_ONLINE, _log)))
+_OPS = ("softmax", "log_softmax")
+
+
+def _log(v: Variant) -> bool:
+    return v.op == "log_softmax"
+
+
+@strategy(_OPS, "cuda", "block_row", level=0,
+          doc="one block per row, three passes over global memory with block-wide max and sum reductions",
+          space={"threads": (128, 256, 512, 1024)}, applies=lambda v, d: _rows(v),
+          default=lambda v, d: {"threads": 256 if _view(v)[1] <= 4096 else 1024})
+def _block_row(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_BLOCK_ROW, **_common(v, c, _log(v)))
+
+
+@strategy(_OPS, "cuda", "warp_row", level=1,
+          doc="one warp per row held in registers, 16-byte loads, warp-shuffle max and sum",
+          space={"rows_per_block": (2, 4, 8), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _rows(v) and _view(v)[1] <= 2048,
+          default=lambda v, d: {"rows_per_block": 4, "vec": _vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v),
+          fit=lambda v, d: 3.0 if _view(v)[1] <= 1024 else 1.0,
+          explain=lambda v, c: (f"one warp per {_view(v)[1]}-element row ({cdiv(_view(v)[1], 32)} per lane in "
+                                f"registers), {c['rows_per_block']} rows per block, {c['vec']}-wide loads"))
+def _warp_row(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_REGISTER_ROW, group=32, **_common(v, c, _log(v)))
+
+
+@strategy(_OPS, "cuda", "block_register", level=2,
+          doc="one block per row held in registers (read once, written once), 16-byte loads",
+          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _rows(v) and 256 <= _view(v)[1] <= 1024 * 32,
+          default=lambda v, d: {"threads": max(128, min(1024, 1 << (cdiv(_view(v)[1], 8) - 1).bit_length())),
+                                "vec": _vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v) and cdiv(_view(v)[1], c["threads"] * c["vec"]) * c["vec"] <= 32,
+          fit=lambda v, d: 2.5 if _view(v)[1] > 1024 else 1.5,
+          explain=lambda v, c: (f"one {c['threads']}-thread block per {_view(v)[1]}-element row held in "
+                                f"registers, {c['vec']}-wide loads"))
+def _block_register(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_REGISTER_ROW, group=c["threads"], rows_per_block=1, **_common(v, c, _log(v)))
+
+
+@strategy(_OPS, "cuda", "online_split", level=3,
+          doc="each long row split over many blocks: online (max, sum) partials in the workspace, "
+              "then a merge-and-normalise pass",
+          space={"split": (2, 4, 8, 16, 32, 64, 128), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
+          applies=lambda v, d: _rows(v) and _view(v)[1] >= 4096,
+          default=lambda v, d: {"split": max(2, _default_split(v, d)), "threads": 512, "vec": _vmax(v)},
+          valid=lambda v, c, d: c["vec"] <= _vmax(v),
+          fit=lambda v, d: 4.0 if _default_split(v, d) >= 4 else 0.5,
+          explain=lambda v, c: (f"split each {_view(v)[1]}-element row over {c['split']} blocks of {c['threads']} "
+                                f"threads ({_view(v)[0] * c['split']} blocks), online partials then normalise"))
+def _online_split(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_ONLINE_SPLIT, **_common(v, c, _log(v)))
+
+
+@strategy(_OPS, "cuda", "strided", level=0,
+          doc="reduced dimension not innermost: one thread per column, coalesced across the inner dims",
+          space={"threads": (128, 256, 512)}, applies=lambda v, d: _ok(v) and _view(v)[2] > 1,
+          default=lambda v, d: {"threads": 256})
+def _strided(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return fill(_STRIDED, **_common(v, c, _log(v)))
+
+
+@strategy(_OPS, "cpu", "three_pass", level=0,
+          doc="OpenMP over rows: max, exponentials into a per-thread buffer with their sum, then scale",
+          applies=lambda v, d: _ok(v), default=lambda v, d: {})
+def _three_pass(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return _cpu_render(_CPU_THREE_PASS, v)
+
+
+@strategy(_OPS, "cpu", "online", level=1,
+          doc="OpenMP over rows: single-pass online max and rescaled sum in 16-wide blocks, then write",
+          applies=lambda v, d: _ok(v), default=lambda v, d: {})
+def _online(v: Variant, c: dict, d: DeviceInfo) -> str:
+    return _cpu_render(_CPU_ONLINE, v)

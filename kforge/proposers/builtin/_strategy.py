@@ -1,16 +1,21 @@
-"""Strategies: parameterised kernel templates specialised to one variant, and their registry."""
+"""Strategies: parameterised kernel templates specialised to one variant, and their registry.
+
+A strategy is registered next to its code by decorating its render function with ``@strategy``
+(as torch's flop_counter registers formulas with ``register_flop_formula``).
+"""
 from __future__ import annotations
 
 import itertools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
 
 Config = dict[str, Any]
+Render = Callable[[Variant, Config, DeviceInfo], str]
 
 FLOATS = ("float32", "bfloat16", "float16")
 CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -81,6 +86,29 @@ def register(strategy: Strategy) -> Strategy:
         raise ValueError(f"strategy {strategy.name!r} is registered twice")
     _REGISTRY[strategy.name] = strategy
     return strategy
+
+
+def strategy(ops: str | Sequence[str], backend: str, name: str, *, level: int, doc: str,
+             applies: Callable[[Variant, DeviceInfo], bool], default: Callable[[Variant, DeviceInfo], Config],
+             space: dict[str, tuple] | None = None, valid: Callable[[Variant, Config, DeviceInfo], bool] | None = None,
+             fit: Callable[[Variant, DeviceInfo], float] | None = None,
+             explain: Callable[[Variant, Config], str] | None = None) -> Callable[[Render], Render]:
+    """Register the decorated render function as the strategy ``<op>.<backend>.<name>`` of each op.
+
+    >>> @strategy("softmax", "cuda", "block_row", level=0, doc="one block per row",
+    ...           space={"threads": (128, 256)}, applies=lambda v, d: True, default=lambda v, d: {"threads": 256})
+    ... def _block_row(v, config, device): ...
+
+    ``applies`` says whether the design handles a variant (layout, dtype, sizes), ``default`` its
+    first configuration, ``valid`` filters the configurations of ``space``, ``fit`` ranks
+    applicable strategies (the level by default), ``explain`` describes one configuration.
+    """
+    def register_render(render: Render) -> Render:
+        for op in ((ops,) if isinstance(ops, str) else ops):
+            register(Strategy(f"{op}.{backend}.{name}", op, backend, level, doc, dict(space or {}), applies, default,
+                              render, valid, fit, explain))
+        return render
+    return register_render
 
 
 def all_strategies() -> list[Strategy]:

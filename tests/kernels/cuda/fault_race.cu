@@ -1,4 +1,4 @@
-// Fault corpus: Threads race on one shared running sum (no atomics, no barrier).
+// Fault corpus: Threads race on one shared running sum (no atomics).
 #include "kforge.h"
 // Base: softmax over rows of a contiguous float32 tensor, one block of 256 threads per row.
 #define ENTRY KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out, \
@@ -46,7 +46,14 @@ __global__ void k(const float* x, float* y, int64_t cols) {
     __shared__ float total;
     if (threadIdx.x == 0) total = 0.f;
     __syncthreads();
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) { volatile float* t = &total; *t = *t + expf(xr[c] - m); }
+    float part = 0.f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) part += expf(xr[c] - m);
+    /* The unsynchronised read-modify-write of the shared sum, with every thread's read and write
+       pushed apart by a barrier: all but one update is lost, whatever the scheduling. */
+    volatile float* t = &total;
+    float seen = *t;
+    __syncthreads();
+    *t = seen + part;
     __syncthreads();
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = expf(xr[c] - m) / total;
 }

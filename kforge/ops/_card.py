@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from ..ops import Variant, get_spec
+from ._registry import get_spec
+from ._signature import Variant
 
 
 @dataclass(frozen=True)

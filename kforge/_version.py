@@ -1,0 +1,2 @@
+"""kforge's version: a leaf module, so that any layer can read it without importing the package root."""
+__version__ = "0.1.0"

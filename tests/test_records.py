@@ -1,0 +1,258 @@
+"""Records flow down: cards and verdicts as frozen records, one speedup per candidate, verdicts
+that change only with new evidence, failures outside the candidate's control, true progress
+counts, and the dispatch-cost filter on export and load."""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kforge
+from kforge.evaluate import Evaluation, Status
+from kforge.ops import CardStatus, CardVerdict
+from kforge.search import EventKind
+from kernel_files import kernel_source
+from scripted import ScriptedProposer
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return x.softmax(-1)
+
+
+def _session(tmp_path, name="wd"):
+    s = kforge.Session(Softmax(), torch.randn(64, 1000), device="cpu", workdir=tmp_path / name)
+    s.capture(timing_budget_ms=2)
+    return s
+
+
+def _sources(n: int) -> list[str]:
+    base = kernel_source("cpu", "softmax_rows")
+    return [base + f"\n/* variant {i} */\n" for i in range(n)]
+
+
+class FakeEvaluator:
+    """Answers from a script: one Evaluation per call, in order (deterministic verdicts)."""
+
+    backend, device, arch = "cpu", "cpu", "native"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.calls: list[int] = []
+
+    def evaluate_variant(self, variant, source, examples=(), *, seed=0):
+        assert examples, "the search hands the card's stored examples"
+        self.calls.append(seed)
+        status, speedup = self.answers.pop(0) if self.answers else (Status.NO_GAIN, 1.0)
+        return Evaluation(status, f"scripted {status.value}", speedup=speedup,
+                          candidate_us=10.0 / speedup if speedup else None,
+                          eager_us=10.0)
+
+    def close(self):
+        pass
+
+
+def _with_evaluator(s, answers) -> FakeEvaluator:
+    ev = FakeEvaluator(answers)
+    s._evaluator = ev
+    return ev
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def test_cards_live_with_the_variant_and_stay_importable_where_users_import_them():
+    from kforge.capture import Card as from_capture, Cards as cards_from_capture
+    from kforge.ops import Card, Cards
+
+    assert kforge.Card is Card is from_capture and kforge.Cards is Cards is cards_from_capture
+    assert Card.__module__ == "kforge.ops._card"
+
+
+def test_example_paths_name_the_stored_blobs(tmp_path):
+    s = _session(tmp_path)
+    card = s.cards.by_op("softmax")[0]
+    paths = s.store.example_paths(card.key)
+    assert len(paths) == card.examples >= 1
+    (ins, outs), = paths[:1]
+    assert all(Path(p).is_file() for p in ins if p) and all(Path(p).is_file() for p in outs)
+    loaded = s.store.load_examples(card.key)[0]
+    assert torch.equal(torch.load(outs[0], weights_only=True), loaded[1][0])
+    s.close()
+
+
+def test_a_verdict_is_a_frozen_record_with_an_enum_and_reads_old_stores():
+    v = CardVerdict(CardStatus.WINNER, "r", winner_id=3, speedup=1.5, confirmed=True, first_speedup=1.8)
+    with pytest.raises(Exception):
+        v.speedup = 2.0  # type: ignore[misc]
+    assert CardVerdict.from_json(json.loads(json.dumps(v.to_json()))) == v
+    old = {"winner_id": None, "speedup": 1.0, "kernel_us": None, "eager_us": 3.0, "candidates": 4,
+           "search_ended": "iteration budget used", "status": "eager", "reason": "no candidate was correct"}
+    assert CardVerdict.from_json(old).status is CardStatus.EAGER and v.speedup_label == "1.50x confirmed"
+    assert CardStatus.WINNER.has_winner and not CardStatus.NOT_SEARCHED.is_searched
+
+
+# ----------------------------------------------------------------------------- one speedup per candidate
+
+
+def test_the_confirmed_speedup_is_the_one_everywhere(tmp_path):
+    s = _session(tmp_path)
+    # first timing 2.0x, confirmation 1.5x: every reader must show 1.5x, labelled as confirmed
+    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    run = s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
+    (r,) = s.results.winners
+    assert r.speedup == 1.5 and r.confirmed and r.first_speedup == 2.0 and r.status is CardStatus.WINNER
+    assert r.eager_us == 10.0 and r.kernel_us == pytest.approx(10.0 / 1.5)
+    table = s.results.table()
+    assert "1.50x confirmed" in table and "6.67" in table and "2.00" not in table
+    (card, cand), = s.winners()
+    assert cand.speedup == 1.5 and cand.first_speedup == 2.0
+    finished = [e for e in run.events if e.kind is EventKind.CARD_FINISHED][0]
+    assert finished.data["speedup"] == 1.5 and finished.data["confirmed"] is True
+    manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
+    assert [k["speedup"] for k in manifest["kernels"]] == [1.5]
+    from kforge.views._data import card_rows, tree_nodes
+
+    row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
+    assert row["speedup"] == 1.5 and row["status"] == "winner"
+    assert [n["speedup"] for n in tree_nodes(s.store, r.key)] == [1.5]
+    s.close()
+
+
+def test_unconfirmed_winners_say_so(tmp_path):
+    s = _session(tmp_path)
+    _with_evaluator(s, [(Status.FASTER, 2.0)])
+    s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1, confirm=False)
+    (r,) = s.results.winners
+    assert r.speedup == 2.0 and not r.confirmed and "single timing" in s.results.table()
+    s.close()
+
+
+def test_resuming_a_finished_session_keeps_its_verdicts(tmp_path):
+    s = _session(tmp_path)
+    ev = _with_evaluator(s, [(Status.FASTER, 2.0), (Status.SLOWER, 0.5), (Status.FASTER, 1.5),
+                             (Status.FASTER, 1.25)])
+    s.optimize(proposer=ScriptedProposer(_sources(3)), iterations=3, parallel=1)
+    first = s.store.results()
+    calls = len(ev.calls)
+    # the same budget again, twice: nothing new is measured, so nothing changes
+    for _ in range(2):
+        ev.answers = [(Status.FASTER, 9.0)] * 5   # what a new timing would say (noise)
+        s.optimize(proposer=ScriptedProposer(_sources(3)), iterations=3, parallel=1)
+        assert s.store.results() == first
+        assert len(ev.calls) == calls
+    s.close()
+
+
+def test_a_confirmation_is_stored_and_not_timed_again(tmp_path):
+    s = _session(tmp_path)
+    ev = _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
+    (winner,) = s.store.candidates()
+    assert winner.confirmation is not None and winner.confirmation.speedup == 1.5
+    # new evidence (a slower candidate) makes a new verdict, but the winner is not re-timed
+    ev.answers = [(Status.SLOWER, 0.8)]
+    s.optimize(proposer=ScriptedProposer(_sources(2)[1:]), iterations=2, parallel=1)
+    assert len(ev.calls) == 3
+    v = s.store.result(winner.card_key)
+    assert v.winner_id == winner.id and v.speedup == 1.5 and v.candidates == 2
+    s.close()
+
+
+# ----------------------------------------------------------------------------- failures outside the candidate
+
+
+infra_status = Status.INFRA_ERROR
+
+
+def test_infrastructure_failures_cost_no_budget_and_are_redone_on_resume(tmp_path):
+    s = _session(tmp_path)
+    ev = _with_evaluator(s, [(infra_status, 0.0), (Status.NO_GAIN, 1.0), (Status.NO_GAIN, 1.0)])
+    run = s.optimize(proposer=ScriptedProposer(_sources(3)), iterations=2, parallel=1, confirm=False)
+    cands = s.store.candidates()
+    assert len(cands) == 3                                      # the failed one did not use the budget
+    assert [c.is_evaluated for c in cands] == [False, True, True]
+    assert sum(1 for e in run.events if e.kind is EventKind.EVALUATED and e.data["counts"]) == 2
+    ev.answers = [(Status.FASTER, 1.4)]
+    s.optimize(proposer=ScriptedProposer([]), iterations=2, parallel=1, confirm=False)
+    assert s.store.candidate(cands[0].id).status is Status.FASTER  # evaluated again on resume
+    assert len(ev.calls) == 4 and s.store.result(cands[0].card_key).winner_id == cands[0].id
+    s.close()
+
+
+def test_repeated_infrastructure_failures_end_the_card_with_a_reason(tmp_path):
+    s = _session(tmp_path)
+    _with_evaluator(s, [(infra_status, 0.0)] * 10)
+    s.optimize(proposer=ScriptedProposer(_sources(10)), iterations=5, parallel=1, confirm=False)
+    assert len(s.store.candidates()) == 3
+    (r,) = [r for r in s.results if r.op == "softmax"]
+    assert r.status is CardStatus.EAGER and "outside the candidates' control" in s.store.result(r.key).search_ended
+    s.close()
+
+
+@pytest.mark.parametrize("status", [Status.TIMING_MISMATCH, Status.REJECTED])
+def test_refused_candidates_are_failures_that_count(tmp_path, status):
+    s = _session(tmp_path)
+    _with_evaluator(s, [(status, 3.0), (Status.NO_GAIN, 1.0)])
+    s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=2, parallel=1, confirm=False)
+    first, second = s.store.candidates()
+    assert first.is_evaluated and first.status is status and first.speedup == 0.0  # scored 0, not redone
+    assert s.results.items[0].status is CardStatus.EAGER
+    s.close()
+
+
+# ----------------------------------------------------------------------------- progress, names
+
+
+def test_progress_counts_what_was_done(tmp_path):
+    pytest.importorskip("anywidget")
+    from kforge.views import progress
+
+    s = _session(tmp_path)
+    _with_evaluator(s, [])
+    # 8 iterations asked for, but the proposer has only 2 candidates: 2 evaluations + 3 failures
+    run = s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=8, parallel=1, confirm=False)
+    view = progress(run)
+    assert (view.done, view.total) == (5, 5)
+    s.close()
+
+
+def test_search_policy_keyword_and_its_deprecated_name(tmp_path):
+    s = _session(tmp_path)
+    _with_evaluator(s, [])
+    with pytest.warns(DeprecationWarning, match="policy="):
+        run = s.optimize(proposer=ScriptedProposer(_sources(1)), strategy="linear", iterations=1)
+    assert run.policy.name == "linear"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.optimize(proposer=ScriptedProposer(_sources(2)), policy="best_of_n", iterations=2)
+    s.close()
+
+
+# ----------------------------------------------------------------------------- dispatch cost on export and load
+
+
+def test_export_and_load_leave_out_winners_that_cost_more_than_they_save(tmp_path, monkeypatch):
+    from kforge.deploy import _select
+
+    s = _session(tmp_path)
+    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
+    full = s.export(tmp_path / "all", all_winners=True)
+    monkeypatch.setitem(_select.DISPATCH_COST, "cpu", _select.DispatchCost(hit_us=1e6, miss_us=1e6))
+    filtered = json.loads((s.export(tmp_path / "some") / "manifest.json").read_text())
+    assert filtered["kernels"] == []                   # apply() would skip it: so does export()
+    model = Softmax()
+    with pytest.warns(UserWarning, match="stays on eager"):
+        dep = kforge.load(model, full)                  # exported with every winner: load filters
+    assert dep.kernels == [] and dep.skipped and "costs the host" in dep.skipped[0][1]
+    dep.remove()
+    dep = kforge.load(model, full, all_winners=True)
+    assert len(dep.kernels) == 1
+    dep.remove()
+    s.close()
