@@ -67,6 +67,7 @@ class _Recorder(TorchFunctionMode):
         self.records: dict[str, _VariantRecord] = {}
         self.sequence: list[str] = []
         self.uncaptured: collections.Counter[str] = collections.Counter()
+        self.outside: collections.Counter[str] = collections.Counter()
         self.timer = timer
         self._stored_bytes = stored_bytes
         self._seen_blobs = seen_blobs
@@ -75,7 +76,10 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         spec = spec_for(func)
         if spec is None:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if _computes(result, args, kwargs):
+                self.outside[getattr(func, "__name__", str(func))] += 1
+            return result
         try:
             call = inplace_binder(spec, func)(*args, **kwargs)
         except (Unsupported, TypeError, ValueError):
@@ -127,6 +131,13 @@ class _Recorder(TorchFunctionMode):
         rec.examples.append((ins, outs))
 
 
+def _computes(result: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call made new tensor data (not a view, not an input handed back, not a size)."""
+    if not isinstance(result, torch.Tensor) or result._is_view():
+        return False
+    return not any(result is a for a in (*args, *kwargs.values()))
+
+
 def _check_devices(model: Any, batches: Sequence[Any], device: str) -> None:
     want = torch.device(device).type
     for b in batches:
@@ -168,6 +179,7 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
     stored, seen = [0], set()
     records: dict[str, _VariantRecord] = {}
     uncaptured: collections.Counter[str] = collections.Counter()
+    outside: collections.Counter[str] = collections.Counter()
     with torch.no_grad():
         for i, batch in enumerate(batches):
             rec = _Recorder(store, limits, stored, seen)
@@ -188,6 +200,7 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
                 room = limits.examples_per_variant - len(mine.examples)
                 mine.examples.extend(r.examples[:max(room, 0)])
             uncaptured.update(rec.uncaptured)
+            outside.update(rec.outside)
     if not records:
         raise CaptureError(
             "no operator kforge supports ran in this model"
@@ -216,7 +229,8 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
     # over several forwards) add up to more than the median forward, the parts are the whole.
     total = max(model_us, sum(c.forward_us for c in cards)) or 1.0
     cards = sorted((c.with_share(c.forward_us / total) for c in cards), key=lambda c: (-c.share, -c.total_us))
-    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())), threads, model_timing.noisy)
+    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())), threads=threads,
+                 model_noisy=model_timing.noisy, outside=tuple(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 # What eager dispatches to on the CPU, for the operators that call a vendor library on CUDA.

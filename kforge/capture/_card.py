@@ -76,6 +76,7 @@ class Cards(Sequence[Card]):
     model_us: float | None = None     # the model's own eager forward time, per batch set
     uncaptured: tuple[tuple[str, int], ...] = field(default=())  # unsupported calls seen: (name, count)
     threads: int | None = None        # CPU: intra-op threads the capture measured with (this process only)
+    outside: tuple[tuple[str, int], ...] = field(default=())  # computing calls no kforge operator covers
     model_noisy: bool = False         # the forward's own timing was too noisy to trust (this process only)
 
     def __getitem__(self, i):  # type: ignore[override]
@@ -138,6 +139,9 @@ class Cards(Sequence[Card]):
         if self.uncaptured:
             lines.append("not captured (call forms or dtypes kforge does not cover): "
                          + ", ".join(f"{n} x{k}" for n, k in self.uncaptured))
+        if self.outside:
+            lines.append("outside kforge's operators (run eagerly, not searched): "
+                         + ", ".join(f"{n} x{k}" for n, k in self.outside))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:
