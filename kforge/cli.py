@@ -151,9 +151,9 @@ def _reachable(url: str, name: str, timeout_s: float = 3.0) -> None:
 def _check_cache() -> None:
     from .kernels._compile import cache_dir
 
-    path = cache_dir()
+    path = os.environ.get("KFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kforge")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path = cache_dir()
     except OSError as exc:
         raise UsageError(f"cannot create the kernel cache {path} ({exc.strerror or exc}): set KFORGE_CACHE to a "
                          "folder you can write to") from None
