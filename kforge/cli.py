@@ -1,26 +1,84 @@
-"""The kforge command line, for headless GPU boxes and scripts."""
+"""The kforge command line, for headless GPU boxes and scripts.
+
+Everyday mistakes end in one line on stderr naming the thing and the fix, exit code 2. With
+``--json`` stdout carries one JSON document and nothing else; progress goes to stderr. Ctrl-C
+during ``optimize`` stops after the evaluation in progress, keeps everything in the store, prints
+the resume command and exits with 130.
+"""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
+import os
+import socket
 import sys
+import time
 from typing import Any, Sequence
+from urllib.parse import urlparse
 
 from . import __version__
+
+INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """A mistake in how kforge was called: the message says what to do instead."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"kforge: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _out(args: argparse.Namespace):
+    """Where human-readable text goes: stdout, or stderr when stdout is for JSON."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
+
+
+# ----------------------------------------------------------------------------- the model
 
 
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
     from .examples import example
 
-    if args.model:
-        module, _, attr = args.model.partition(":")
-        if not attr:
-            raise SystemExit(f"--model takes 'package.module:function' returning (model, inputs), got {args.model!r}")
-        fn = getattr(importlib.import_module(module), attr)
-        model, inputs = fn()
-        return model, inputs
-    return example(args.example, device=args.device or "cpu")
+    if not args.model:
+        return example(args.example, device=args.device or "cpu")
+    spec = args.model
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise UsageError(f"--model takes 'module:function' (a function returning (model, example_inputs)), "
+                         f"got {spec!r}; e.g. --model mymodel:build for build() in mymodel.py")
+    # NB: like `python -m` and pytest, a module in the current folder is importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.split(".")[0] == exc.name.split(".")[0]:
+            raise UsageError(f"--model {spec}: no module {module!r} in {os.getcwd()} or on PYTHONPATH; run kforge "
+                             f"from the folder that holds {module.split('.')[0]}.py, or add that folder to "
+                             "PYTHONPATH") from None
+        raise UsageError(f"--model {spec}: importing {module!r} failed ({type(exc).__name__}: {exc}); "
+                         f"`python -c 'import {module}'` shows where") from None
+    except Exception as exc:
+        raise UsageError(f"--model {spec}: importing {module!r} failed ({type(exc).__name__}: {exc}); "
+                         f"`python -c 'import {module}'` shows where") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise UsageError(f"--model {spec}: {module!r} has no function {attr!r}; name a function that returns "
+                         "(model, example_inputs)")
+    try:
+        built = fn()
+    except Exception as exc:
+        raise UsageError(f"--model {spec}: {attr}() raised {type(exc).__name__}: {exc}") from None
+    if not (isinstance(built, (tuple, list)) and len(built) == 2 and callable(built[0])):
+        raise UsageError(f"--model {spec}: {attr}() must return (model, example_inputs), got "
+                         f"{type(built).__name__}{'' if not isinstance(built, (tuple, list)) else f' of {len(built)}'}")
+    return built[0], built[1]
 
 
 def _session(args: argparse.Namespace):
@@ -33,51 +91,286 @@ def _session(args: argparse.Namespace):
     return Session(model, inputs, device=args.device, workdir=args.workdir)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    from .examples import EXAMPLES
+# ----------------------------------------------------------------------------- checks before work
 
-    p.add_argument("--example", default="tiny_cnn", choices=EXAMPLES, help="built-in example model (default tiny_cnn)")
-    p.add_argument("--model", help="'package.module:function' returning (model, example_inputs)")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--workdir", default=None, help="where the session's store lives (default: a new temp dir)")
+
+def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
+    """Budgets and operator names, before anything runs. Returns the --ops list."""
+    from .ops import all_specs
+
+    if args.iterations < 1:
+        raise UsageError(f"--iterations must be at least 1 (got {args.iterations}): it is the number of "
+                         "candidates tried per card")
+    if args.dollars is not None and not args.dollars > 0:
+        raise UsageError(f"--dollars must be a positive amount (got {args.dollars:g}); leave it out for no "
+                         "dollar limit")
+    if args.max_cards is not None and args.max_cards < 1:
+        raise UsageError(f"--max-cards must be at least 1 (got {args.max_cards})")
+    if not args.ops:
+        return None
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    known = sorted(s.name for s in all_specs())
+    for op in ops:
+        if op not in known:
+            close = difflib.get_close_matches(op, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"--ops: kforge has no operator {op!r}; {hint}known: {', '.join(known)}")
+    return ops
+
+
+def _make_proposer(name: str):
+    from .proposers import make_proposer
+    from .proposers._base import ProposerError
+
+    try:
+        proposer = make_proposer(name)
+    except (ValueError, ProposerError, ImportError) as exc:
+        raise UsageError(f"--proposer {name}: {exc}") from None
+    url = getattr(proposer, "base_url", None)
+    if getattr(proposer, "name", "") == "local" and url:
+        _reachable(url, name)
+    return proposer
+
+
+def _reachable(url: str, name: str, timeout_s: float = 3.0) -> None:
+    """Fail at once when nothing listens at a local proposer's URL (not after a whole run)."""
+    parts = urlparse(url)
+    host = parts.hostname
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not host:
+        raise UsageError(f"--proposer {name}: {url!r} is not a URL; use local:http://HOST:PORT/v1")
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"--proposer {name}: cannot reach the server at {url} ({reason}); start it or fix the "
+                         "URL") from None
+
+
+def _check_cache() -> None:
+    from .kernels._compile import cache_dir
+
+    path = os.environ.get("KFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kforge")
+    try:
+        path = cache_dir()
+    except OSError as exc:
+        raise UsageError(f"cannot create the kernel cache {path} ({exc.strerror or exc}): set KFORGE_CACHE to a "
+                         "folder you can write to") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"the kernel cache {path} is not writable: set KFORGE_CACHE to a folder you can write to")
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+def _capture_summary(session, cards) -> list[str]:
+    lines = [f"kforge {__version__}: {len(cards)} operator variants captured on {session.device}"
+             + (f" (timed on {cards.threads} thread{'s' if cards.threads != 1 else ''})" if cards.threads else "")
+             + f"; store in {session.workdir}"]
+    if cards.noisy or cards.model_noisy:
+        lines.append(f"warning: {len(cards.noisy)} card timing(s)"
+                     + (" and the forward's own timing" if cards.model_noisy else "")
+                     + " were too noisy to trust (the machine is busy?); capture again when it is quieter")
+    return lines
+
+
+def _cards_json(cards) -> dict:
+    return {"model_us": cards.model_us, "coverage": cards.coverage, "threads": cards.threads,
+            "noisy": [c.key for c in cards.noisy], "model_noisy": cards.model_noisy,
+            "uncaptured": dict(cards.uncaptured), "outside": dict(cards.outside),
+            "cards": [c.to_json() | {"key": c.key, "signature": c.signature} for c in cards]}
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
     session = _session(args)
     cards = session.capture()
     if args.json:
-        print(json.dumps({"workdir": str(session.workdir), "device": session.device, "model_us": cards.model_us,
-                          "coverage": cards.coverage, "cards": [c.to_json() | {"key": c.key, "signature": c.signature}
-                                                                for c in cards]}, indent=2, default=str))
+        for line in _capture_summary(session, cards):
+            print(line, file=sys.stderr)
+        print(json.dumps({"workdir": str(session.workdir), "device": session.device, **_cards_json(cards)},
+                         indent=2, default=str))
     else:
-        print(f"kforge {__version__}: {len(cards)} operator variants captured on {session.device}; "
-              f"store in {session.workdir}")
+        print("\n".join(_capture_summary(session, cards)))
         print(cards.table(args.limit))
     return 0
 
 
-def cmd_optimize(args: argparse.Namespace) -> int:
-    from .search import print_progress
+# ----------------------------------------------------------------------------- optimize
 
+
+class _Progress:
+    """Prints events to stderr and keeps what the summary needs."""
+
+    def __init__(self, quiet: bool):
+        from .search import print_progress
+
+        self._print = None if quiet else print_progress
+        self.evaluations = 0
+        self.evaluated: set[str] = set()
+        self.proposer_failures: dict[str, str] = {}
+
+    def __call__(self, event) -> None:
+        from .search import EventKind
+
+        if event.kind is EventKind.EVALUATED:
+            self.evaluations += 1
+            self.evaluated.add(event.card_key)
+        elif event.kind is EventKind.PROPOSER_FAILED and event.card_key:
+            self.proposer_failures[event.card_key] = event.message
+        if self._print is not None:
+            self._print(event, sys.stderr)
+
+
+def _until_done(run) -> None:
+    while not run.done:
+        time.sleep(0.1)
+    try:
+        run.wait()
+    except Exception:  # noqa: BLE001 - reported from run.error by the caller
+        pass
+
+
+def _wait(run) -> bool:
+    """Wait for the run; on Ctrl-C stop it after the evaluation in progress. True if interrupted."""
+    try:
+        _until_done(run)
+        return False
+    except KeyboardInterrupt:
+        pass
+    print("kforge: stopping after the evaluation in progress (Ctrl-C again to quit at once)...", file=sys.stderr,
+          flush=True)
+    run.stop()
+    try:
+        _until_done(run)
+    except KeyboardInterrupt:
+        print("kforge: quit; what was stored stays in the store", file=sys.stderr)
+    return True
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from .kernels import device_info
+    from .search import plan
+
+    resume = getattr(args, "resume", False)
+    ops = _check_optimize_args(args)
+    proposer = _make_proposer(args.proposer)
+    _check_cache()
     session = _session(args)
-    if not getattr(args, "resume", False) or session._cards is None:
+    if session.store.readonly:
+        raise UsageError(f"{session.workdir} is read-only here: optimize writes to its store; copy the folder "
+                         f"somewhere writable and resume there (`kforge show --workdir {session.workdir}` prints it "
+                         "as it is)")
+    out = _out(args)
+    if not resume or session._cards is None:
         session.capture()
-        print(session.cards.table(args.limit))
-    ops = args.ops.split(",") if args.ops else None
-    run = session.optimize(proposer=args.proposer, policy=args.strategy, iterations=args.iterations,
-                           dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
-                           max_cards=args.max_cards, background=False,
-                           on_event=None if args.json else print_progress)
+        print("\n".join(_capture_summary(session, session.cards)), file=out)
+        print(session.cards.table(args.limit), file=out)
+    cards = session.cards
+    chosen, skipped = plan(cards, device_info(session.device), ops=ops, include_vendor=args.include_vendor,
+                           max_cards=args.max_cards)
+    if not chosen:
+        if ops:
+            present = sorted({c.op for c in cards})
+            raise UsageError(f"--ops {args.ops}: the model runs no such operator (it runs: {', '.join(present)})"
+                             if not any(c.op in ops for c in cards) else
+                             "no card to optimize: " + "; ".join(f"{p.card.op}: {p.reason}" for p in skipped[:5]))
+        raise UsageError("no card to optimize: " + ("; ".join(f"{p.card.op}: {p.reason}" for p in skipped[:5])
+                                                    or "the session has no cards"))
+    progress = _Progress(quiet=False)
+    started = time.monotonic()
+    dollars_before = session.store.dollars()
+    try:
+        run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
+                               dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
+                               max_cards=args.max_cards, background=True, on_event=progress)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    interrupted = _wait(run)
+    seconds = time.monotonic() - started
     results = session.results
+    # NB: a card whose proposer never produced a candidate (a layout or dtype it does not cover):
+    # the proposer's own words say why, not "no candidate was evaluated".
+    out_of_reach = {key: msg for key, msg in progress.proposer_failures.items() if key not in progress.evaluated}
+    resume_cmd = f"kforge optimize --resume --workdir {session.workdir}"
+    summary = {
+        "winners": [{"key": r.key, "op": r.op, "signature": r.signature, "speedup": r.speedup}
+                    for r in results.winners],
+        "searched": sum(r.status != "not searched" for r in results),
+        "evaluations": progress.evaluations,
+        "dollars": session.store.dollars() - dollars_before,
+        "dollars_total": session.store.dollars(),
+        "seconds": round(seconds, 3),
+        "state": run.state.value,
+        "interrupted": interrupted,
+        "error": None if run.error is None else f"{type(run.error).__name__}: {run.error}",
+        "skipped": [{"key": p.card.key, "signature": p.card.signature, "reason": p.reason} for p in skipped],
+        "out_of_reach": [{"key": k, "reason": m} for k, m in out_of_reach.items()],
+        "noisy": [c.key for c in cards.noisy],
+        "uncaptured": dict(cards.uncaptured),
+        "outside": dict(cards.outside),
+        "resume": resume_cmd,
+    }
+    exported = None
+    if args.export and not interrupted and run.error is None:
+        exported = str(session.export(args.export))
+        summary["exported"] = {"path": exported, "kernels": len(session.winners())}
     if args.json:
-        print(json.dumps({"workdir": str(session.workdir), "results": results.to_records()}, indent=2, default=str))
+        print(json.dumps({"workdir": str(session.workdir), "device": session.device, "summary": summary,
+                          "results": results.to_records()}, indent=2, default=str))
     else:
         print(results.table())
-        print(f"store: {session.workdir}  (resume with: kforge optimize --resume --workdir {session.workdir})")
-    if args.export:
-        path = session.export(args.export)
-        print(f"exported {len(session.winners())} kernels to {path}")
-    return 0 if run.error is None else 1
+        for line in _optimize_summary(summary, cards):
+            print(line)
+    if interrupted:
+        print(f"kforge: interrupted: {progress.evaluations} evaluation(s) of this run and every earlier one are "
+              f"kept in {session.workdir}; resume with: {resume_cmd}", file=sys.stderr)
+        return INTERRUPTED
+    if run.error is not None:
+        print(f"kforge: error: the run failed: {summary['error']}; what it stored is kept; resume with: "
+              f"{resume_cmd}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _optimize_summary(summary: dict, cards) -> list[str]:
+    lines = []
+    for s in summary["skipped"]:
+        lines.append(f"not searched: {s['signature'][:70]}: {s['reason']}")
+    for s in summary["out_of_reach"]:
+        lines.append(f"out of reach: {s['reason']}")
+    if summary["noisy"]:
+        lines.append(f"warning: {len(summary['noisy'])} card timing(s) at capture were too noisy to trust")
+    if cards.outside:
+        lines.append("outside kforge's operators (stay eager): "
+                     + ", ".join(f"{n} x{k}" for n, k in cards.outside))
+    lines.append(f"{len(summary['winners'])} winner(s), {summary['evaluations']} evaluation(s), "
+                 f"${summary['dollars']:.2f} of LLM calls, {summary['seconds']:.1f} s")
+    lines.append(f"store: {summary['resume'].split('--workdir ')[-1]}  (resume with: {summary['resume']})")
+    if "exported" in summary:
+        lines.append(f"exported {summary['exported']['kernels']} kernels to {summary['exported']['path']}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- show, doctor
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .session import Session
+
+    session = Session.open(args.workdir)
+    if session._cards is None:
+        raise UsageError(f"{args.workdir} holds a session with no capture yet: run kforge capture or optimize")
+    cards, results = session.cards, session.results
+    if args.json:
+        print(json.dumps({"workdir": str(session.workdir), "device": session.device, "readonly": session.store.readonly,
+                          **_cards_json(cards), "results": results.to_records()}, indent=2, default=str))
+    else:
+        print(f"session in {session.workdir} on {session.device}"
+              + (" (opened read-only)" if session.store.readonly else ""))
+        print(cards.table(args.limit))
+        print(results.table())
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -93,31 +386,47 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .examples import EXAMPLES
+
+    parser = _Parser(
         prog="kforge", description="Capture the operators a PyTorch model runs and search for faster kernels.")
     parser.add_argument("--version", action="version", version=f"kforge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--example", default="tiny_cnn", choices=EXAMPLES, help="built-in example model (default tiny_cnn)")
+        p.add_argument("--model", help="'module:function' returning (model, example_inputs); the current folder is "
+                                       "importable")
+        p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+        p.add_argument("--workdir", default=None, help="where the session's store lives (default: a new temp dir)")
+
     p = sub.add_parser("capture", help="run a model, record its operators, print the card table")
-    _add_model_args(p)
+    model_args(p)
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     p.add_argument("--limit", type=int, default=None, help="print at most this many cards")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("optimize", help="capture, then search for faster kernels for the cards")
-    _add_model_args(p)
+    model_args(p)
     p.add_argument("--resume", action="store_true", help="continue the session in --workdir")
     p.add_argument("--proposer", default="builtin", help="builtin (default), anthropic, openai, local:URL")
-    p.add_argument("--strategy", default="mcts", choices=("mcts", "linear", "best_of_n"))
+    p.add_argument("--policy", "--strategy", dest="policy", default="mcts", choices=("mcts", "linear", "best_of_n"),
+                   help="search policy: which candidate to revise next (default mcts; --strategy is its old name)")
     p.add_argument("--iterations", type=int, default=50, help="candidates per card (default 50)")
     p.add_argument("--dollars", type=float, default=None, help="stop when LLM spending reaches this")
     p.add_argument("--ops", default=None, help="comma-separated operators to optimize (default: all native)")
     p.add_argument("--include-vendor", action="store_true", help="also search cuBLAS/cuDNN/flash-backed operators")
     p.add_argument("--max-cards", type=int, default=None, help="optimize at most this many cards")
     p.add_argument("--export", default=None, help="write the winners to this artifact directory")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     p.add_argument("--limit", type=int, default=None)
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("show", help="print a session's cards and results (works on a read-only workdir)")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument("--limit", type=int, default=None)
+    p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("doctor", help="what this machine can do with kforge, and what to install for the rest")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
@@ -127,16 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "resume", False) and not args.workdir:
-        raise SystemExit("--resume needs --workdir")
     from .capture import CaptureError
     from .store import WorkdirError
 
     try:
+        if getattr(args, "resume", False) and not args.workdir:
+            raise UsageError("--resume needs --workdir: the folder of the session to continue")
         return args.func(args)
-    except (CaptureError, WorkdirError) as exc:
-        print(f"kforge: error: {exc}", file=sys.stderr)
+    except (UsageError, CaptureError, WorkdirError) as exc:
+        print(f"kforge: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("kforge: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

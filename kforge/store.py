@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -142,23 +143,67 @@ class WorkdirError(RuntimeError):
     """The workdir cannot be used as asked (another model's session, a newer schema...)."""
 
 
-class Store:
-    """One session's records: ``<workdir>/kforge.db`` plus ``<workdir>/blobs/``."""
+def _writable(path: Path) -> bool:
+    """Whether this process may create files in the folder ``path``."""
+    return os.access(path, os.W_OK | os.X_OK)
 
-    def __init__(self, workdir: str | Path):
+
+def _damaged(db: Path, exc: BaseException) -> WorkdirError:
+    return WorkdirError(
+        f"{db} is damaged ({exc}): start again in a new workdir, or keep what is readable with "
+        f"`sqlite3 {db} .recover | sqlite3 NEWDIR/kforge.db` and copy {db.parent / 'blobs'} into NEWDIR")
+
+
+class Store:
+    """One session's records: ``<workdir>/kforge.db`` plus ``<workdir>/blobs/``.
+
+    A workdir this process cannot write (a read-only copy, another user's folder) opens read-only:
+    everything can be read, and a write raises WorkdirError saying so. ``readonly=True`` asks for that.
+    """
+
+    def __init__(self, workdir: str | Path, *, readonly: bool | None = None):
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.blobs = self.workdir / "blobs"
-        self.blobs.mkdir(exist_ok=True)
+        db = self.workdir / "kforge.db"
+        if readonly is None:
+            readonly = db.exists() and not (_writable(self.workdir) and os.access(db, os.W_OK))
+        self.readonly = readonly
+        if not readonly:
+            try:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                self.blobs.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise WorkdirError(f"cannot create the session's folder {self.workdir} ({exc.strerror or exc}): "
+                                   "pass a workdir you can write to (--workdir / workdir=)") from None
+            if not _writable(self.workdir):
+                raise WorkdirError(f"cannot write to the workdir {self.workdir}: pass a workdir you can write to "
+                                   "(--workdir / workdir=)")
+        elif not db.exists():
+            raise WorkdirError(f"{self.workdir} holds no kforge session (no kforge.db) to open read-only")
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.workdir / "kforge.db", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        version = self.get_meta("schema_version")
-        if version is None:
+        try:
+            if readonly:
+                # NB: immutable: a read-only folder cannot hold the WAL's shared-memory file.
+                uri = f"{db.resolve().as_uri()}?mode=ro&immutable=1"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            else:
+                self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            check = self._db.execute("PRAGMA quick_check").fetchone()
+            if check and check[0] != "ok":
+                raise sqlite3.DatabaseError(check[0])
+            if not readonly:
+                self._db.executescript(_SCHEMA)
+            version = self.get_meta("schema_version")
+        except sqlite3.DatabaseError as exc:
+            if readonly or "readonly" not in str(exc):
+                raise _damaged(db, exc) from None
+            raise WorkdirError(f"cannot write to {db} ({exc}): open it read-only, or copy the workdir "
+                               "somewhere writable") from None
+        if version is None and not readonly:
             self.set_meta("schema_version", SCHEMA_VERSION)
-        elif int(version) > SCHEMA_VERSION:
+        elif version is not None and int(version) > SCHEMA_VERSION:
             raise WorkdirError(f"{self.workdir} was written by a newer kforge (schema {version}); upgrade kforge")
 
     def close(self) -> None:
@@ -167,9 +212,17 @@ class Store:
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError) and "no such table" not in str(exc):
+                    raise
+                raise _damaged(self.workdir / "kforge.db", exc) from None
 
     def _write(self, sql: str, args: Sequence[Any] = ()) -> int:
+        if self.readonly:
+            raise WorkdirError(f"{self.workdir} is opened read-only (this process cannot write there): copy the "
+                               "workdir somewhere writable to continue the session")
         with self._lock:
             cur = self._db.execute(sql, args)
             return cur.lastrowid or 0
@@ -193,14 +246,16 @@ class Store:
                 self._db.execute("INSERT INTO cards (key, position, op, body) VALUES (?, ?, ?, ?)",
                                  (card.key, i, card.op, json.dumps(card.to_json())))
             self._db.execute("COMMIT")
-        self.set_meta("cards_meta", {"model_us": cards.model_us, "uncaptured": [list(u) for u in cards.uncaptured]})
+        self.set_meta("cards_meta", {"model_us": cards.model_us, "uncaptured": [list(u) for u in cards.uncaptured],
+                                     "outside": [list(u) for u in cards.outside]})
 
     def load_cards(self) -> "Cards":
         from .ops import Card, Cards
 
         items = tuple(Card.from_json(json.loads(b)) for (b,) in self._rows("SELECT body FROM cards ORDER BY position"))
         meta = self.get_meta("cards_meta") or {}
-        return Cards(items, meta.get("model_us"), tuple((n, c) for n, c in meta.get("uncaptured", [])))
+        return Cards(items, meta.get("model_us"), tuple((n, c) for n, c in meta.get("uncaptured", [])),
+                     outside=tuple((n, c) for n, c in meta.get("outside", [])))
 
     def put_tensor(self, t: torch.Tensor) -> str:
         """Store a tensor once by content (same bytes, same dtype/shape/strides: same blob)."""

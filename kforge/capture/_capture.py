@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import collections
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..evaluate.timing import bench
+from ..timing import NOISY_SPREAD, Clock, Timing, bench, cpu_threads, measurement_threads
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
 from ..store import Store, iter_tensors
 from ..ops import Card, Cards
@@ -57,13 +59,16 @@ class _Recorder(TorchFunctionMode):
     (F.layer_norm calling torch.layer_norm) are not counted twice.
     """
 
-    def __init__(self, store: Store | None, limits: CaptureLimits, stored_bytes: list[int], seen_blobs: set[str]):
+    def __init__(self, store: Store | None, limits: CaptureLimits, stored_bytes: list[int], seen_blobs: set[str],
+                 timer: "_CallTimer | None" = None):
         super().__init__()
         self.store = store
         self.limits = limits
         self.records: dict[str, _VariantRecord] = {}
         self.sequence: list[str] = []
         self.uncaptured: collections.Counter[str] = collections.Counter()
+        self.outside: collections.Counter[str] = collections.Counter()
+        self.timer = timer
         self._stored_bytes = stored_bytes
         self._seen_blobs = seen_blobs
 
@@ -71,7 +76,10 @@ class _Recorder(TorchFunctionMode):
         kwargs = kwargs or {}
         spec = spec_for(func)
         if spec is None:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if _computes(result, args, kwargs):
+                self.outside[getattr(func, "__name__", str(func))] += 1
+            return result
         try:
             call = inplace_binder(spec, func)(*args, **kwargs)
         except (Unsupported, TypeError, ValueError):
@@ -80,7 +88,10 @@ class _Recorder(TorchFunctionMode):
         want_example = self._wants_example(spec, call)
         before = [t.detach().clone() if isinstance(t, torch.Tensor) else None for t in call.inputs] \
             if want_example and call.params.get("inplace") else None
+        token = self.timer.start() if self.timer is not None else None
         result = func(*args, **kwargs)
+        if self.timer is not None:
+            self.timer.stop(token)
         outputs = [o for o in (result if isinstance(result, (tuple, list)) else (result,))]
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             self.uncaptured[spec.name] += 1
@@ -90,6 +101,8 @@ class _Recorder(TorchFunctionMode):
         except TypeError:  # a dtype kforge does not handle
             self.uncaptured[spec.name] += 1
             return result
+        if self.timer is not None:
+            self.timer.name(token, variant.key)
         rec = self.records.setdefault(variant.key, _VariantRecord(variant))
         rec.calls += 1
         self.sequence.append(variant.key)
@@ -116,6 +129,13 @@ class _Recorder(TorchFunctionMode):
                 self._seen_blobs.add(digest)
                 self._stored_bytes[0] += t.numel() * t.element_size()
         rec.examples.append((ins, outs))
+
+
+def _computes(result: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call made new tensor data (not a view, not an input handed back, not a size)."""
+    if not isinstance(result, torch.Tensor) or result._is_view():
+        return False
+    return not any(result is a for a in (*args, *kwargs.values()))
 
 
 def _check_devices(model: Any, batches: Sequence[Any], device: str) -> None:
@@ -146,13 +166,20 @@ def _run(model: Callable, batch: Any) -> Any:
 
 def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store: Store | None,
                   limits: CaptureLimits | None = None, timing_budget_ms: float = 100.0,
-                  check_repeatable: bool = True) -> Cards:
-    """Run ``model`` on each batch under the recorder, then time each variant in isolation."""
+                  check_repeatable: bool = True, clock: Clock | None = None) -> Cards:
+    """Run ``model`` on each batch under the recorder, then measure each variant twice.
+
+    Share: the variant's time inside the model's own warm forwards (where it happens), over the
+    forward's time. Eager time: one call replayed in isolation the way candidates are timed (the
+    baseline of speedups). On the CPU both run with no more threads than the idle cores
+    (``kforge.timing.measurement_threads``). ``clock``: a nanosecond clock for CPU timings (tests).
+    """
     limits = limits or CaptureLimits()
     _check_devices(model, batches, device)
     stored, seen = [0], set()
     records: dict[str, _VariantRecord] = {}
     uncaptured: collections.Counter[str] = collections.Counter()
+    outside: collections.Counter[str] = collections.Counter()
     with torch.no_grad():
         for i, batch in enumerate(batches):
             rec = _Recorder(store, limits, stored, seen)
@@ -173,38 +200,144 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
                 room = limits.examples_per_variant - len(mine.examples)
                 mine.examples.extend(r.examples[:max(room, 0)])
             uncaptured.update(rec.uncaptured)
+            outside.update(rec.outside)
     if not records:
         raise CaptureError(
             "no operator kforge supports ran in this model"
             + (f" (unsupported call forms seen: {dict(uncaptured)})" if uncaptured else "")
             + ". See kforge.ops.all_specs() for the supported operators")
 
+    threads = measurement_threads() if device == "cpu" else None
+    if clock is None and threads == 1:
+        # NB: on one thread, torch's CPU operators do all their work on this thread, and its CPU
+        # time leaves out the moments another process held the core: the work, not the wait.
+        clock = time.thread_time_ns
     cards = []
-    for key, r in records.items():
-        timing = time_variant(r.variant, store, key, device, timing_budget_ms)
-        if store is not None:
-            for idx, (ins, outs) in enumerate(r.examples):
-                store.save_example(key, idx, ins, outs)
-        cards.append(Card(r.variant, r.calls, timing.median_us, 0.0, get_spec(r.variant.op).vendor,
-                          len(r.examples), timing.spread))
-    total = sum(c.total_us for c in cards) or 1.0
-    cards = sorted((c.with_share(c.total_us / total) for c in cards), key=lambda c: -c.share)
-    model_us = _time_model(model, batches, device, timing_budget_ms)
-    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())))
+    with cpu_threads(threads):
+        in_forward, model_timing = _attribute(model, batches, limits, device, timing_budget_ms, clock)
+        for key, r in records.items():
+            timing = time_variant(r.variant, store, key, device, timing_budget_ms, threads=threads, clock=clock)
+            if store is not None:
+                for idx, (ins, outs) in enumerate(r.examples):
+                    store.save_example(key, idx, ins, outs)
+            forward_us, forward_spread = in_forward.get(key, (0.0, 0.0))
+            noisy = timing.noisy or forward_spread > NOISY_SPREAD
+            cards.append(Card(r.variant, r.calls, timing.median_us, 0.0, _vendor(r.variant.op, device),
+                              len(r.examples), timing.robust_spread, noisy, forward_us))
+    model_us = model_timing.median_us
+    # NB: the parts of one forward cannot sum past the whole; when the medians of the parts (taken
+    # over several forwards) add up to more than the median forward, the parts are the whole.
+    total = max(model_us, sum(c.forward_us for c in cards)) or 1.0
+    cards = sorted((c.with_share(c.forward_us / total) for c in cards), key=lambda c: (-c.share, -c.total_us))
+    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())), threads=threads,
+                 model_noisy=model_timing.noisy, outside=tuple(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
-def time_variant(variant: Variant, store: Store | None, key: str, device: str, budget_ms: float):
-    """Eager time of one call of ``variant``, replayed in isolation on its stored or fresh inputs."""
+# What eager dispatches to on the CPU, for the operators that call a vendor library on CUDA.
+_CPU_VENDOR = {"conv1d": "onednn", "conv2d": "onednn", "linear": "blas", "matmul": "blas"}
+
+
+def _vendor(op: str, device: str) -> str | None:
+    """The library eager calls for ``op`` on ``device`` (None: torch's own kernels)."""
+    if device == "cpu":
+        return _CPU_VENDOR.get(op)
+    return get_spec(op).vendor
+
+
+class _CallTimer:
+    """Times each claimed call inside a forward, where it happens.
+
+    CPU: a clock around the call. CUDA: events recorded on the current stream before and after
+    the call, so a call's time is the stream's time from its first launch to its last kernel's end;
+    calls do not overlap on the stream, so their times cannot add up past the forward's.
+    """
+
+    def __init__(self, device: str, clock: Clock | None):
+        self.cuda = device.startswith("cuda")
+        self.clock = clock or time.perf_counter_ns
+        self.calls: list[list] = []   # [start, end, variant key or None]
+
+    def start(self) -> int:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.calls.append([ev, None, None])
+        else:
+            self.calls.append([self.clock(), None, None])
+        return len(self.calls) - 1
+
+    def stop(self, token: int) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.calls[token][1] = ev
+        else:
+            self.calls[token][1] = self.clock()
+
+    def name(self, token: int, key: str) -> None:
+        self.calls[token][2] = key
+
+    def per_key_us(self) -> dict[str, float]:
+        """Total time per variant key over the calls of this forward."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = collections.defaultdict(float)
+        for start, end, key in self.calls:
+            if key is None or end is None:
+                continue
+            out[key] += start.elapsed_time(end) * 1e3 if self.cuda else (end - start) / 1e3
+        return dict(out)
+
+
+def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, device: str, budget_ms: float,
+               clock: Clock | None, min_forwards: int = 5, max_forwards: int = 21,
+               ) -> tuple[dict[str, tuple[float, float]], Timing]:
+    """Time each variant where it happens: inside the model's own warm forwards.
+
+    Returns per variant key (median over forwards of its time inside one forward, robust spread)
+    and the timing of the plain forward. Plain forwards alternate with recorded ones, so both see
+    the same machine: a busy moment slows both, not one.
+    """
+    per_forward: list[dict[str, float]] = []
+    plain_us: list[float] = []
+    deadline = time.monotonic() + budget_ms * 5 / 1e3
+    with torch.no_grad():
+        while len(per_forward) < max_forwards and (len(per_forward) < min_forwards or time.monotonic() < deadline):
+            whole = _CallTimer(device, clock)
+            token = whole.start()
+            for batch in batches:
+                _run(model, batch)
+            whole.stop(token)
+            whole.name(token, "forward")
+            plain_us.append(whole.per_key_us()["forward"])
+            totals: dict[str, float] = collections.defaultdict(float)
+            for batch in batches:
+                timer = _CallTimer(device, clock)
+                with _Recorder(None, limits, [0], set(), timer):
+                    _run(model, batch)
+                for key, us in timer.per_key_us().items():
+                    totals[key] += us
+            per_forward.append(totals)
+    keys = {k for f in per_forward for k in f}
+    out = {}
+    for key in keys:
+        values = [f.get(key, 0.0) for f in per_forward]
+        median = statistics.median(values)
+        mad = statistics.median(abs(v - median) for v in values)
+        out[key] = (median, 1.4826 * mad / median if median else 0.0)
+    return out, Timing.of(plain_us, threads=torch.get_num_threads() if device == "cpu" else None)
+
+
+def time_variant(variant: Variant, store: Store | None, key: str, device: str, budget_ms: float, *,
+                 threads: int | None = None, clock: Clock | None = None):
+    """Eager time of one call of ``variant``, replayed in isolation on its stored or fresh inputs.
+
+    The same method that times candidates (inputs cold, L2 flushed): the baseline of speedups.
+    """
     spec = get_spec(variant.op)
     examples = store.load_examples(key, device) if store is not None else []
     inputs = examples[0][0] if examples else spec.random_inputs(variant, seed=0)
     params = variant.param_dict
     with torch.no_grad():
         return bench(lambda: spec.reference(inputs, params), device=device, budget_ms=budget_ms,
-                     min_reps=10 if device == "cpu" else 50)
-
-
-def _time_model(model: Callable, batches: Sequence[Any], device: str, budget_ms: float) -> float:
-    with torch.no_grad():
-        return sum(bench(lambda b=b: _run(model, b), device=device, flush_l2=False, warmup=1,
-                         budget_ms=budget_ms * 5, min_reps=3, max_reps=50).median_us for b in batches)
+                     min_reps=10 if device == "cpu" else 50, max_rounds=4, threads=threads, clock=clock)

@@ -66,7 +66,7 @@ def _measure_copy_bandwidth(device: str) -> float:
     n = (256 << 20) // 4
     src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
-    from ..evaluate.timing import bench
+    from ..timing import bench
 
     t = bench(lambda: dst.copy_(src), device=device, reps=10, flush_l2=False)
     return 2 * src.numel() * 4 / (t.median_us * 1e-6) / 1e9

@@ -14,11 +14,13 @@ class Card:
 
     variant: Variant
     calls: int
-    eager_us: float            # one call, measured in isolation like candidates are
-    share: float               # calls * eager_us over the sum across cards
+    eager_us: float            # one call, replayed in isolation the way candidates are timed (speedups' baseline)
+    share: float               # forward_us over the model's forward: what the model spends here
     vendor: str | None
     examples: int = 0          # examples stored on disk
-    eager_spread: float = 0.0  # coefficient of variation of the eager timing
+    eager_spread: float = 0.0  # robust spread (1.4826 MAD / median) of the eager timing
+    noisy: bool = False        # a timing of this card was too noisy to trust (see kforge.timing)
+    forward_us: float = 0.0    # all its calls, timed inside the model's own warm forward (median of several)
 
     @property
     def key(self) -> str:
@@ -59,12 +61,12 @@ class Card:
     def to_json(self) -> dict:
         return {"variant": self.variant.to_json(), "calls": self.calls, "eager_us": self.eager_us,
                 "share": self.share, "vendor": self.vendor, "examples": self.examples,
-                "eager_spread": self.eager_spread}
+                "eager_spread": self.eager_spread, "noisy": self.noisy, "forward_us": self.forward_us}
 
     @classmethod
     def from_json(cls, d: dict) -> "Card":
         return cls(Variant.from_json(d["variant"]), d["calls"], d["eager_us"], d["share"], d["vendor"],
-                   d.get("examples", 0), d.get("eager_spread", 0.0))
+                   d.get("examples", 0), d.get("eager_spread", 0.0), d.get("noisy", False), d.get("forward_us", 0.0))
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Cards(Sequence[Card]):
     items: tuple[Card, ...] = ()
     model_us: float | None = None     # the model's own eager forward time, per batch set
     uncaptured: tuple[tuple[str, int], ...] = field(default=())  # unsupported calls seen: (name, count)
+    threads: int | None = None        # CPU: intra-op threads the capture measured with (this process only)
+    outside: tuple[tuple[str, int], ...] = field(default=())  # computing calls no kforge operator covers
+    model_noisy: bool = False         # the forward's own timing was too noisy to trust (this process only)
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, str):
@@ -91,14 +96,20 @@ class Cards(Sequence[Card]):
 
     @property
     def captured_us(self) -> float:
-        return sum(c.total_us for c in self.items)
+        """Time the captured operators take inside one forward (measured there, not replayed)."""
+        return sum(c.forward_us for c in self.items)
 
     @property
     def coverage(self) -> float | None:
-        """Captured operators' time over the model's forward time (what kforge can reach)."""
+        """Share of the model's forward spent in captured operators (what kforge can reach), at most 1."""
         if not self.model_us:
             return None
-        return self.captured_us / self.model_us
+        return min(1.0, sum(c.share for c in self.items))
+
+    @property
+    def noisy(self) -> list[Card]:
+        """Cards whose timings were too noisy to trust."""
+        return [c for c in self.items if c.noisy]
 
     def by_op(self, op: str) -> list[Card]:
         return [c for c in self.items if c.op == op]
@@ -108,18 +119,30 @@ class Cards(Sequence[Card]):
 
         rows = [{"key": c.key, "op": c.op, "signature": c.signature, "calls": c.calls,
                  "eager_us": c.eager_us, "total_us": c.total_us, "share": c.share,
-                 "vendor": c.vendor or "", "examples": c.examples} for c in self.items]
-        cols = ["key", "op", "signature", "calls", "eager_us", "total_us", "share", "vendor", "examples"]
+                 "vendor": c.vendor or "", "examples": c.examples, "forward_us": c.forward_us,
+                 "eager_spread": c.eager_spread, "noisy": c.noisy} for c in self.items]
+        cols = ["key", "op", "signature", "calls", "eager_us", "total_us", "share", "vendor", "examples",
+                "forward_us", "eager_spread", "noisy"]
         return pd.DataFrame(rows, columns=cols)
 
     def table(self, limit: int | None = None) -> str:
         lines = [f"{'share':>6}  {'calls':>5}  {'eager us':>9}  {'vendor':<6}  signature"]
         for c in self.items[:limit]:
-            lines.append(f"{c.share * 100:5.1f}%  {c.calls:5d}  {c.eager_us:9.2f}  {(c.vendor or '-'):<6}  "
-                         f"{c.signature}")
+            lines.append(f"{c.share * 100:5.1f}%  {c.calls:5d}  {c.eager_us:9.2f}{'?' if c.noisy else ' '} "
+                         f"{(c.vendor or '-'):<6}  {c.signature}")
         if self.coverage is not None:
-            lines.append(f"captured operators: {self.captured_us:.0f} us of the model's "
-                         f"{self.model_us:.0f} us forward ({self.coverage * 100:.0f}%)")
+            lines.append(f"captured operators: {self.coverage * 100:.0f}% of the model's {self.model_us:.0f} us "
+                         "forward (share: measured inside the forward; eager us: one call replayed alone, "
+                         "the baseline of speedups)")
+        if self.noisy:
+            lines.append(f"warning: {len(self.noisy)} timing(s) marked '?' were too noisy to trust (a busy "
+                         "machine?): capture again when it is quieter")
+        if self.uncaptured:
+            lines.append("not captured (call forms or dtypes kforge does not cover): "
+                         + ", ".join(f"{n} x{k}" for n, k in self.uncaptured))
+        if self.outside:
+            lines.append("outside kforge's operators (run eagerly, not searched): "
+                         + ", ".join(f"{n} x{k}" for n, k in self.outside))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:

@@ -1,0 +1,317 @@
+"""The command line: one line for everyday mistakes (exit 2, no traceback), pure JSON, Ctrl-C, resume."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kforge
+import kforge.store
+from kforge import cli
+from kforge.capture import capture_cards
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as exc:  # argparse
+        rc = exc.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_line_error(rc: int, err: str, *needles: str) -> str:
+    lines = err.strip().splitlines()
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith("kforge: error: "), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _kforge(*argv: str, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kforge.cli", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600, **kw)
+
+
+def _session_dir(tmp_path: Path) -> Path:
+    wd = tmp_path / "wd"
+    model, x = kforge.example("tiny_cnn")
+    s = kforge.Session(model, x, device="cpu", workdir=wd)
+    s.capture(timing_budget_ms=2.0)
+    s.close()
+    return wd
+
+
+# ----------------------------------------------------------------------------- everyday mistakes
+
+
+def test_unknown_proposer(capsys):
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--proposer", "bogus")
+    _one_line_error(rc, err, "'bogus'", "builtin")
+
+
+def test_anthropic_without_a_key(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.setenv("KFORGE_CONFIG", str(tmp_path / "none.toml"))
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--proposer", "anthropic")
+    _one_line_error(rc, err, "ANTHROPIC_API_KEY", "builtin")
+
+
+def test_unknown_operator_in_ops_is_named(capsys):
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--ops", "relu,softmaxx")
+    _one_line_error(rc, err, "'softmaxx'", "did you mean 'softmax'")
+
+
+def test_operator_the_model_does_not_run(capsys, tmp_path):
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--workdir", str(tmp_path / "wd"), "--ops", "softmax")
+    _one_line_error(rc, err, "softmax", "it runs:", "conv2d")
+
+
+@pytest.mark.parametrize("args, needle", [(("--iterations", "0"), "--iterations must be at least 1"),
+                                          (("--dollars", "-1"), "--dollars must be a positive amount"),
+                                          (("--max-cards", "0"), "--max-cards must be at least 1")])
+def test_bad_budgets(capsys, args, needle):
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", *args)
+    _one_line_error(rc, err, needle)
+
+
+def test_bad_choice_is_one_line(capsys):
+    rc, _, err = _main(capsys, "optimize", "--strategy", "annealing")
+    _one_line_error(rc, err, "annealing", "mcts")
+
+
+def test_resume_without_workdir(capsys):
+    rc, _, err = _main(capsys, "optimize", "--resume")
+    _one_line_error(rc, err, "--resume needs --workdir")
+
+
+def test_model_that_does_not_import(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "nosuchmodel:build")
+    _one_line_error(rc, err, "nosuchmodel", str(tmp_path))
+    (tmp_path / "brokenmod.py").write_text("import nosuchdependency\n")
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "brokenmod:build")
+    _one_line_error(rc, err, "importing 'brokenmod' failed", "nosuchdependency")
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "brokenmod")
+    _one_line_error(rc, err, "'module:function'")
+
+
+def test_model_function_that_fails_or_returns_the_wrong_thing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "oddmodels.py").write_text(
+        "import torch\n"
+        "def only_model():\n    return torch.nn.ReLU()\n"
+        "def raises():\n    raise RuntimeError('weights not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "oddmodels:only_model")
+    _one_line_error(rc, err, "must return (model, example_inputs)", "ReLU")
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "oddmodels:raises")
+    _one_line_error(rc, err, "raised RuntimeError: weights not found")
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--model", "oddmodels:missing")
+    _one_line_error(rc, err, "no function 'missing'")
+
+
+def test_damaged_store_names_the_file_and_the_recovery(capsys, tmp_path):
+    wd = _session_dir(tmp_path)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(wd, truncated)
+    data = (wd / "kforge.db").read_bytes()
+    (truncated / "kforge.db").write_bytes(data[:len(data) // 2])
+    garbage = tmp_path / "garbage"
+    shutil.copytree(wd, garbage)
+    (garbage / "kforge.db").write_bytes(b"not a database " * 500)
+    for bad in (truncated, garbage):
+        for argv in (("show", "--workdir", str(bad)), ("optimize", "--resume", "--workdir", str(bad))):
+            rc, _, err = _main(capsys, *argv)
+            _one_line_error(rc, err, str(bad / "kforge.db"), "damaged", ".recover")
+
+
+@pytest.fixture
+def readonly(monkeypatch):
+    """Make a folder read-only for this process (root ignores permission bits: then pretend)."""
+    made: list[Path] = []
+
+    def make(path: Path) -> Path:
+        if os.geteuid() == 0:
+            real = kforge.store._writable
+            monkeypatch.setattr(kforge.store, "_writable",
+                                lambda p: False if Path(p).resolve() == path.resolve() else real(p))
+        else:
+            path.chmod(0o555)
+            made.append(path)
+        return path
+
+    yield make
+    for p in made:
+        p.chmod(0o755)
+
+
+def test_readonly_workdir_opens_to_look_but_not_to_optimize(capsys, tmp_path, readonly):
+    wd = readonly(_session_dir(tmp_path))
+    rc, out, err = _main(capsys, "show", "--workdir", str(wd))
+    assert rc == 0 and "opened read-only" in out and "max_pool2d" in out, err
+    rc, _, err = _main(capsys, "optimize", "--resume", "--workdir", str(wd))
+    _one_line_error(rc, err, str(wd), "read-only", "kforge show")
+    session = kforge.Session.open(wd)
+    assert session.store.readonly and len(session.cards) > 0
+    with pytest.raises(kforge.store.WorkdirError, match="read-only"):
+        session.store.set_meta("x", 1)
+
+
+def test_workdir_that_cannot_be_created(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--workdir", str(blocker / "wd"))
+    _one_line_error(rc, err, str(blocker / "wd"), "workdir you can write")
+
+
+def test_existing_workdir_that_cannot_be_written(capsys, tmp_path, readonly):
+    wd = readonly(tmp_path / "empty")
+    wd.mkdir()
+    rc, _, err = _main(capsys, "capture", "--device", "cpu", "--workdir", str(wd))
+    _one_line_error(rc, err, str(wd), "workdir you can write")
+
+
+def test_cache_that_cannot_be_written(capsys, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("KFORGE_CACHE", str(blocker / "cache"))
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--workdir", str(tmp_path / "wd"))
+    _one_line_error(rc, err, str(blocker / "cache"), "KFORGE_CACHE")
+
+
+def test_unreachable_local_proposer_fails_fast_with_the_url(capsys):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--proposer", f"local:{url}")
+    _one_line_error(rc, err, url, "cannot reach")
+
+
+@pytest.mark.skipif(kforge.session.torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu(capsys):
+    rc, _, err = _main(capsys, "capture", "--device", "cuda")
+    _one_line_error(rc, err, "no usable CUDA GPU", 'device="cpu"')
+
+
+# ----------------------------------------------------------------------------- what a run says
+
+
+def test_noisy_capture_is_flagged_in_the_summary(tmp_path):
+    clock = _lognormal_clock()
+    model, x = kforge.example("tiny_cnn")
+    cards = capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=2.0, clock=clock)
+    session = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    lines = cli._capture_summary(session, cards)
+    assert any(line.startswith("warning:") and "too noisy to trust" in line for line in lines)
+    assert "?" in cards.table() and "too noisy" in cards.table()
+
+
+def _lognormal_clock():
+    """A nanosecond clock whose intervals are random (lognormal, sigma 1) but reproducible."""
+    import random
+
+    rng, now = random.Random(0), [0]
+
+    def clock() -> int:
+        now[0] += int(1000 * rng.lognormvariate(0.0, 1.0)) + 1
+        return now[0]
+
+    return clock
+
+
+def test_model_from_the_current_folder_and_operators_outside_the_registry(tmp_path):
+    (tmp_path / "mymod.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x.flip(0).cumsum(0).relu()\n"
+        "def build():\n    return M(), torch.randn(8, 8)\n")
+    res = _kforge("capture", "--device", "cpu", "--model", "mymod:build", "--workdir", str(tmp_path / "wd"), "--json",
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [c["variant"]["op"] for c in data["cards"]] == ["relu"]
+    assert data["outside"] == {"cumsum": 1, "flip": 1}
+    text = _kforge("capture", "--device", "cpu", "--model", "mymod:build", cwd=tmp_path)
+    assert "outside kforge's operators" in text.stdout and "flip x1" in text.stdout
+
+
+def test_optimize_json_is_pure_and_says_what_is_out_of_reach(tmp_path):
+    (tmp_path / "f64.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x.double().softmax(-1).float().relu()\n"
+        "def build():\n    return M(), torch.randn(16, 32)\n")
+    res = _kforge("optimize", "--device", "cpu", "--model", "f64:build", "--workdir", str(tmp_path / "wd"),
+                  "--iterations", "2", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)  # nothing but the JSON document on stdout
+    summary = data["summary"]
+    assert {"winners", "dollars", "seconds", "evaluations", "resume"} <= set(summary)
+    assert summary["state"] == "finished" and summary["dollars"] == 0.0
+    (reach,) = summary["out_of_reach"]
+    assert "f64" in reach["reason"] and "not covered" in reach["reason"]
+    assert "captured on cpu" in res.stderr  # human text went to stderr
+    assert "Traceback" not in res.stderr
+
+
+# ----------------------------------------------------------------------------- Ctrl-C and resume
+
+
+def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(tmp_path):
+    wd = tmp_path / "wd"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "kforge.cli", "optimize", "--device", "cpu", "--example",
+                             "tiny_transformer", "--workdir", str(wd), "--iterations", "30", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.split()[:1] == ["evaluated"]:
+                proc.send_signal(signal.SIGINT)
+                break
+        out, rest = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(seen) + rest
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert f"resume with: kforge optimize --resume --workdir {wd}" in err
+    summary = json.loads(out)["summary"]
+    assert summary["interrupted"] and summary["state"] == "stopped"
+    session = kforge.Session.open(wd)  # the store is intact
+    evaluated = [c for c in session.store.candidates() if c.evaluation is not None]
+    assert len(evaluated) >= 1
+
+
+def _verdicts(data: dict) -> list[tuple]:
+    return [(r["key"], r["status"], r["winner_id"], r["speedup"]) for r in data["results"]]
+
+
+def test_repeated_resume_gives_identical_verdicts(tmp_path):
+    wd = str(tmp_path / "wd")
+    first = _kforge("optimize", "--device", "cpu", "--workdir", wd, "--iterations", "3", "--max-cards", "2", "--json")
+    assert first.returncode == 0, first.stderr
+    again = [_kforge("optimize", "--resume", "--workdir", wd, "--iterations", "3", "--max-cards", "2", "--json")
+             for _ in range(2)]
+    for res in again:
+        assert res.returncode == 0, res.stderr
+    verdicts = [_verdicts(json.loads(r.stdout)) for r in (first, *again)]
+    assert verdicts[0] == verdicts[1] == verdicts[2]
