@@ -4,6 +4,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .capture import Batches, Card, Cards, CaptureError, CaptureLimits
+from . import regions as _regions  # noqa: F401  (registers the "region" op spec)
 from .examples import example
 from .session import Session
 

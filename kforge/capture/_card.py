@@ -18,6 +18,7 @@ class Card:
     vendor: str | None
     examples: int = 0          # examples stored on disk
     eager_spread: float = 0.0  # coefficient of variation of the eager timing
+    inductor_us: float | None = None  # regions: Inductor's kernel for the same region, compiled alone
 
     @property
     def key(self) -> str:
@@ -58,12 +59,12 @@ class Card:
     def to_json(self) -> dict:
         return {"variant": self.variant.to_json(), "calls": self.calls, "eager_us": self.eager_us,
                 "share": self.share, "vendor": self.vendor, "examples": self.examples,
-                "eager_spread": self.eager_spread}
+                "eager_spread": self.eager_spread, "inductor_us": self.inductor_us}
 
     @classmethod
     def from_json(cls, d: dict) -> "Card":
         return cls(Variant.from_json(d["variant"]), d["calls"], d["eager_us"], d["share"], d["vendor"],
-                   d.get("examples", 0), d.get("eager_spread", 0.0))
+                   d.get("examples", 0), d.get("eager_spread", 0.0), d.get("inductor_us"))
 
 
 @dataclass(frozen=True)
@@ -105,10 +106,16 @@ class Cards(Sequence[Card]):
     def to_frame(self):
         import pandas as pd
 
-        rows = [{"key": c.key, "op": c.op, "signature": c.signature, "calls": c.calls,
-                 "eager_us": c.eager_us, "total_us": c.total_us, "share": c.share,
-                 "vendor": c.vendor or "", "examples": c.examples} for c in self.items]
-        cols = ["key", "op", "signature", "calls", "eager_us", "total_us", "share", "vendor", "examples"]
+        def ops(c: Card) -> str:
+            spec = get_spec(c.op)
+            return ",".join(spec.ops_of(c.variant)) if hasattr(spec, "ops_of") else c.op
+
+        rows = [{"key": c.key, "kind": "region" if c.op == "region" else "op", "op": c.op, "ops": ops(c),
+                 "signature": c.signature, "calls": c.calls, "eager_us": c.eager_us, "total_us": c.total_us,
+                 "share": c.share, "vendor": c.vendor or "", "examples": c.examples,
+                 "inductor_us": c.inductor_us} for c in self.items]
+        cols = ["key", "kind", "op", "ops", "signature", "calls", "eager_us", "total_us", "share", "vendor",
+                "examples", "inductor_us"]
         return pd.DataFrame(rows, columns=cols)
 
     def table(self, limit: int | None = None) -> str:
