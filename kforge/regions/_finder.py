@@ -216,7 +216,7 @@ def build_region(members: list[fx.Node], trans: dict[fx.Node, list[Piece]]) -> F
 
 
 def find_regions(graph: fx.Graph, min_ops: int = 2) -> list[FoundRegion]:
-    """Every region of at least ``min_ops`` IR operators in ``graph`` (an ATen graph with "val" metadata)."""
+    """Every region of at least ``min_ops`` graph operators in ``graph`` (an ATen graph with "val" metadata)."""
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     trans = {n: t for n in nodes if (t := translate(n)) is not None}
@@ -266,7 +266,7 @@ def find_regions(graph: fx.Graph, min_ops: int = 2) -> list[FoundRegion]:
                     continue
                 members, best, changed = trial, region, True
                 break
-        if best is not None and len(best.ops) >= min_ops:
+        if best is not None and len(best.nodes) >= min_ops:
             found.append(best)
             assigned |= members
     found.sort(key=lambda r: order[r.nodes[0]])
