@@ -5,6 +5,7 @@ from ._version import __version__
 
 from .capture import Batches, CaptureError, CaptureLimits
 from .ops import Card, Cards
+from . import regions as _regions  # noqa: F401  (registers the "region" op spec)
 from .examples import example
 from .session import Session
 

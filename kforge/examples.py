@@ -81,7 +81,55 @@ class TinyTransformer(nn.Module):
         return F.log_softmax(self.lm_head(x), dim=-1)
 
 
-EXAMPLES = ("tiny_cnn", "tiny_transformer")
+class HandRMSNorm(nn.Module):
+    """RMSNorm written out the way Gemma and Qwen write it: pow, mean, add, rsqrt, mul, mul."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def gelu_tanh_formula(x: torch.Tensor) -> torch.Tensor:
+    """The tanh-approximation GELU as a formula (eight pointwise operators)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class ChainBlock(nn.Module):
+    """A pre-norm MLP block as language models write it: a hand-written RMSNorm, up projection,
+    a tanh-formula GELU, down projection and a residual add."""
+
+    def __init__(self, dim: int = 64, hidden: int = 128):
+        super().__init__()
+        self.norm = HandRMSNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(gelu_tanh_formula(self.up(self.norm(x))))
+
+
+class TinyChains(nn.Module):
+    """Two ChainBlocks and a final hand-written RMSNorm: the operator chains that regions fuse
+    (the residual add of each block joins the next norm as a second output)."""
+
+    def __init__(self, dim: int = 64, hidden: int = 128, blocks: int = 2):
+        super().__init__()
+        self.blocks = nn.ModuleList(ChainBlock(dim, hidden) for _ in range(blocks))
+        self.norm = HandRMSNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+
+EXAMPLES = ("tiny_cnn", "tiny_transformer", "tiny_chains")
 
 
 def example(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, batch: int = 2,
@@ -95,6 +143,9 @@ def example(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32, 
     elif name == "tiny_transformer":
         model = TinyTransformer()
         inputs = torch.randint(0, 256, (batch, 32), generator=g)
+    elif name == "tiny_chains":
+        model = TinyChains()
+        inputs = torch.randn(batch, 32, 64, generator=g).to(dtype)
     else:
         raise ValueError(f"unknown example {name!r}; choose one of {', '.join(EXAMPLES)}")
     model = model.to(device=device, dtype=dtype).eval()

@@ -92,8 +92,14 @@ class Session:
 
     # ------------------------------------------------------------------ capture
 
-    def capture(self, *, timing_budget_ms: float | None = None, check_repeatable: bool = True) -> Cards:
-        """Run the model eagerly on the example inputs, record its operators and time each variant."""
+    def capture(self, *, timing_budget_ms: float | None = None, check_repeatable: bool = True,
+                regions: bool = True, inductor_baseline: bool | None = None) -> Cards:
+        """Run the model eagerly on the example inputs, record its operators and time each variant.
+
+        ``regions``: also capture the model's graph (torch.compile) and add one card per fused
+        region (chains of pointwise operators with at most one reduction); ``inductor_baseline``
+        (default: on CUDA) times Inductor's kernel for each region too.
+        """
         if self.model is None:
             raise CaptureError("this session was opened without a model: pass model= to Session.open to capture again")
         if self.batches == [None]:
@@ -101,6 +107,12 @@ class Session:
         budget = timing_budget_ms if timing_budget_ms is not None else (100.0 if self.device != "cpu" else 20.0)
         cards = capture_cards(self.model, self.batches, device=self.device, store=self.store, limits=self.limits,
                               timing_budget_ms=budget, check_repeatable=check_repeatable)
+        if regions:
+            from .regions import region_cards
+
+            cards = region_cards(self.model, self.batches, cards, device=self.device, store=self.store,
+                                 timing_budget_ms=budget, examples_per_variant=self.limits.examples_per_variant,
+                                 inductor=self.device != "cpu" if inductor_baseline is None else inductor_baseline)
         self.store.save_cards(cards)
         self.store.set_meta("device", self.device)
         self._cards = cards

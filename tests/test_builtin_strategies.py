@@ -213,7 +213,7 @@ def _cuda_cases() -> list[tuple[str, str, str]]:
 @needs_nvcc
 def test_every_cuda_strategy_compiles_for_sm90():
     cases = _cuda_cases()
-    assert {name for _, name, _ in cases} == {s.name for s in all_strategies() if s.backend == "cuda"}
+    assert {name for _, name, _ in cases} == {s.name for s in all_strategies() if s.backend == "cuda" and s.op != "region"}  # regions: tests/test_regions_generator.py
 
     def build(case):
         label, _, src = case

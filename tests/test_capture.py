@@ -15,7 +15,7 @@ from kforge.capture import CaptureError, CaptureLimits, capture_cards
 from kforge.ops import all_specs, get_spec
 from kforge.store import WorkdirError
 
-FAST = dict(timing_budget_ms=2.0)
+FAST = dict(timing_budget_ms=2.0, regions=False)  # op capture alone; regions: tests/test_regions.py
 
 
 def _capture(model, inputs, tmp_path, **kw):

@@ -21,6 +21,7 @@ class Card:
     eager_spread: float = 0.0  # robust spread (1.4826 MAD / median) of the eager timing
     noisy: bool = False        # a timing of this card was too noisy to trust (see kforge.timing)
     forward_us: float = 0.0    # all its calls, timed inside the model's own warm forward (median of several)
+    inductor_us: float | None = None  # regions: Inductor's kernel for the same region, compiled alone
 
     @property
     def key(self) -> str:
@@ -61,12 +62,14 @@ class Card:
     def to_json(self) -> dict:
         return {"variant": self.variant.to_json(), "calls": self.calls, "eager_us": self.eager_us,
                 "share": self.share, "vendor": self.vendor, "examples": self.examples,
-                "eager_spread": self.eager_spread, "noisy": self.noisy, "forward_us": self.forward_us}
+                "eager_spread": self.eager_spread, "noisy": self.noisy, "forward_us": self.forward_us,
+                "inductor_us": self.inductor_us}
 
     @classmethod
     def from_json(cls, d: dict) -> "Card":
         return cls(Variant.from_json(d["variant"]), d["calls"], d["eager_us"], d["share"], d["vendor"],
-                   d.get("examples", 0), d.get("eager_spread", 0.0), d.get("noisy", False), d.get("forward_us", 0.0))
+                   d.get("examples", 0), d.get("eager_spread", 0.0), d.get("noisy", False), d.get("forward_us", 0.0),
+                   d.get("inductor_us"))
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,17 @@ class Cards(Sequence[Card]):
     def to_frame(self):
         import pandas as pd
 
-        rows = [{"key": c.key, "op": c.op, "signature": c.signature, "calls": c.calls,
-                 "eager_us": c.eager_us, "total_us": c.total_us, "share": c.share,
-                 "vendor": c.vendor or "", "examples": c.examples, "forward_us": c.forward_us,
-                 "eager_spread": c.eager_spread, "noisy": c.noisy} for c in self.items]
-        cols = ["key", "op", "signature", "calls", "eager_us", "total_us", "share", "vendor", "examples",
-                "forward_us", "eager_spread", "noisy"]
+        def ops(c: Card) -> str:
+            spec = get_spec(c.op)
+            return ",".join(spec.ops_of(c.variant)) if hasattr(spec, "ops_of") else c.op
+
+        rows = [{"key": c.key, "kind": "region" if c.op == "region" else "op", "op": c.op, "ops": ops(c),
+                 "signature": c.signature, "calls": c.calls, "eager_us": c.eager_us, "total_us": c.total_us,
+                 "share": c.share, "vendor": c.vendor or "", "examples": c.examples, "forward_us": c.forward_us,
+                 "eager_spread": c.eager_spread, "noisy": c.noisy, "inductor_us": c.inductor_us}
+                for c in self.items]
+        cols = ["key", "kind", "op", "ops", "signature", "calls", "eager_us", "total_us", "share", "vendor",
+                "examples", "forward_us", "eager_spread", "noisy", "inductor_us"]
         return pd.DataFrame(rows, columns=cols)
 
     def table(self, limit: int | None = None) -> str:

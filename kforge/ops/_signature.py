@@ -148,7 +148,10 @@ class Variant:
     def signature(self) -> str:
         from . import get_spec
 
-        names = get_spec(self.op).inputs
+        spec = get_spec(self.op)
+        if hasattr(spec, "describe"):  # a region: its operators, not its serialized IR
+            return spec.describe(self)
+        names = spec.inputs
         parts = [f"{n}: {s.short()}" for n, s in zip(names, self.inputs) if s is not None]
         parts += [f"{k}={_fmt(v)}" for k, v in self.params]
         return f"{self.op}(" + ", ".join(parts) + ")"

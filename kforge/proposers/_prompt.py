@@ -185,7 +185,7 @@ def card_prompt(request: ProposalRequest) -> str:
         "Reference, the exact computation to reproduce (x = the inputs in the order below, "
         "p = the params by name):",
         "```python",
-        _reference_source(spec.reference),
+        spec.source(variant) if hasattr(spec, "source") else _reference_source(spec.reference),
         "```",
         "It stands for these torch calls: "
         + ", ".join(_callable_name(t) for t in spec.targets if t is not None) + ".",

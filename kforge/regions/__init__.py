@@ -1,0 +1,21 @@
+"""Regions: chains of pointwise operators (plus at most one reduction) found in the model's graph,
+each searched as one fused kernel."""
+from __future__ import annotations
+
+from ._ir import OPS, Node, Ref, RegionIR
+from ._plan import Plan, plan_region
+from ._spec import REGION_SPEC, RegionSpec, region_ir, region_variant
+from ._generator import generate, region_plan
+
+__all__ = ["OPS", "Node", "Ref", "RegionIR", "Plan", "plan_region", "REGION_SPEC", "RegionSpec", "region_ir",
+           "region_variant", "generate", "region_plan"]
+
+from ._capture import RegionCapture, capture_regions, covered_op_calls, region_cards  # noqa: E402
+from ._finder import FoundRegion, find_regions  # noqa: E402
+
+__all__ += ["RegionCapture", "capture_regions", "covered_op_calls", "region_cards", "FoundRegion", "find_regions"]
+
+from ._baseline import inductor_baseline_us  # noqa: E402
+from ._deploy import regions_backend, replace_regions  # noqa: E402
+
+__all__ += ["inductor_baseline_us", "regions_backend", "replace_regions"]

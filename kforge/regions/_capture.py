@@ -1,0 +1,179 @@
+"""Graph capture: the model's ATen graphs with the shapes it ran, its regions, and region cards.
+
+``torch.compile(model, backend=<recorder>, dynamic=False)`` with AOTAutograd's forward compiler as
+the hook: dynamo splits the model into graphs (graph breaks run eager in between, as they do for
+any torch.compile), AOTAutograd lowers each to functional ATen with exact shapes, dtypes and
+strides in every node's metadata, and no decomposition table is passed, so ``aten.gelu``,
+``aten._softmax`` and ``aten.native_layer_norm`` stay whole. The compiled function the recorder
+returns runs the graph node by node (``torch.fx.Interpreter``), counting each region's calls and
+keeping its first input values as examples.
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..ops import Variant
+from ._finder import FoundRegion, find_regions
+from ._spec import REGION_SPEC, region_ir
+
+
+@dataclass
+class _Record:
+    variant: Variant
+    calls: int = 0
+    examples: list[list[torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RegionCapture:
+    """What graph capture saw: one record per region variant, how many graphs, and why it stopped."""
+
+    records: tuple[_Record, ...]
+    graphs: int
+    error: str | None = None
+
+    @property
+    def graph_breaks(self) -> int:
+        return max(self.graphs - 1, 0)
+
+
+class _GraphRun:
+    """The callable the recorder hands back for one graph: runs it, counting its regions."""
+
+    def __init__(self, gm: fx.GraphModule, regions: list[FoundRegion], owner: "_Recorder"):
+        self.gm, self.regions, self.owner = gm, regions, owner
+        self.watch: dict[fx.Node, list[tuple[FoundRegion, int]]] = collections.defaultdict(list)
+        for r in regions:
+            for i, n in enumerate(r.inputs):
+                self.watch[n].append((r, i))
+
+    def __call__(self, *args):
+        if not self.owner.recording:
+            return self.gm(*args)
+        wanted = {r.variant.key for r in self.regions
+                  if len(self.owner.record(r.variant).examples) < self.owner.examples_per_variant}
+        seen: dict[str, list] = {r.variant.key: [None] * len(r.inputs) for r in self.regions
+                                 if r.variant.key in wanted}
+        watch = self.watch
+
+        class _Interp(fx.Interpreter):
+            def run_node(self, n):
+                out = super().run_node(n)
+                for r, i in watch.get(n, ()):
+                    if r.variant.key in seen and isinstance(out, torch.Tensor):
+                        seen[r.variant.key][i] = out.detach().clone()
+                return out
+
+        with torch.no_grad():
+            result = _Interp(self.gm).run(*args)
+        for r in self.regions:
+            rec = self.owner.record(r.variant)
+            rec.calls += 1
+            got = seen.get(r.variant.key)
+            if got is not None and all(t is not None for t in got) and len(rec.examples) < self.owner.examples_per_variant:
+                rec.examples.append(got)
+        return result
+
+
+class _Recorder:
+    def __init__(self, examples_per_variant: int):
+        self.examples_per_variant = examples_per_variant
+        self.records: dict[str, _Record] = {}
+        self.graphs = 0
+        self.recording = True
+
+    def record(self, variant: Variant) -> _Record:
+        return self.records.setdefault(variant.key, _Record(variant))
+
+    def compile(self, gm: fx.GraphModule, example_inputs) -> Callable:
+        self.graphs += 1
+        return _GraphRun(gm, find_regions(gm.graph), self)
+
+    def backend(self):
+        from torch._dynamo.backends.common import aot_autograd
+
+        return aot_autograd(fw_compiler=self.compile)
+
+
+def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2) -> RegionCapture:
+    """Run ``model`` once per batch under a recording torch.compile backend and collect its regions.
+
+    A model dynamo cannot trace gives no regions and the reason (``error``), never an exception:
+    its operator cards do not depend on it.
+    """
+    from ..capture import split_batch
+
+    rec = _Recorder(examples_per_variant)
+    try:
+        compiled = torch.compile(model, backend=rec.backend(), dynamic=False, fullgraph=False)
+        with torch.no_grad():
+            for batch in batches:
+                args, kwargs = split_batch(batch)
+                compiled(*args, **kwargs)
+    except Exception as exc:  # NB: dynamo's errors are many types; any of them means "no graph"
+        return RegionCapture((), rec.graphs, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    finally:
+        rec.recording = False
+    return RegionCapture(tuple(rec.records.values()), rec.graphs)
+
+
+def covered_op_calls(variant: Variant) -> collections.Counter:
+    """The operator-card keys one call of the region stands for (its operators run op by op)."""
+    from ..capture._capture import CaptureLimits, _Recorder as _OpRecorder
+
+    inputs = REGION_SPEC.random_inputs(variant, seed=0)
+    rec = _OpRecorder(None, CaptureLimits(), [0], set())
+    with torch.no_grad(), rec:
+        region_ir(variant)(inputs)
+    return collections.Counter(rec.sequence)
+
+
+def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: str, store=None,
+                 timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False):
+    """``op_cards`` plus one card per region variant of the model's graph, shares recomputed so that
+    a region's card replaces the operator calls inside it (shares still sum to 1)."""
+    from ..capture import Card, Cards
+    from ..capture._capture import time_variant
+
+    found = capture_regions(model, batches, examples_per_variant=examples_per_variant)
+    if store is not None:
+        store.set_meta("regions", {"graphs": found.graphs, "graph_breaks": found.graph_breaks,
+                                   "regions": len(found.records), "error": found.error})
+    if found.error:
+        warnings.warn(f"kforge: no region cards, the model's graph could not be captured ({found.error}); "
+                      "its operator cards are complete", stacklevel=3)
+    covered: collections.Counter = collections.Counter()
+    new_cards = []
+    for rec in found.records:
+        variant = rec.variant
+        key = variant.key
+        if store is not None:
+            for idx, ins in enumerate(rec.examples):
+                outs = REGION_SPEC.reference(ins, variant.param_dict)
+                store.save_example(key, idx, [store.put_tensor(t) for t in ins], [store.put_tensor(o) for o in outs])
+        timing = time_variant(variant, store, key, device, timing_budget_ms)
+        inductor_us = None
+        if inductor:
+            from ._baseline import inductor_baseline_us
+
+            try:
+                inductor_us = inductor_baseline_us(variant, device)
+            except Exception as exc:  # NB: an Inductor failure costs the column, not the capture
+                warnings.warn(f"kforge: Inductor baseline of {variant.signature} failed: {exc}", stacklevel=2)
+        new_cards.append(Card(variant, rec.calls, timing.median_us, 0.0, None, len(rec.examples), timing.spread,
+                              inductor_us=inductor_us))
+        for op_key, n in covered_op_calls(variant).items():
+            covered[op_key] += n * rec.calls
+    op_list = list(op_cards)
+    uncovered = {c.key: max(c.calls - covered.get(c.key, 0), 0) for c in op_list}
+    total = sum(uncovered[c.key] * c.eager_us for c in op_list) + sum(c.total_us for c in new_cards) or 1.0
+    items = [c.with_share(uncovered[c.key] * c.eager_us / total) for c in op_list]
+    items += [c.with_share(c.total_us / total) for c in new_cards]
+    items.sort(key=lambda c: -c.share)
+    return Cards(tuple(items), op_cards.model_us, op_cards.uncaptured)

@@ -1,0 +1,95 @@
+"""Regions in graph mode: a region winner replaces its subgraph with one ``kforge::run`` call.
+
+Eager mode cannot run a region kernel: the dispatcher sees one torch call at a time, and a region
+is several. Regions deploy inside torch.compile instead: ``replace_regions`` rewrites an ATen FX
+graph (the finder runs on it, and every region whose variant has a kernel becomes a call of the
+``kforge::run`` custom op, the same op the dispatcher puts into compiled graphs), and
+``regions_backend`` is a torch.compile backend doing that in AOTAutograd's forward compiler.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable, Mapping
+
+import torch
+import torch.fx as fx
+
+from ._finder import find_regions
+
+
+def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str]) -> list[str]:
+    """Replace each region of ``gm`` whose variant key is in ``kernels`` (key -> the kernel's
+    ``DeployedKernel.run_name``) with ``torch.ops.kforge.run``; returns the keys replaced.
+
+    ``gm`` must be an ATen graph with "val" metadata (AOTAutograd's forward graph, or Inductor's
+    graph before its decompositions), so that its regions have the signatures capture saw.
+    """
+    import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
+
+    graph = gm.graph
+    done: list[str] = []
+    moved: dict[fx.Node, fx.Node] = {}  # an output of a region replaced earlier -> its getitem
+    for region in find_regions(graph):
+        name = kernels.get(region.variant.key)
+        if name is None:
+            continue
+        with graph.inserting_before(region.nodes[0]):
+            call = graph.call_function(torch.ops.kforge.run.default, (name, [moved.get(n, n) for n in region.inputs]))
+        for i, out in enumerate(region.outputs):
+            with graph.inserting_after(call):
+                item = graph.call_function(operator.getitem, (call, i))
+            if "val" in out.meta:
+                item.meta["val"] = out.meta["val"]
+            out.replace_all_uses_with(item)
+            moved[out] = item
+        for node in reversed(region.nodes):
+            graph.erase_node(node)
+        done.append(region.variant.key)
+    if done:
+        graph.eliminate_dead_code()
+        _stable_sort(graph)  # NB: the call went in before the region's first node; inputs may follow it
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+def _stable_sort(graph: fx.Graph) -> None:
+    """Reorder ``graph`` in place so that every node follows its inputs, moving as little as possible."""
+    import heapq
+
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    waiting = {n: len({a for a in n.all_input_nodes}) for n in nodes}
+    ready = [index[n] for n in nodes if waiting[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for u in n.users:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, index[u])
+    if len(order) != len(nodes):
+        raise RuntimeError("replacing a region made a cycle in the graph")
+    for prev, n in zip(order, order[1:]):
+        prev.append(n)
+
+
+def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
+    """A torch.compile backend that runs region winners: ``kernels`` are ``DeployedKernel``s (a
+    ``Deployment``'s, installed, so that ``kforge::run`` finds them by name). ``inner``: "eager"
+    runs the rest of the graph op by op, "inductor" hands the rewritten graph to Inductor."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    table = {dk.variant.key: dk.run_name for dk in kernels if dk.variant.op == "region"}
+
+    def forward(gm: fx.GraphModule, example_inputs):
+        replace_regions(gm, table)
+        if inner == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs)
+        return gm
+
+    return aot_autograd(fw_compiler=forward)

@@ -1,0 +1,175 @@
+"""Regions on the CPU: the finder on the built-in examples, region cards, the LLM's reference, and
+capture -> region card -> builtin search -> verdict -> the kernel running inside the model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kforge
+from kforge.kernels import Kernel, compile_source
+from kforge.ops import TensorSig, get_spec
+from kforge.regions import (Node, Ref, RegionIR, capture_regions, find_regions, region_ir, region_variant,
+                            regions_backend)
+
+RMS = "pow,mean,add,rsqrt,mul,mul"
+GELU = "mul,pow,mul,add,mul,tanh,add,mul"
+RESIDUAL_RMS = "add," + RMS
+
+
+def _by_ops(records):
+    out: dict[str, list] = {}
+    for r in records:
+        out.setdefault(",".join(region_ir(r.variant).ops), []).append(r)
+    return out
+
+
+def test_finder_finds_rmsnorm_gelu_and_residual_chains_in_tiny_chains():
+    model, x = kforge.example("tiny_chains")
+    found = capture_regions(model, [x])
+    assert found.error is None and found.graph_breaks == 0
+    by_ops = _by_ops(found.records)
+    assert sorted(by_ops) == sorted([RMS, GELU, RESIDUAL_RMS])
+    assert [r.calls for r in by_ops[RMS]] == [1]          # the first block's norm
+    assert [r.calls for r in by_ops[GELU]] == [2]         # one per block, same signature
+    # the residual add joins the next norm: between blocks it is read again later (two outputs),
+    # before the final norm it is not (one output)
+    assert sorted(len(r.variant.outputs) for r in by_ops[RESIDUAL_RMS]) == [1, 2]
+    assert all(len(r.examples) == r.calls for r in found.records)
+    gelu = by_ops[GELU][0].variant
+    assert [s.shape for s in gelu.inputs] == [(2, 32, 128)] and gelu.outputs[0].shape == (2, 32, 128)
+
+
+def test_reductions_off_the_last_dims_and_matmuls_are_boundaries():
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            a = torch.exp(x) * 2.0
+            b = a.mean(dim=1, keepdim=True)          # not the trailing dim: a boundary
+            c = (b - 1.0).abs()
+            d = torch.softmax(c @ w, dim=-1) * 3.0     # the matmul is a boundary
+            return d.amax(-1) + 0                      # a second reduction: its own region
+
+    found = capture_regions(M(), [(torch.randn(4, 5, 8), torch.randn(8, 8))])
+    # the mean over dim 1 and the matmul split the chain; the softmax and the amax are two
+    # reductions, so the softmax stays alone (an operator card) and the amax takes the mul
+    ops = sorted(",".join(region_ir(r.variant).ops) for r in found.records)
+    assert ops == ["exp,mul", "mul,amax", "sub,abs"]
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    model, x = kforge.example("tiny_chains")
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path_factory.mktemp("regions"))
+    s.capture(timing_budget_ms=5.0)
+    yield s
+    s.close()
+
+
+def test_region_cards_share_the_table_with_op_cards(session):
+    frame = session.cards.to_frame()
+    regions = frame[frame.kind == "region"]
+    assert set(frame.kind) == {"op", "region"} and (regions.op == "region").all()
+    assert sorted(regions.ops) == sorted([RMS, GELU, RESIDUAL_RMS, RESIDUAL_RMS])
+    assert dict(zip(regions.ops, regions.calls))[GELU] == 2
+    assert math.isclose(frame.share.sum(), 1.0, rel_tol=1e-9)
+    # every tanh call is inside the GELU regions: its op card's time now counts in their share
+    tanh = frame[frame.op == "tanh"]
+    assert len(tanh) == 1 and tanh.share.iloc[0] == 0.0
+    assert (frame[frame.op == "linear"].share > 0).all()
+    for _, row in regions.iterrows():
+        assert row.share > 0 and row.examples == row.calls
+        assert row.signature.startswith(f"region[{row.ops}](")
+
+
+def test_region_cards_come_back_from_the_store(session):
+    again = kforge.Session.open(session.workdir)
+    assert [c.key for c in again.cards] == [c.key for c in session.cards]
+    assert sum(c.op == "region" for c in again.cards) == 4
+
+
+def test_reference_source_is_a_standalone_function_equal_to_the_reference(session):
+    spec = get_spec("region")
+    for card in session.cards.by_op("region"):
+        text = spec.source(card.variant)
+        scope: dict = {}
+        exec(text, scope)
+        inputs = spec.random_inputs(card.variant, seed=3)
+        got = scope["region"](*inputs)
+        got = list(got) if isinstance(got, tuple) else [got]
+        for a, b in zip(got, spec.reference(inputs, card.variant.param_dict)):
+            assert torch.equal(a, b)
+
+
+def test_llm_prompt_gets_the_region_function(session):
+    from kforge.kernels import device_info
+    from kforge.proposers._base import ProposalRequest
+    from kforge.proposers._llm import card_prompt
+
+    card = next(c for c in session.cards.by_op("region") if ",".join(region_ir(c.variant).ops) == GELU)
+    text = card_prompt(ProposalRequest(card, "cpu", device_info("cpu")))
+    assert "def region(x0):" in text and "torch.tanh(" in text and "inputs[0] x0: float32, shape (2, 32, 128)" in text
+
+
+def test_signature_is_structure_shapes_strides_and_constants():
+    def rms(eps):
+        return RegionIR(2, (Node("pow", (Ref("i", 0), Ref("c", 2))), Node("mean", (Ref("n", 0),), (("k", 1), ("keepdim", True))),
+                            Node("add", (Ref("n", 1), Ref("c", eps))), Node("rsqrt", (Ref("n", 2),)),
+                            Node("mul", (Ref("i", 0), Ref("n", 3))), Node("mul", (Ref("i", 1), Ref("n", 4)))), (5,))
+
+    x, w = TensorSig.of(torch.empty(4, 64)), TensorSig.of(torch.empty(64))
+    xt = TensorSig.of(torch.empty(64, 4).t())
+    keys = {region_variant(rms(1e-6), [x, w]).key, region_variant(rms(1e-5), [x, w]).key,
+            region_variant(rms(1e-6), [xt, w]).key, region_variant(rms(1e-6), [TensorSig.of(torch.empty(8, 64)), w]).key}
+    assert len(keys) == 4
+    assert region_variant(rms(1e-6), [x, w]).key == region_variant(rms(1e-6), [x, w]).key
+
+
+def test_capture_end_to_end_builtin_search_verdict_and_the_kernel_in_the_model(session):
+    from kforge.deploy import DeployedKernel, Deployment
+
+    keys = [c.key for c in session.cards.by_op("region")]
+    session.optimize(proposer="builtin", iterations=2, cards=keys, confirm=False)
+    kernels = []
+    for key in keys:
+        cands = session.store.candidates(key)
+        assert cands and all(c.strategy and c.strategy.startswith("region.cpu.") for c in cands)
+        correct = [c for c in cands if c.status is not None and c.status.is_correct]
+        assert correct, [(c.strategy, c.status, c.evaluation.message) for c in cands]
+        best = max(correct, key=lambda c: c.evaluation.speedup or 0.0)
+        kernels.append(DeployedKernel(session.cards[key].variant, Kernel(compile_source(best.source, "cpu", "native").path)))
+
+    model, x = session.model, session.batches[0]
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment(kernels, None):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=regions_backend(kernels), dynamic=False)
+        with torch.no_grad():
+            got = compiled(x)
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    calls = {",".join(region_ir(k.variant).ops) + f"/{len(k.variant.outputs)}": k.calls for k in kernels}
+    assert calls == {RMS + "/1": 1, GELU + "/1": 2, RESIDUAL_RMS + "/2": 1, RESIDUAL_RMS + "/1": 1}
+
+
+def test_replace_regions_leaves_other_regions_and_nodes_alone():
+    from torch._dynamo.backends.common import aot_autograd
+
+    from kforge.regions import replace_regions
+
+    seen = []
+
+    def fw(gm, ex):
+        before = [n.target for n in gm.graph.nodes]
+        assert replace_regions(gm, {}) == []
+        assert [n.target for n in gm.graph.nodes] == before
+        seen.append(len(find_regions(gm.graph)))
+        return gm
+
+    model, x = kforge.example("tiny_chains")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=aot_autograd(fw_compiler=fw), dynamic=False)(x)
+    torch._dynamo.reset()
+    assert seen == [5]
