@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..kernels import backend_of, device_info
 from ._result import Evaluation, Status
@@ -22,9 +22,13 @@ import torch
 from ._judge import Job
 
 if TYPE_CHECKING:
-    from ..capture import Card
-    from ..ops import Variant
-    from ..store import Store
+    from ..ops import Card, Variant
+
+
+class ExampleSource(Protocol):
+    """What the evaluator needs of a store: the example files of a card (``kforge.store.Store`` is one)."""
+
+    def example_paths(self, key: str) -> list[tuple[list, list]]: ...
 
 _START_TIMEOUT_S = 180.0
 _COMPILE_ALLOWANCE_S = 150.0
@@ -160,19 +164,13 @@ class Evaluator:
     def judge_pid(self) -> int | None:
         return self._judge.process.pid if self._judge is not None and self._judge.alive() else None
 
-    def examples_for(self, card: "Card", store: "Store | None") -> list[tuple[list[str | None], list[str]]]:
+    def examples_for(self, card: "Card", store: "ExampleSource | None") -> list[tuple[list[str | None], list[str]]]:
         if store is None:
             return []
-        if hasattr(store, "example_paths"):
-            return [([str(p) if p is not None else None for p in ins], [str(p) for p in outs])
-                    for ins, outs in store.example_paths(card.key)]
-        examples = []
-        for ref in store.example_refs(card.key):
-            examples.append(([str(store.blobs / f"{d}.pt") if d else None for d in ref["inputs"]],
-                             [str(store.blobs / f"{d}.pt") for d in ref["outputs"]]))
-        return examples
+        return [([str(p) if p is not None else None for p in ins], [str(p) for p in outs])
+                for ins, outs in store.example_paths(card.key)]
 
-    def job_for(self, card: "Card", source: str, store: "Store | None" = None, seed: int = 0) -> Job:
+    def job_for(self, card: "Card", source: str, store: "ExampleSource | None" = None, seed: int = 0) -> Job:
         return self._job(card.variant, source, self.examples_for(card, store), seed)
 
     def _job(self, variant: "Variant", source: str, examples: Sequence, seed: int) -> Job:
@@ -180,7 +178,7 @@ class Evaluator:
                    [(list(i), list(o)) for i, o in examples], self.random_sets, seed, self.budget_ms,
                    timeout_s=self.timeout_s)
 
-    def evaluate(self, card: "Card", source: str, store: "Store | None" = None, *, seed: int = 0) -> Evaluation:
+    def evaluate(self, card: "Card", source: str, store: "ExampleSource | None" = None, *, seed: int = 0) -> Evaluation:
         """The verdict on ``source`` as a kernel for ``card``. Never raises for a bad candidate."""
         return self.run_job(self.job_for(card, source, store, seed))
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ._ir import OPS, Node, Ref, RegionIR
 from ._plan import Plan, plan_region
 from ._spec import REGION_SPEC, RegionSpec, region_ir, region_variant
-from ._generator import generate, region_plan
+from ._generator import generate, region_plan, register_strategies
+
+register_strategies()  # the region.* strategies join the built-in library
 
 __all__ = ["OPS", "Node", "Ref", "RegionIR", "Plan", "plan_region", "REGION_SPEC", "RegionSpec", "region_ir",
            "region_variant", "generate", "region_plan"]

@@ -9,13 +9,13 @@ from ._spec import REGION_SPEC, region_ir
 
 def inductor_baseline_us(variant: Variant, device: str | None = None, *, budget_ms: float = 100.0) -> float:
     """Median time of one call of Inductor's code for the region (torch.compile of the region's
-    reference, default mode, static shapes), timed by ``kforge.evaluate.timing.bench``.
+    reference, default mode, static shapes), timed by ``kforge.timing.bench``.
 
     On CUDA the compiled call is captured once in a CUDA graph and the graph is replayed, so the
     host cost of the compiled wrapper (guards, ~30 us) does not count: Inductor at its best. On the
     CPU Inductor needs a C++ compiler.
     """
-    from ..evaluate.timing import bench
+    from ..timing import bench
 
     device = device or variant.device
     variant = variant.on(device)

@@ -4,8 +4,5 @@ from __future__ import annotations
 from . import _data, _elementwise, _norms, _pooling, _softmax  # noqa: F401  (register the families)
 from ._proposer import BuiltinProposer
 from ._strategy import Strategy, all_strategies, get_strategy, strategies_for
-from ...regions._generator import register_strategies as _register_region_strategies
-
-_register_region_strategies()
 
 __all__ = ["BuiltinProposer", "Strategy", "all_strategies", "get_strategy", "strategies_for"]
