@@ -409,7 +409,7 @@ def test_compiled_calls_with_dynamic_shapes_run_eager_and_stay_correct():
 
 
 def test_a_graph_naming_a_kernel_this_process_never_loaded_runs_eager():
-    from kforge.deploy._dispatch import _run_fake, _run_impl
+    from kforge.deploy._runop import _run_fake, _run_impl
 
     x = torch.randn(16, 300)
     dk = _softmax_kernel("softmax_rows", x)

@@ -21,7 +21,8 @@ import torch
 from .. import __version__
 from ..kernels import CONTRACT_VERSION, Kernel, backend_of, compile_source, device_info
 from ..ops import Variant
-from ._dispatch import DeployedKernel, Deployment
+from ._deployment import Deployment
+from ._launch import DeployedKernel
 
 FORMAT = "kforge-artifact"
 FORMAT_VERSION = 1
