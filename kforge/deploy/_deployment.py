@@ -28,6 +28,7 @@ class Deployment:
     installed: bool = False
     # NB: per thread: another thread's calls made while this model runs forward stay on eager.
     _scope: threading.local = field(default_factory=threading.local, repr=False)
+    _backends: list = field(default_factory=list, repr=False)   # of the models compile() returned
 
     @property
     def active(self) -> bool:
@@ -62,6 +63,8 @@ class Deployment:
             DISPATCHER.uninstall(self)
         for dk in self.kernels:
             RUN_TABLE.release(dk)
+        for backend in self._backends:
+            backend.enabled = False   # a recompilation after this gets no kernels either
         self.installed = False
 
     def compile(self, model: Any = None, *, kernels: list[DeployedKernel] | None = None,
@@ -75,8 +78,10 @@ class Deployment:
         model = model if model is not None else self.model
         if model is None:
             raise ValueError("no model to compile: pass model= (this deployment is not scoped to one)")
-        return compile_with(model, self.kernels if kernels is None else kernels, backend=backend,
-                            **torch_compile_kwargs)
+        compiled = compile_with(model, self.kernels if kernels is None else kernels, backend=backend,
+                                **torch_compile_kwargs)
+        self._backends.append(compiled.kforge_backend)
+        return compiled
 
     def __enter__(self) -> "Deployment":
         return self.install()

@@ -29,7 +29,8 @@ def _callable_of(node: torch.fx.Node) -> Any:
     if node.op == "call_function":
         return node.target
     if node.op == "call_method":
-        return getattr(torch.Tensor, node.target, None)  # type: ignore[arg-type]
+        fn = getattr(torch.Tensor, node.target, None)  # type: ignore[arg-type]
+        return getattr(fn, "__wrapped__", fn)  # NB: while eager kernels are applied, the method is kforge's wrapper
     return None
 
 
@@ -139,6 +140,7 @@ class KforgeBackend:
     inner: str = "inductor"
     passes: list[GraphPass] = field(default_factory=list)
     graphs: list[CompiledGraph] = field(default_factory=list)
+    enabled: bool = True   # False: graphs compiled from now on (recompilations) get no kernels
 
     def __post_init__(self):
         self._inductor = None
@@ -152,8 +154,8 @@ class KforgeBackend:
             self._other = torch._dynamo.lookup_backend(self.inner)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        replaced = replace_calls(gm, self.kernels)
-        for graph_pass in self.passes:
+        replaced = replace_calls(gm, self.kernels) if self.enabled else []
+        for graph_pass in self.passes if self.enabled else ():
             replaced.extend(graph_pass(gm))
         self.graphs.append(CompiledGraph(len(gm.graph.nodes), replaced))
         if self._inductor is None:
