@@ -282,7 +282,7 @@ class Session:
         """
         from .deploy._fallback import interleaved, keep_faster
         from .deploy._graph import compile_with
-        from .deploy._report import compiled_arms
+        from .deploy._report import compiled_arms, recompile_room
 
         model = model if model is not None else self.model
         kernels, gains, _ = self._deployable(all_winners=True)
@@ -291,7 +291,8 @@ class Session:
         args, kwargs = self._inputs()
         mode = torch_compile_kwargs.pop("mode", None)
         make, made = compiled_arms(model, lambda m: m(*args, **kwargs), mode, backend, **torch_compile_kwargs)
-        kept, report = keep_faster(kernels, gains, make, interleaved(self.device), mode or "default")
+        with recompile_room(len(kernels) + 4):  # NB: one dynamo cache entry per kernel set tried
+            kept, report = keep_faster(kernels, gains, make, interleaved(self.device), mode or "default")
         compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
         if compiled is None:
             compiled = compile_with(model, kept, backend=backend, mode=mode, **torch_compile_kwargs)

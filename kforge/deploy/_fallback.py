@@ -95,20 +95,21 @@ Compare = Callable[[Arm, Arm], Comparison]
 
 
 def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[float], build: Build,
-                compare: Compare, mode: str) -> tuple[list[DeployedKernel], FallbackReport]:
+                compare: Compare, mode: str, none: Arm | None = None) -> tuple[list[DeployedKernel], FallbackReport]:
     """The kernels worth keeping for the model in ``mode``, and the report.
 
     ``build(subset)`` gives an Arm running the model with exactly those kernels (built once per
-    subset); ``compare(with, without)`` times two arms interleaved.
+    subset); ``compare(with, without)`` times two arms interleaved; ``none``: the arm without
+    kernels when the caller has it already.
     """
     order = sorted(range(len(kernels)), key=lambda i: -expected_gain_us[i])
     current = [kernels[i] for i in order]
     if not current:
         empty = Comparison(0.0, 0.0, 0.0)
         return [], FallbackReport(mode, (), (), empty, 0)
-    none = build([])
+    built = 1 if none is not None else 2
+    none = none if none is not None else build([])
     arm = build(current)
-    built = 2
     left_out: list[LeftOut] = []
     for dk in list(reversed(current)):
         if len(current) == 1:

@@ -110,7 +110,7 @@ def relative_difference(a: Any, b: Any) -> float | None:
     return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
 
 
-def _recompile_room(n: int):
+def recompile_room(n: int):
     """Dynamo keeps one cache entry per compiled variant of the model's code: room for ``n``."""
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
@@ -138,9 +138,12 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
     made: dict[tuple[str, ...], Any] = {}
 
     def build(kernels: Sequence[DeployedKernel]) -> Arm:
+        key = tuple(sorted(dk.run_name for dk in kernels))
+        if key in made:
+            return Arm(lambda: forward(made[key]), kernels)
         compiled = compile_with(model, kernels, backend=backend, mode=None if backend != "inductor" else mode,
                                 **torch_compile_kwargs)
-        made[tuple(sorted(dk.run_name for dk in kernels))] = compiled
+        made[key] = compiled
         return Arm(lambda: forward(compiled), kernels)
     return build, made
 
@@ -161,7 +164,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
     def check(kept: Sequence[DeployedKernel], make: Callable[[Sequence[DeployedKernel]], Arm], mode: str,
               none: Arm) -> tuple[list[DeployedKernel], Comparison]:
         if guard:
-            kept, report = keep_faster(kernels, gains, make, compare, mode)
+            kept, report = keep_faster(kernels, gains, make, compare, mode, none)
             reports.append(report)
             return list(kept), report.model
         return list(kept), compare(make(kept), none)
@@ -185,7 +188,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
             label = f"compile {mode}"
             torch._dynamo.reset()
             try:
-                with _recompile_room(len(kernels) + 4):
+                with recompile_room(len(kernels) + 4):
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
                     plain = make([])
                     vs_eager = compare(plain, eager)
