@@ -245,7 +245,7 @@ class Session:
         """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
         kernel), from its verdict), and the winners the dispatch-cost filter left out."""
         from .deploy import DeployedKernel
-        from .kernels import Kernel
+        from .kernels import load_verified
 
         exported, skipped = self._compiled_winners(all_winners)
         verdicts = self.store.results()
@@ -255,7 +255,7 @@ class Session:
             v = verdicts.get(card.key, {})
             eager = v.get("eager_us") or card.eager_us
             kernel = v.get("kernel_us") or eager / max(k.speedup or 1.0, 1e-9)
-            kernels.append(DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup))
+            kernels.append(DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup))
             gains.append(card.calls * (eager - kernel))
         return kernels, gains, skipped
 
