@@ -13,7 +13,8 @@ from .session import Session
 def load(model, path, *, device=None, revalidate=None, all_winners=False):
     """Install the kernels exported to ``path`` into ``model`` (no LLM, no search, no store).
 
-    Returns a Deployment (``remove()`` undoes it). Kernels built for another GPU architecture or
+    Returns a Deployment (``remove()`` undoes it); ``.compile(model, mode=...)`` on it returns the model
+    compiled by torch.compile with the kernels inside its graphs. Kernels built for another GPU architecture or
     torch version are rebuilt and re-validated against eager first; failures stay on eager. An
     operator's kernels are left out when dispatching it costs this host more than they save
     (listed in ``Deployment.skipped``); ``all_winners=True`` installs them anyway.

@@ -268,37 +268,78 @@ class Session:
         kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
         return Deployment(kernels, model if scope == "model" else None, skipped).install()
 
-    def end_to_end(self, *, compile: bool = True, compile_backend: str = "inductor",
-                   all_winners: bool = False) -> "EndToEnd":
-        """The model's forward on the first example batch: eager, eager + kforge, torch.compile and
-        torch.compile + kforge, timed in this run, and kforge's output compared with eager's."""
+    def _deployable(self, all_winners: bool) -> tuple[list, list[float], list[tuple[str, str]]]:
+        """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
+        kernel), from its verdict), and the winners the dispatch-cost filter left out."""
+        from .deploy import DeployedKernel
+        from .kernels import load_verified
+
+        exported, skipped = self._compiled_winners(all_winners)
+        verdicts = self.store.results()
+        kernels, gains = [], []
+        for k in exported:
+            card = self.cards[k.variant.key]
+            v = verdicts.get(card.key, {})
+            eager = v.get("eager_us") or card.eager_us
+            kernel = v.get("kernel_us") or eager / max(k.speedup or 1.0, 1e-9)
+            kernels.append(DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup))
+            gains.append(card.calls * (eager - kernel))
+        return kernels, gains, skipped
+
+    def _inputs(self) -> tuple[tuple, dict]:
         from .capture import split_batch
-        from .deploy._report import EndToEnd, forward_us, relative_difference
 
         if self.model is None or self.batches == [None]:
-            raise CaptureError("end_to_end needs the model and its inputs: Session(model, inputs) or "
+            raise CaptureError("this needs the model and its inputs: Session(model, inputs) or "
                                "Session.open(workdir, model=model) with inputs")
-        args, kwargs = split_batch(self.batches[0])
-        model = self.model
-        run = lambda m: (lambda: m(*args, **kwargs))  # noqa: E731
-        eager_us = forward_us(run(model), self.device)
-        with torch.no_grad():
-            reference = model(*args, **kwargs)
-        with self.apply(all_winners=all_winners) as dep:
-            kforge_us = forward_us(run(model), self.device)
-            with torch.no_grad():
-                diff = relative_difference(reference, model(*args, **kwargs))
-        compile_us = compile_kforge_us = None
-        if compile:
-            torch._dynamo.reset()
-            compile_us = forward_us(run(torch.compile(model, backend=compile_backend)), self.device)
-            with self.apply(all_winners=all_winners):
-                torch._dynamo.reset()
-                compile_kforge_us = forward_us(run(torch.compile(model, backend=compile_backend)), self.device)
-            torch._dynamo.reset()
-        dispatch = None if not dep.kernels else "C" if all(k.fast for k in dep.kernels) else "Python"
-        return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(dep.kernels), dep.skipped,
-                        dispatch)
+        return split_batch(self.batches[0])
+
+    def compile(self, model: Any = None, *, guard: bool = True, backend: str = "inductor",
+                **torch_compile_kwargs: Any) -> Any:
+        """The model compiled by torch.compile with the winners inside its graphs.
+
+        Each call whose operator and exact signature has a winner becomes a ``torch.ops.kforge.run``
+        node; Inductor compiles everything else in the given ``mode`` ("default", "max-autotune",
+        "reduce-overhead"); other keyword arguments go to torch.compile (``dynamic=False``,
+        ``fullgraph=True``, ...). With ``guard=True`` (default) the compiled model's forward on the
+        session's inputs is timed with and without the kernels against plain torch.compile in the
+        same mode, and kernels that do not make it measurably faster are left out (the result's
+        ``kforge_fallback`` says which and by how much). ``result.kforge_backend.graphs`` lists what
+        each compiled graph got. ``backend="eager"`` skips Inductor (debugging).
+        """
+        from .deploy._fallback import interleaved, keep_faster
+        from .deploy._graph import compile_with
+        from .deploy._report import compiled_arms, recompile_room
+
+        model = model if model is not None else self.model
+        kernels, gains, _ = self._deployable(all_winners=True)
+        if not guard or not kernels:
+            return compile_with(model, kernels, backend=backend, **torch_compile_kwargs)
+        args, kwargs = self._inputs()
+        mode = torch_compile_kwargs.pop("mode", None)
+        make, made = compiled_arms(model, lambda m: m(*args, **kwargs), mode, backend, **torch_compile_kwargs)
+        with recompile_room(len(kernels) + 4):  # NB: one dynamo cache entry per kernel set tried
+            kept, report = keep_faster(kernels, gains, make, interleaved(self.device), mode or "default")
+        compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
+        if compiled is None:
+            compiled = compile_with(model, kept, backend=backend, mode=mode, **torch_compile_kwargs)
+        object.__setattr__(compiled, "kforge_fallback", report)
+        return compiled
+
+    def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
+                   guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,
+                   compare: Callable | None = None) -> "EndToEnd":
+        """The model's forward on the first example batch, in one run: eager, torch.compile in each of
+        ``modes``, and each of them with kforge, timed interleaved against its baseline, with outputs
+        compared with eager's. With ``guard=True`` each mode keeps only the kernels that make the
+        model measurably faster in that mode (the report's ``fallback`` says which were left out).
+        ``compare`` replaces the timer (a ``deploy._fallback.Compare``)."""
+        from .deploy._report import measure
+
+        args, kwargs = self._inputs()
+        kernels, gains, skipped = self._deployable(all_winners or guard)  # the check replaces the filter
+        return measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
+                       guard=guard, backend=compile_backend, compare=compare, skipped=skipped)
 
     def export(self, path: str | Path, *, all_winners: bool = False) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs.

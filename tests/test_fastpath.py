@@ -367,7 +367,7 @@ def test_a_graph_compiled_with_the_kernel_runs_eager_once_it_is_removed():
     x = torch.randn(16, 300)
     ref = torch.softmax(x, -1)
     dep = _deployment(x).install()
-    compiled = torch.compile(lambda t: torch.softmax(t, -1), backend="aot_eager", fullgraph=True)
+    compiled = dep.compile(lambda t: torch.softmax(t, -1), backend="aot_eager", fullgraph=True)
     try:
         torch.testing.assert_close(compiled(x), ref)
         assert dep.kernels[0].calls == 1
@@ -409,7 +409,7 @@ def test_compiled_calls_with_dynamic_shapes_run_eager_and_stay_correct():
 
 
 def test_a_graph_naming_a_kernel_this_process_never_loaded_runs_eager():
-    from kforge.deploy._dispatch import _run_fake, _run_impl
+    from kforge.deploy._runop import _run_fake, _run_impl
 
     x = torch.randn(16, 300)
     dk = _softmax_kernel("softmax_rows", x)
@@ -461,7 +461,7 @@ def test_inductor_keeps_the_kernel_between_fused_neighbours():
     dep = _deployment(x).install()
     try:
         torch._dynamo.reset()
-        compiled = torch.compile(fn, backend="inductor", fullgraph=True)
+        compiled = dep.compile(fn, fullgraph=True)
         for _ in range(2):
             torch.testing.assert_close(compiled(x), ref)
         assert dep.kernels[0].calls == 2, "the compiled graph calls the kernel through kforge::run"

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ._artifact import ArtifactError, ExportedKernel, export_artifact, load_artifact, read_manifest
-from ._dispatch import DeployedKernel, Deployment
+from ._deployment import Deployment
+from ._launch import DeployedKernel
 
 __all__ = ["ArtifactError", "DeployedKernel", "Deployment", "ExportedKernel", "export_artifact", "load_artifact",
            "read_manifest"]

@@ -21,7 +21,8 @@ import torch
 from .._version import __version__
 from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, load_verified, verify_binary
 from ..ops import Card, Variant
-from ._dispatch import DeployedKernel, Deployment
+from ._deployment import Deployment
+from ._launch import DeployedKernel
 
 FORMAT = "kforge-artifact"
 FORMAT_VERSION = 1

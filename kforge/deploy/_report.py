@@ -1,17 +1,43 @@
-"""The end-to-end report: the model's forward with and without kforge, with and without torch.compile."""
+"""The end-to-end report: the model's forward with and without kforge, eager and in each torch.compile mode."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..evaluate import bench
+from ._deployment import Deployment
+from ._fallback import Arm, Compare, Comparison, FallbackReport, interleaved, keep_faster
+from ._graph import compile_with
+from ._launch import DeployedKernel
+
+MODES = ("default", "max-autotune", "reduce-overhead")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a way of running the model, its latency against its baseline."""
+
+    label: str                       # "eager", "compile default", "compile default + kforge", ...
+    us: float | None                 # median forward latency (None: it failed, see error)
+    baseline: str | None = None      # the row it is compared with
+    comparison: Comparison | None = None
+    output_rel_diff: float | None = None   # against eager's output
+    kernels: int = 0
+    error: str | None = None
+
+    def cell(self) -> str:
+        if self.error:
+            return f"failed: {self.error}"
+        if self.comparison is None:
+            return ""
+        return f"{self.comparison.describe()} over {self.baseline}"
 
 
 @dataclass(frozen=True)
 class EndToEnd:
-    """Forward latencies (median, us) of one batch, all measured in one run, and the output check."""
+    """Forward latencies (median, us) of one batch, all measured in one run, and the output checks."""
 
     eager_us: float
     kforge_us: float
@@ -21,24 +47,47 @@ class EndToEnd:
     kernels_installed: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
     dispatch: str | None = None            # "C" or "Python": the path applied kernels were called through
+    rows: tuple[Row, ...] = ()
+    fallback: tuple[FallbackReport, ...] = ()
 
     @property
     def speedup(self) -> float:
         return self.eager_us / self.kforge_us
 
     def table(self) -> str:
-        ms = lambda us: "-" if us is None else f"{us / 1e3:8.3f} ms"  # noqa: E731
-        lines = [f"eager              {ms(self.eager_us)}",
-                 f"eager + kforge     {ms(self.kforge_us)}  ({self.speedup:.3f}x, {self.kernels_installed} kernels"
-                 + (f", {self.dispatch} dispatch)" if self.dispatch else ")"),
-                 f"torch.compile      {ms(self.compile_us)}",
-                 f"compile + kforge   {ms(self.compile_kforge_us)}"]
-        if self.output_rel_diff is not None:
-            lines.append(f"output relative difference with kforge: {self.output_rel_diff:.2e}")
+        ms = lambda us: "       -   " if us is None else f"{us / 1e3:8.3f} ms"  # noqa: E731
+        if not self.rows:
+            return "\n".join([f"eager              {ms(self.eager_us)}",
+                              f"eager + kforge     {ms(self.kforge_us)}  ({self.speedup:.3f}x)"])
+        width = max(len(r.label) for r in self.rows) + 2
+        lines = []
+        for r in self.rows:
+            extra = r.cell()
+            if r.kernels:
+                extra += f"; {r.kernels} kernel(s)" + (f", {self.dispatch} dispatch" if r.label == "eager + kforge"
+                                                       and self.dispatch else "")
+            if r.output_rel_diff is not None:
+                extra += f"; output rel. diff {r.output_rel_diff:.1e}"
+            lines.append(f"{r.label:<{width}}{ms(r.us)}  {extra}".rstrip())
+        for report in self.fallback:
+            lines.extend(report.lines())
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(self.table())
+
+    def to_json(self) -> dict:
+        def cmp(c: Comparison | None) -> dict | None:
+            return None if c is None else {"with_us": c.with_us, "without_us": c.without_us, "noise_us": c.noise_us,
+                                           "speedup": c.speedup, "within_noise": abs(c.with_us - c.without_us) <= c.noise_us}
+        return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
+                          "output_rel_diff": r.output_rel_diff, "kernels": r.kernels, "error": r.error}
+                         for r in self.rows],
+                "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
+                              "model": cmp(f.model),
+                              "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
+                                           for lo in f.left_out]} for f in self.fallback],
+                "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
 
 
 def forward_us(fn: Callable[[], Any], device: str) -> float:
@@ -59,3 +108,107 @@ def relative_difference(a: Any, b: Any) -> float | None:
         return None
     ta, tb = ta.double(), tb.double()
     return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
+
+
+def recompile_room(n: int):
+    """Dynamo keeps one cache entry per compiled variant of the model's code: room for ``n``."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    limit = max(getattr(cfg, name), n)
+    patch = {name: limit}
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        patch["accumulated_recompile_limit"] = max(cfg.accumulated_recompile_limit, 4 * limit)
+    return cfg.patch(patch)
+
+
+def eager_arms(model: Any, forward: Callable[[Any], Any]) -> Callable[[Sequence[DeployedKernel]], Arm]:
+    """Build: the model run eagerly with exactly these kernels installed (scoped to it) per block."""
+    def build(kernels: Sequence[DeployedKernel]) -> Arm:
+        if not kernels:
+            return Arm(lambda: forward(model))
+        dep = Deployment(list(kernels), model if isinstance(model, torch.nn.Module) else None)
+        return Arm(lambda: forward(model), kernels, dep.install, dep.remove)
+    return build
+
+
+def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, backend: str = "inductor",
+                  **torch_compile_kwargs: Any) -> tuple[Callable[[Sequence[DeployedKernel]], Arm], dict]:
+    """Build: the model compiled in ``mode`` with exactly these kernels in its graphs. Also returns
+    the compiled models by kernel set (keyed by run names)."""
+    made: dict[tuple[str, ...], Any] = {}
+
+    def build(kernels: Sequence[DeployedKernel]) -> Arm:
+        key = tuple(sorted(dk.run_name for dk in kernels))
+        if key in made:
+            return Arm(lambda: forward(made[key]), kernels)
+        compiled = compile_with(model, kernels, backend=backend, mode=None if backend != "inductor" else mode,
+                                **torch_compile_kwargs)
+        made[key] = compiled
+        return Arm(lambda: forward(compiled), kernels)
+    return build, made
+
+
+def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKernel], gains: Sequence[float], *,
+            device: str, modes: Sequence[str] = MODES, compile: bool = True, guard: bool = True,
+            backend: str = "inductor", compare: Compare | None = None, skipped: Sequence[tuple[str, str]] = (),
+            dynamic: bool | None = False) -> EndToEnd:
+    """The end-to-end table in one run (see ``Session.end_to_end``)."""
+    compare = compare or interleaved(device)
+    forward = lambda m: m(*args, **kwargs)  # noqa: E731
+    with torch.no_grad():
+        reference = forward(model)
+    kernels = list(kernels)
+    rows: list[Row] = []
+    reports: list[FallbackReport] = []
+
+    def check(kept: Sequence[DeployedKernel], make: Callable[[Sequence[DeployedKernel]], Arm], mode: str,
+              none: Arm) -> tuple[list[DeployedKernel], Comparison]:
+        if guard:
+            kept, report = keep_faster(kernels, gains, make, compare, mode, none)
+            reports.append(report)
+            return list(kept), report.model
+        return list(kept), compare(make(kept), none)
+
+    build = eager_arms(model, forward)
+    eager = build([])
+    kept, cmp = check(kernels, build, "eager", eager)
+    if kept:
+        with Deployment(kept, model if isinstance(model, torch.nn.Module) else None) as dep, torch.no_grad():
+            diff = relative_difference(reference, forward(model))
+        dispatch = "C" if all(k.fast for k in dep.kernels) else "Python"
+    else:
+        diff, dispatch = 0.0, None
+    eager_us = cmp.without_us if kernels else compare(eager, eager).with_us
+    kforge_us = cmp.with_us if kept else eager_us
+    rows.append(Row("eager", eager_us))
+    compile_us = compile_kforge_us = None
+    compiled_rows: list[Row] = []
+    if compile:
+        for mode in modes:
+            label = f"compile {mode}"
+            torch._dynamo.reset()
+            try:
+                with recompile_room(len(kernels) + 4):
+                    make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
+                    plain = make([])
+                    vs_eager = compare(plain, eager)
+                    rows.append(Row(label, vs_eager.with_us, "eager", vs_eager))
+                    ckept, ccmp = check(kernels, make, mode, plain) if kernels else ([], None)
+                    cdiff = None
+                    if ckept:
+                        compiled = made[tuple(sorted(dk.run_name for dk in ckept))]
+                        with torch.no_grad():
+                            cdiff = relative_difference(reference, forward(compiled))
+                    compiled_rows.append(Row(f"{label} + kforge", ccmp.with_us if ckept else vs_eager.with_us,
+                                             label, ccmp if ckept else None, cdiff, len(ckept)))
+                    if compile_us is None:
+                        compile_us = vs_eager.with_us
+                        compile_kforge_us = compiled_rows[-1].us
+            except Exception as exc:  # one mode that does not compile here does not lose the others
+                rows.append(Row(label, None, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            finally:
+                torch._dynamo.reset()
+    rows.append(Row("eager + kforge", kforge_us, "eager", cmp if kept else None, diff, len(kept)))
+    rows.extend(compiled_rows)
+    return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
+                    tuple(rows), tuple(reports))

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 14's end-to-end tables on the H200, one device call each (<= ~8 min of timeouts):
+#   device run: bash benchmarks/device_e2e.sh vision    (ResNet-50 + SD3.5 VAE decoder)
+#   device run: bash benchmarks/device_e2e.sh language  (Gemma 4 E2B, Qwen 3.5 at 4 layers: the seed stores' depths)
+#   device run: bash benchmarks/device_e2e.sh diagnose  (ResNet-50: where kforge's time goes)
+# The VAE needs diffusers: carry a wheel (here: pip download diffusers importlib_metadata --no-deps -d wheels;
+# run with carry=["wheels"]). Tables print; end_to_end_<model>.json land in $OUT.
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+ls wheels/*.whl >/dev/null 2>&1 && pip install -q --no-deps wheels/*.whl 2>&1 | tail -2
+E="python3 benchmarks/end_to_end.py"
+case "${1:-}" in
+  vision)
+    timeout 270 $E resnet50 2>&1 | tee "$OUT/e2e_resnet50.txt" | grep -v "^DEBUG"
+    timeout 200 $E sd35_vae_decoder --modes default,reduce-overhead 2>&1 | tee "$OUT/e2e_vae.txt" | grep -v "^DEBUG" ;;
+  language)
+    timeout 230 $E gemma4_e2b --attn eager --decode 32 --modes default,reduce-overhead 2>&1 \
+      | tee "$OUT/e2e_gemma.txt" | grep -v "^DEBUG"
+    timeout 230 $E qwen35_moe --decode 32 --modes default,reduce-overhead 2>&1 \
+      | tee "$OUT/e2e_qwen.txt" | grep -v "^DEBUG" ;;
+  diagnose)
+    timeout 400 $E resnet50 --modes default --diagnose 2>&1 | tee "$OUT/e2e_resnet50_diagnose.txt" | grep -v "^DEBUG" ;;
+  *) echo "usage: bash benchmarks/device_e2e.sh vision|language|diagnose" >&2; exit 2 ;;
+esac

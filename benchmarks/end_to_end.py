@@ -1,0 +1,174 @@
+"""The end-to-end table of issue 14 from the seed stores: eager, torch.compile in each mode, and each
+with kforge (the model-level check per mode), outputs against eager; language models also decode.
+
+    python benchmarks/end_to_end.py resnet50 sd35_vae_decoder
+    python benchmarks/end_to_end.py gemma4_e2b qwen35_moe --layers 4 --decode 32
+    python benchmarks/end_to_end.py resnet50 --modes default --diagnose
+
+The winners come from benchmarks/results/<model>_store.tgz (made by seed_workloads.py). Prints the
+table per model and writes end_to_end_<model>.json to $OUT (or benchmarks/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import kforge  # noqa: E402
+from kforge.models import build, greedy_decode  # noqa: E402
+from seed_workloads import DEFAULTS  # noqa: E402
+
+LANGUAGE = ("gemma4_e2b", "qwen35_moe")
+
+
+def _session(name: str, args) -> tuple[kforge.Session, torch.nn.Module, object, float]:
+    opts = dict(DEFAULTS[name])
+    dtype = getattr(torch, opts.pop("dtype"))
+    if args.layers and name in LANGUAGE + ("sd35_transformer",):
+        opts["layers"] = args.layers
+    if name in LANGUAGE and args.attn:
+        opts["attn_implementation"] = args.attn
+    model, inputs = build(name, device=args.device, dtype=dtype, **opts)
+    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    archive = ROOT / "benchmarks" / "results" / f"{name}_store.tgz"
+    workdir = Path(tempfile.mkdtemp(prefix=f"e2e-{name}-"))
+    pipeline_s = None
+    if archive.exists():
+        with tarfile.open(archive) as tar:
+            tar.extractall(workdir, filter="data")
+        rows = [json.loads(x) for x in (ROOT / "benchmarks" / "results" / f"{name}.jsonl").read_text().splitlines()]
+        models = [r for r in rows if r.get("kind") == "model"]
+        pipeline_s = models[-1].get("pipeline_s") if models else None
+    s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
+    if s._cards is None:
+        s.capture()  # no store: no winners either, the table still shows eager against compile
+    return s, model, inputs, pipeline_s
+
+
+def _diagnose(s: kforge.Session, model, inputs, device: str) -> dict:
+    """Where the kforge forward's time goes: GPU time per kernel name in the model (eager with and
+    without kforge), dynamo graphs/recompiles of the kforge-compiled model, host time per forward."""
+    from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict = {}
+    kernels, _, _ = s._deployable(True)
+    call = (lambda m: m(inputs))  # noqa: E731
+
+    def gpu_by_kernel(fn) -> dict[str, float]:
+        with torch.no_grad():
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+        rows = {e.key: e.device_time_total / 5 for e in prof.key_averages() if e.device_time_total > 0}
+        return dict(sorted(rows.items(), key=lambda kv: -kv[1])[:12])
+
+    if device.startswith("cuda"):
+        out["eager_gpu_us_by_kernel"] = gpu_by_kernel(lambda: call(model))
+        with s.apply(all_winners=True):
+            out["kforge_gpu_us_by_kernel"] = gpu_by_kernel(lambda: call(model))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = s.compile(guard=False)
+    with torch.no_grad():
+        for _ in range(5):
+            call(compiled)
+        host = []
+        for _ in range(20):
+            t = time.perf_counter()
+            call(compiled)
+            host.append((time.perf_counter() - t) * 1e6)   # no sync: host time, when not queue-bound
+    out["compile_kforge"] = {"graphs": len(compiled.kforge_backend.graphs), "replaced": compiled.kforge_backend.replaced,
+                             "kernel_calls_after_25_forwards": [dk.calls for dk in compiled.kforge_backend.kernels],
+                             "dynamo_stats": dict(counters["stats"]), "graph_breaks": dict(counters["graph_break"]),
+                             "host_us_median": sorted(host)[len(host) // 2]}
+    torch._dynamo.reset()
+    return out
+
+
+def run(name: str, args) -> dict:
+    t0 = time.perf_counter()
+    s, model, inputs, pipeline_s = _session(name, args)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    e2e = s.end_to_end(modes=modes, guard=not args.no_guard)
+    result = {"model": name, "device": args.device, "pipeline_s": pipeline_s, **e2e.to_json()}
+    print(f"\n## {name} (forward{' = prefill of ' + str(inputs.shape[1]) + ' tokens' if name in LANGUAGE else ''})")
+    print(e2e.table(), flush=True)
+    if name in LANGUAGE and args.decode:
+        from kforge.deploy._graph import compile_with
+
+        prompt = inputs[:, : args.prompt]
+        kernels, _, _ = s._deployable(True)
+        ref = greedy_decode(model, prompt, args.decode)
+        decode = {"eager": {"tokens_per_s": ref.tokens_per_s, "cache": ref.cache}}
+        print(f"decode eager: {ref.tokens_per_s:.1f} tokens/s ({ref.cache} cache)")
+        with s.apply(all_winners=True):
+            d = greedy_decode(model, prompt, args.decode)
+        same, rel = d.agrees_with(ref)
+        decode["eager + kforge"] = {"tokens_per_s": d.tokens_per_s, "same_tokens": same, "logit_rel_diff": rel}
+        print(f"decode eager + kforge: {d.tokens_per_s:.1f} tokens/s ({d.tokens_per_s / ref.tokens_per_s:.3f}x), "
+              f"tokens {'identical' if same else 'DIFFER'}, logits {rel:.1e}")
+        for mode in modes:
+            for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kernels)):
+                torch._dynamo.reset()
+                try:
+                    fwd = compile_with(model.forward, ks, mode=mode, dynamic=False)
+                    d = greedy_decode(model, prompt, args.decode, forward=fwd)
+                except Exception as exc:
+                    decode[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                    print(f"decode {label}: failed: {decode[label]['error']}")
+                    continue
+                same, rel = d.agrees_with(ref)
+                decode[label] = {"tokens_per_s": d.tokens_per_s, "same_tokens": same, "logit_rel_diff": rel,
+                                 "replaced": fwd.kforge_backend.replaced}
+                print(f"decode {label}: {d.tokens_per_s:.1f} tokens/s ({d.tokens_per_s / ref.tokens_per_s:.3f}x), "
+                      f"tokens {'identical' if same else 'DIFFER'}, logits {rel:.1e}, "
+                      f"{len(fwd.kforge_backend.replaced)} kforge nodes", flush=True)
+        torch._dynamo.reset()
+        result["decode"] = decode
+    if args.diagnose:
+        result["diagnose"] = _diagnose(s, model, inputs, args.device)
+        print(json.dumps(result["diagnose"], indent=1, default=str))
+    result["e2e_s"] = time.perf_counter() - t0
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"end_to_end_{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    s.close()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+", choices=sorted(DEFAULTS))
+    ap.add_argument("--modes", default="default,max-autotune,reduce-overhead")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--attn", default=None, help="attn_implementation for the language models (eager/sdpa)")
+    ap.add_argument("--decode", type=int, default=0, help="language models: greedy-decode this many tokens")
+    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens before decoding")
+    ap.add_argument("--no-guard", action="store_true", help="keep every winner (no model-level check)")
+    ap.add_argument("--diagnose", action="store_true", help="profile where the kforge forward's time goes")
+    args = ap.parse_args()
+    os.environ.setdefault("KFORGE_CACHE", str(Path(tempfile.gettempdir()) / "kforge-cache"))
+    for name in args.models:
+        run(name, args)
+
+
+if __name__ == "__main__":
+    main()

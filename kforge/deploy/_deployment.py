@@ -1,0 +1,98 @@
+"""A set of kernels put into the process: eagerly (patched callables, scoped to a model or not)
+and into compiled graphs (``compile``)."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._dispatch import DISPATCHER
+from ._launch import DeployedKernel
+from ._runop import RUN_TABLE
+
+
+@dataclass
+class Deployment:
+    """Kernels installed into the process, optionally scoped to one model's forward.
+
+    Use as a context manager, or call ``remove()`` to undo. ``compile()`` returns the model
+    compiled by torch.compile with these kernels inside its graphs (no patching needed).
+    """
+
+    kernels: list[DeployedKernel]
+    model: Any = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (signature, reason)
+    _hooks: list = field(default_factory=list)
+    installed: bool = False
+    # NB: per thread: another thread's calls made while this model runs forward stay on eager.
+    _scope: threading.local = field(default_factory=threading.local, repr=False)
+    _backends: list = field(default_factory=list, repr=False)   # of the models compile() returned
+
+    @property
+    def active(self) -> bool:
+        return self.installed and (self.model is None or getattr(self._scope, "depth", 0) > 0)
+
+    def install(self) -> "Deployment":
+        """The one place kernels enter the process for eager calls."""
+        if self.installed:
+            return self
+        DISPATCHER.install(self)
+        if isinstance(self.model, torch.nn.Module):
+            self._hooks.append(self.model.register_forward_pre_hook(self._enter))
+            self._hooks.append(self.model.register_forward_hook(self._exit, always_call=True))
+        for dk in self.kernels:
+            RUN_TABLE.register(dk)
+        self.installed = True
+        return self
+
+    def _enter(self, *_):
+        self._scope.depth = getattr(self._scope, "depth", 0) + 1
+
+    def _exit(self, *_):
+        self._scope.depth = getattr(self._scope, "depth", 1) - 1
+
+    def remove(self) -> None:
+        """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
+        run their operators eagerly from now on."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self.installed:
+            DISPATCHER.uninstall(self)
+        for dk in self.kernels:
+            RUN_TABLE.release(dk)
+        for backend in self._backends:
+            backend.enabled = False   # a recompilation after this gets no kernels either
+        self.installed = False
+
+    def compile(self, model: Any = None, *, kernels: list[DeployedKernel] | None = None,
+                backend: str = "inductor", **torch_compile_kwargs: Any) -> Any:
+        """``torch.compile(model, **torch_compile_kwargs)`` with this deployment's kernels (or
+        ``kernels``, a subset) as ``torch.ops.kforge.run`` nodes in the graph; Inductor compiles
+        the rest in the given ``mode``. The result's ``kforge_backend.graphs`` says what each
+        graph got. ``backend="eager"`` skips Inductor (debugging)."""
+        from ._graph import compile_with
+
+        model = model if model is not None else self.model
+        if model is None:
+            raise ValueError("no model to compile: pass model= (this deployment is not scoped to one)")
+        compiled = compile_with(model, self.kernels if kernels is None else kernels, backend=backend,
+                                **torch_compile_kwargs)
+        self._backends.append(compiled.kforge_backend)
+        return compiled
+
+    def __enter__(self) -> "Deployment":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {dk.variant.signature: dk.calls for dk in self.kernels}
+
+    def __repr__(self) -> str:
+        state = "installed" if self.installed else "removed"
+        return f"<kforge Deployment {state}: {len(self.kernels)} kernels, {len(self.skipped)} kept on eager>"

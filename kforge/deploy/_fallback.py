@@ -1,0 +1,182 @@
+"""The model-level check: a kernel is kept only if the model's own forward gets measurably faster.
+
+A kernel faster than eager in isolation can still slow the model: its dispatch costs host time,
+it replaces an operator Inductor had fused with its neighbours, it is slower than the code
+Inductor generates for the same operator. So the whole forward is timed with and without kernels,
+interleaved in one process, in the mode the model will run in (eager against eager, compiled
+against plain compile in the same mode). Greedy removal, at most n + 2 forwards built (compiled,
+in compile modes) for n kernels:
+start from all kernels; try leaving out each one, smallest expected gain first, and drop it when
+the model is not measurably slower without it; finally keep what is left only if it beats no
+kernels at all beyond the noise.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ._launch import DeployedKernel
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Forward latency with and without a set of kernels, timed interleaved (medians, us)."""
+
+    with_us: float
+    without_us: float
+    noise_us: float     # a difference within this is not a measurement
+
+    @property
+    def faster(self) -> bool:
+        """Measurably faster with the kernels than without."""
+        return self.without_us - self.with_us > self.noise_us
+
+    @property
+    def speedup(self) -> float:
+        return self.without_us / self.with_us
+
+    def describe(self) -> str:
+        if abs(self.without_us - self.with_us) <= self.noise_us:
+            return f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us)"
+        return f"{self.speedup:.3f}x ({self.with_us:.1f} us against {self.without_us:.1f} us)"
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    signature: str
+    comparison: Comparison   # the model with the kernel against the model without it
+
+    @property
+    def reason(self) -> str:
+        return f"the model is not measurably faster with it: {self.comparison.describe()}"
+
+
+@dataclass(frozen=True)
+class FallbackReport:
+    """What the model-level check kept and left out, in one mode ("eager" or a compile mode)."""
+
+    mode: str
+    kept: tuple[str, ...]
+    left_out: tuple[LeftOut, ...]
+    model: Comparison        # the kept set against no kernels (when nothing is kept: all of them)
+    forwards_built: int
+
+    def lines(self) -> list[str]:
+        out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}"]
+        out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
+        return out
+
+
+class Arm:
+    """One way to run the model's forward: ``enter``/``exit`` around a block of calls (installing
+    and removing eager kernels), ``forward`` one call; ``kernels``: the signatures it runs."""
+
+    def __init__(self, forward: Callable[[], Any], kernels: Sequence[DeployedKernel] = (),
+                 enter: Callable[[], Any] | None = None, exit: Callable[[], Any] | None = None):
+        self.forward = forward
+        self.kernels = tuple(dk.variant.signature for dk in kernels)
+        self._enter, self._exit = enter, exit
+
+    def enter(self) -> None:
+        if self._enter is not None:
+            self._enter()
+
+    def exit(self) -> None:
+        if self._exit is not None:
+            self._exit()
+
+
+Build = Callable[[Sequence[DeployedKernel]], Arm]
+Compare = Callable[[Arm, Arm], Comparison]
+
+
+def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[float], build: Build,
+                compare: Compare, mode: str, none: Arm | None = None) -> tuple[list[DeployedKernel], FallbackReport]:
+    """The kernels worth keeping for the model in ``mode``, and the report.
+
+    ``build(subset)`` gives an Arm running the model with exactly those kernels (built once per
+    subset); ``compare(with, without)`` times two arms interleaved; ``none``: the arm without
+    kernels when the caller has it already.
+    """
+    order = sorted(range(len(kernels)), key=lambda i: -expected_gain_us[i])
+    current = [kernels[i] for i in order]
+    if not current:
+        empty = Comparison(0.0, 0.0, 0.0)
+        return [], FallbackReport(mode, (), (), empty, 0)
+    built = 1 if none is not None else 2
+    none = none if none is not None else build([])
+    arm = build(current)
+    left_out: list[LeftOut] = []
+    for dk in list(reversed(current)):
+        if len(current) == 1:
+            break
+        rest = [k for k in current if k is not dk]
+        without = build(rest)
+        built += 1
+        cmp = compare(arm, without)
+        if not cmp.faster:
+            left_out.append(LeftOut(dk.variant.signature, cmp))
+            current, arm = rest, without
+    final = compare(arm, none)
+    if not final.faster:
+        left_out.extend(LeftOut(k.variant.signature, final) for k in current)
+        current = []
+    kept = tuple(k.variant.signature for k in current)
+    return current, FallbackReport(mode, kept, tuple(left_out), final, built)
+
+
+def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, min_rounds: int = 6,
+                max_rounds: int = 60) -> Compare:
+    """A Compare that times blocks of forwards of two arms alternately (ABBA order), wall clock
+    with the device synchronised around each block, until ``budget_s`` is spent.
+
+    The noise is three standard errors of the median of the paired differences (a robust spread),
+    and never less than 0.5% of the slower arm: smaller differences are not claimed."""
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+    def block(arm: Arm, reps: int) -> float:
+        arm.enter()
+        try:
+            with torch.no_grad():
+                arm.forward()  # after (re)installing: the dispatch caches fill here, untimed
+                sync()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    arm.forward()
+                sync()
+                return (time.perf_counter() - start) / reps * 1e6
+        finally:
+            arm.exit()
+
+    def compare(a: Arm, b: Arm) -> Comparison:
+        first = max(block(a, 1), block(b, 1))
+        reps = max(1, int(block_s * 1e6 / max(first, 1.0)))
+        ta: list[float] = []
+        tb: list[float] = []
+        start = time.perf_counter()
+        r = 0
+        while r < max_rounds and (r < min_rounds or time.perf_counter() - start < budget_s):
+            pair = (a, b) if r % 2 == 0 else (b, a)
+            got = {id(arm): block(arm, reps) for arm in pair}
+            ta.append(got[id(a)])
+            tb.append(got[id(b)])
+            r += 1
+        return comparison_of(ta, tb)
+
+    return compare
+
+
+def comparison_of(with_us: Sequence[float], without_us: Sequence[float]) -> Comparison:
+    """A Comparison from paired samples (one per round, the two arms timed next to each other)."""
+    diffs = [b - a for a, b in zip(with_us, without_us)]
+    med = statistics.median(diffs)
+    mad = statistics.median([abs(d - med) for d in diffs]) * 1.4826
+    se = 1.2533 * mad / max(len(diffs), 1) ** 0.5
+    wa, wb = statistics.median(with_us), statistics.median(without_us)
+    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)))

@@ -1,0 +1,191 @@
+"""Graph mode: kforge kernels inside torch.compile, as ``torch.ops.kforge.run`` nodes Inductor keeps.
+
+kforge compiles through its own backend: dynamo traces the model exactly as plain
+``torch.compile`` would (kforge's eager wrappers step aside while dynamo traces, so the graphs,
+guards and graph breaks are those of plain compile), then ``replace_calls`` rewrites each FX node
+whose operator and exact signature (read from the node's fake tensors) has a kernel into a call of
+the custom op, and the graph goes to Inductor with the options of the chosen ``mode``. Everything
+else is compiled by Inductor as usual. Region winners plug in as more passes over the same graph
+(``KforgeBackend.passes``).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from ..ops import Unsupported, inplace_binder, spec_for
+from ._dispatch import _fast_key, _param_values, variant_key
+from ._launch import DeployedKernel
+from ._runop import RUN_TABLE
+
+GraphPass = Callable[[torch.fx.GraphModule], Sequence[str]]   # rewrites in place, returns what it replaced
+
+
+def _callable_of(node: torch.fx.Node) -> Any:
+    if node.op == "call_function":
+        return node.target
+    if node.op == "call_method":
+        fn = getattr(torch.Tensor, node.target, None)  # type: ignore[arg-type]
+        return getattr(fn, "__wrapped__", fn)  # NB: while eager kernels are applied, the method is kforge's wrapper
+    return None
+
+
+def _fake(value: Any) -> Any:
+    """A node argument as the value it had while dynamo traced (fake tensors), recursively."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("example_value", value.meta.get("val"))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fake(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fake(v) for k, v in value.items()}
+    return value
+
+
+def _input_nodes(node: torch.fx.Node, inputs: tuple) -> list[torch.fx.Node | None] | None:
+    """The graph node of each bound input (None for an absent one), or None when an input is not
+    one of the call's own arguments (the binder built it) or one value comes from two nodes."""
+    candidates = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+    out: list[torch.fx.Node | None] = []
+    for t in inputs:
+        if t is None:
+            out.append(None)
+            continue
+        hits = [a for a in candidates if _fake(a) is t]
+        if len({id(h) for h in hits}) != 1:
+            return None
+        out.append(hits[0])
+    return out
+
+
+def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -> list[str]:
+    """Rewrite every call in ``gm`` that has a kernel for its exact signature into
+    ``torch.ops.kforge.run``; returns the signatures replaced, one per node. Calls with symbolic
+    shapes, inputs that need gradients, or forms the operator's binder does not take stay as they are."""
+    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels}
+    if not table:
+        return []
+    ops = {op for op, _ in table}
+    replaced: list[str] = []
+    for node in list(gm.graph.nodes):
+        fn = _callable_of(node)
+        spec = spec_for(fn) if fn is not None else None
+        if spec is None or spec.name not in ops:
+            continue
+        args, kwargs = _fake(node.args), _fake(node.kwargs)
+        try:
+            call = inplace_binder(spec, fn)(*args, **kwargs)
+            inputs = tuple(call.inputs)
+            if any(t is not None and (not isinstance(t, torch.Tensor) or t.requires_grad
+                                      or any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())))
+                   for t in inputs):
+                continue
+            dk = table.get((spec.name, _fast_key(inputs, _param_values(spec.params, call.params))))
+        except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
+            continue
+        if dk is None:
+            continue
+        sources = _input_nodes(node, inputs)
+        if sources is None:
+            continue
+        RUN_TABLE.register(dk)
+        with gm.graph.inserting_before(node):
+            run = gm.graph.call_function(torch.ops.kforge.run.default, (dk.run_name, sources))
+            outs = [gm.graph.call_function(operator.getitem, (run, i)) for i in range(len(dk.variant.outputs))]
+            if dk.inplace:
+                result: Any = gm.graph.call_method("copy_", (sources[0], outs[0]))
+            else:
+                result = outs[0] if len(outs) == 1 else tuple(outs)
+        if isinstance(result, tuple):
+            for user in list(node.users):
+                if user.op == "call_function" and user.target is operator.getitem:
+                    user.replace_all_uses_with(result[user.args[1]])
+                    gm.graph.erase_node(user)
+            if node.users:  # the tuple itself is used: leave the original call in place
+                continue
+        else:
+            result.meta.update(node.meta)
+            node.replace_all_uses_with(result)
+        gm.graph.erase_node(node)
+        replaced.append(dk.variant.signature)
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
+
+
+@dataclass
+class CompiledGraph:
+    """One graph the backend compiled: how many nodes it had and which calls became kforge kernels."""
+
+    nodes: int
+    replaced: list[str]
+
+
+@dataclass
+class KforgeBackend:
+    """A torch.compile backend: kforge's passes over dynamo's graph, then Inductor in ``mode``.
+
+    ``inner``: another dynamo backend by name ("eager", "aot_eager": debugging and fast tests).
+    ``graphs`` lists what each compiled graph got.
+    """
+
+    kernels: Sequence[DeployedKernel]
+    mode: str | None = None
+    options: dict | None = None
+    dynamic: bool | None = None
+    inner: str = "inductor"
+    passes: list[GraphPass] = field(default_factory=list)
+    graphs: list[CompiledGraph] = field(default_factory=list)
+    enabled: bool = True   # False: graphs compiled from now on (recompilations) get no kernels
+
+    def __post_init__(self):
+        self._inductor = None
+        self._other = None
+        if self.inner == "inductor":
+            # NB: Inductor's own wrapper turns mode/options into config exactly as plain torch.compile does.
+            self._inductor = torch._TorchCompileInductorWrapper(self.mode, self.options, self.dynamic)
+        else:
+            if self.mode is not None or self.options:
+                raise ValueError(f"mode= and options= are Inductor's; backend={self.inner!r} takes neither")
+            self._other = torch._dynamo.lookup_backend(self.inner)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        replaced = replace_calls(gm, self.kernels) if self.enabled else []
+        for graph_pass in self.passes if self.enabled else ():
+            replaced.extend(graph_pass(gm))
+        self.graphs.append(CompiledGraph(len(gm.graph.nodes), replaced))
+        if self._inductor is None:
+            return self._other(gm, example_inputs)
+        return self._inductor(gm, example_inputs)
+
+    def get_compiler_config(self) -> dict | None:
+        return self._inductor.get_compiler_config() if self._inductor is not None else None
+
+    def reset(self) -> None:
+        if self._inductor is not None:
+            self._inductor.reset()
+
+    @property
+    def replaced(self) -> list[str]:
+        return [s for g in self.graphs for s in g.replaced]
+
+
+def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str = "inductor",
+                 mode: str | None = None, options: dict | None = None, dynamic: bool | None = None,
+                 passes: Sequence[GraphPass] = (), **torch_compile_kwargs: Any) -> Any:
+    """``torch.compile(model, mode=..., ...)`` with ``kernels`` inside its graphs.
+
+    The returned object is what torch.compile returns, with ``kforge_backend`` (a KforgeBackend:
+    what each compiled graph got) set on it.
+    """
+    if mode is not None and options is not None:
+        raise ValueError("pass mode= or options=, not both (as with torch.compile)")
+    kb = KforgeBackend(list(kernels), mode, options, dynamic, inner=backend, passes=list(passes))
+    compiled = torch.compile(model, backend=kb, dynamic=dynamic, **torch_compile_kwargs)
+    object.__setattr__(compiled, "kforge_backend", kb) if isinstance(compiled, torch.nn.Module) else \
+        setattr(compiled, "kforge_backend", kb)
+    return compiled

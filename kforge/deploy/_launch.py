@@ -1,0 +1,136 @@
+"""Launching one validated kernel: its descriptors prepared once, the C launcher or ctypes."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import threading
+from typing import Any
+
+import torch
+
+from ..kernels import Kernel, param_vector
+from ..kernels._library import KfTensor
+from ..ops import DTYPE_CODES, TensorSig, Variant, torch_dtype
+from ._fast import launcher_type
+
+
+def _device(name: str) -> torch.device:
+    return torch.device(name)
+
+
+class DeployedKernel:
+    """A validated kernel for one variant, with its launch arguments prepared once.
+
+    Calls go through the C launcher of ``_fastpath.c`` where it can be built (``fast``), else
+    through ctypes (``fast=False`` forces that); both fill the same descriptors the same way.
+    """
+
+    def __init__(self, variant: Variant, kernel: Kernel, candidate_id: int | None = None, speedup: float | None = None,
+                 fast: bool = True):
+        self.variant = variant
+        self.kernel = kernel
+        self.candidate_id = candidate_id
+        self.speedup = speedup
+        self.inplace = bool(variant.param_dict.get("inplace"))
+        # NB: the name compiled graphs call kforge::run with. A plain attribute, computed here
+        # (dynamo reads it as a constant); the same in every process for the same kernel binary
+        # and variant (a graph cached on disk by another process names it); and it carries the
+        # variant, so that a process without this kernel can still run the call eagerly.
+        self.run_name = f"{kernel.path.stem}|{json.dumps(variant.to_json(), sort_keys=True, separators=(',', ':'))}"
+        self._cuda = variant.device.startswith("cuda")
+        self._index = torch.device(variant.device).index or 0 if self._cuda else 0
+        self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
+        self._lock = threading.Lock()
+        n_in, n_out = len(variant.inputs), len(variant.outputs)
+        self._ins = (KfTensor * max(n_in, 1))()
+        self._out_structs = (KfTensor * max(n_out, 1))()
+        for slot, sig in zip(self._ins, variant.inputs):
+            _prefill(slot, sig)
+        for slot, sig in zip(self._out_structs, variant.outputs):
+            _prefill(slot, sig)
+        pv = param_vector(variant)
+        self._params = (ctypes.c_double * max(len(pv), 1))(*pv)
+        self._n = (n_in, n_out, len(pv))
+        # NB: on CUDA each call takes its workspace from the caching allocator, which orders its
+        # reuse on the calling stream: launches on several streams (or graphs) never share one. On
+        # the CPU the kernel runs inside the call, so one workspace, used one call at a time.
+        self._ws_alloc = (functools.partial(torch.empty, (kernel.workspace_bytes,), dtype=torch.uint8,
+                                            device=variant.device)
+                          if kernel.workspace_bytes and self._cuda else None)
+        self._workspace = (torch.empty(kernel.workspace_bytes, dtype=torch.uint8, device=variant.device)
+                           if kernel.workspace_bytes and not self._cuda else None)
+        self._fn = kernel._launch
+        self._in_slots = list(self._ins)[:n_in]   # NB: indexing a ctypes array builds a proxy each time
+        self._out_slots = list(self._out_structs)[:n_out]
+        self._ws_ptr = self._workspace.data_ptr() if self._workspace is not None else None
+
+        fast = self._fast_launcher() if fast else None
+        self.fast = fast is not None   # calls go through the C launcher (else through ctypes)
+        self.launch = fast if fast is not None else self._launch_py
+        self._py_calls = 0
+
+    def _fast_launcher(self) -> Any:
+        """The C launcher for this kernel (kforge/deploy/_fastpath.c), or None without one."""
+        launcher = launcher_type()
+        if launcher is None or max(self._n[0], self._n[1]) > 16:
+            return None
+        allocs = tuple(functools.partial(torch.empty_strided, shape, stride, dtype=dtype, device=dev)
+                       for shape, stride, dtype, dev in self._outs)
+        stream_fn = (_GET_RAW_STREAM or _raw_stream) if self._cuda else None
+        return launcher(
+            ctypes.cast(self._fn, ctypes.c_void_p).value, bytes(self._ins)[:ctypes.sizeof(KfTensor) * self._n[0]],
+            self._n[0], bytes(self._out_structs)[:ctypes.sizeof(KfTensor) * self._n[1]], self._n[1],
+            bytes(self._params)[:ctypes.sizeof(ctypes.c_double) * self._n[2]], self._ws_alloc or self._ws_ptr, allocs,
+            stream_fn, self._index, self.variant.signature, (self.kernel, self._workspace),
+            not self._cuda)  # a CPU kernel runs inside the call: let other threads go meanwhile
+
+    @property
+    def calls(self) -> int:
+        return self._py_calls + (self.launch.calls if self.fast else 0)
+
+    def __call__(self, inputs: tuple) -> list[torch.Tensor]:
+        return self.launch(inputs)
+
+    def _launch_py(self, inputs: tuple) -> list[torch.Tensor]:
+        if len(inputs) != self._n[0]:
+            raise TypeError(f"expected {self._n[0]} inputs, got {len(inputs)}")
+        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=dev) for shape, stride, dtype, dev in self._outs]
+        stream = _raw_stream(self._index) if self._cuda else None
+        ws = self._ws_alloc() if self._ws_alloc is not None else None
+        ws_ptr = ws.data_ptr() if ws is not None else self._ws_ptr
+        # NB: the structs are shared, so two threads must not fill them at once.
+        with self._lock:
+            for slot, t in zip(self._in_slots, inputs):
+                slot.data = t.data_ptr() if t is not None else None
+            for slot, t in zip(self._out_slots, outs):
+                slot.data = t.data_ptr()
+            code = self._fn(self._ins, self._n[0], self._out_structs, self._n[1], self._params, self._n[2],
+                            ws_ptr, stream)
+            if code == 0:
+                self._py_calls += 1
+        if code != 0:
+            raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
+        return outs
+
+
+def _raw_stream(index: int) -> int:
+    """The current CUDA stream of a device as an integer handle, without building a Stream object."""
+    return _GET_RAW_STREAM(index) if _GET_RAW_STREAM else torch.cuda.current_stream(index).cuda_stream
+
+
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _prefill(slot: KfTensor, sig: TensorSig | None) -> None:
+    if sig is None:
+        slot.data = None
+        slot.ndim = 0
+        slot.dtype = -1
+        return
+    slot.ndim = len(sig.shape)
+    slot.dtype = DTYPE_CODES[sig.dtype]
+    for i, (s, st) in enumerate(zip(sig.shape, sig.stride)):
+        slot.sizes[i] = s
+        slot.strides[i] = st
+

@@ -1,0 +1,202 @@
+"""Graph mode (kforge kernels inside torch.compile) and the model-level check that leaves out kernels
+that do not make the model faster. Inductor on this CPU is slow: few, tiny compiles."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kforge
+from kforge.deploy._fallback import Arm, Comparison, keep_faster
+from kforge.deploy._runop import RUN_TABLE
+from kforge.kernels import device_info
+from kforge.proposers.builtin import strategies_for
+
+
+def _winners(tmp_path, example: str, ops: tuple[str, ...]):
+    """A session of a built-in example whose cards of ``ops`` have validated winners (built-in
+    kernels; verdicts set directly: timing on a shared CPU is not what these tests are about)."""
+    model, x = kforge.example(example)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / f"wd-{example}")
+    s.capture(timing_budget_ms=2)
+    dev = device_info("cpu")
+    done = []
+    for card in s.cards:
+        if card.op not in ops:
+            continue
+        strategy = next(st for st in strategies_for(card.op, "cpu") if st.applies(card.variant, dev))
+        src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
+        ev = s.evaluator.evaluate(card, src, s.store)
+        assert ev.status.is_correct, ev.summary()
+        cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
+        s.store.set_evaluation(cid, ev)
+        s.store.save_result(card.key, {"status": "winner", "winner_id": cid, "speedup": 1.5,
+                                       "kernel_us": card.eager_us / 1.5, "eager_us": card.eager_us,
+                                       "candidates": 1, "reason": "test"})
+        done.append(card)
+    assert {c.op for c in done} == set(ops)
+    return s, model, x, done
+
+
+def _kforge_nodes(compiled) -> list[str]:
+    return compiled.kforge_backend.replaced
+
+
+def test_compile_puts_the_kernels_in_inductors_graph_and_matches_eager(tmp_path):
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    with torch.no_grad():
+        expected = model(x)
+        torch._dynamo.reset()
+        plain = torch._dynamo.explain(model)(x)
+        compiled = s.compile(guard=False, dynamic=False)
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(compiled(x), expected)
+    (graph,) = compiled.kforge_backend.graphs
+    assert graph.replaced == [cards[0].signature]
+    (dk,) = compiled.kforge_backend.kernels
+    assert dk.calls == 2, "the compiled model calls the kernel through torch.ops.kforge.run"
+    assert RUN_TABLE.entry(dk.run_name)[0] is dk
+    # kforge adds no graph and no graph break to what plain torch.compile has
+    assert (plain.graph_count, plain.graph_break_count) == (1, 0)
+    assert len(compiled.kforge_backend.graphs) == plain.graph_count
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_tensor_method_spellings_are_replaced_too_and_modes_are_accepted(tmp_path):
+    s, model, x, cards = _winners(tmp_path, "tiny_transformer", ("softmax", "log_softmax"))
+    with torch.no_grad():
+        expected = model(x)
+        torch._dynamo.reset()
+        compiled = s.compile(guard=False, mode="reduce-overhead", fullgraph=True)
+        torch.testing.assert_close(compiled(x), expected)
+    assert sorted(_kforge_nodes(compiled)) == sorted(c.signature for c in cards)
+    assert all(dk.calls == 1 for dk in compiled.kforge_backend.kernels)
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_an_applied_model_under_plain_torch_compile_traces_as_without_kforge(tmp_path):
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    with torch.no_grad():
+        torch._dynamo.reset()
+        plain = torch._dynamo.explain(model)(x)
+        with s.apply(all_winners=True) as dep:
+            torch._dynamo.reset()
+            applied = torch._dynamo.explain(model)(x)
+            compiled = dep.compile(backend="aot_eager")
+            before = dep.kernels[0].calls
+            torch.testing.assert_close(compiled(x), model(x))
+            assert compiled.kforge_backend.replaced == [cards[0].signature]
+            assert dep.kernels[0].calls == before + 2   # the compiled call and the eager one
+    ops = lambda e: [str(n.target) for g in e.graphs for n in g.graph.nodes if n.op != "placeholder"]  # noqa: E731
+    assert ops(applied) == ops(plain) and applied.graph_break_count == plain.graph_break_count
+    torch._dynamo.reset()
+    s.close()
+
+
+_LOAD_COMPILE = textwrap.dedent("""
+    import json, sys, torch
+    import kforge
+    model, x = kforge.example("tiny_cnn")
+    dep = kforge.load(model, {path!r}, device="cpu")
+    with torch.no_grad():
+        compiled = dep.compile(model, dynamic=False)
+        y = compiled(x)
+    print(json.dumps({{"replaced": compiled.kforge_backend.replaced,
+                       "calls": [dk.calls for dk in compiled.kforge_backend.kernels],
+                       "out": y.flatten().tolist()}}))
+""")
+
+
+def test_export_then_load_and_compile_in_a_fresh_process(tmp_path):
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    path = s.export(tmp_path / "artifact")
+    out = subprocess.run([sys.executable, "-c", _LOAD_COMPILE.format(path=str(path))], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["replaced"] == [cards[0].signature] and result["calls"] == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.tensor(result["out"]), model(x).flatten())
+    s.close()
+
+
+class _Kernel:
+    """Stands in for a DeployedKernel where only its signature matters."""
+
+    def __init__(self, signature: str):
+        self.variant = type("V", (), {"signature": signature})()
+
+
+def _model_time(costs: dict[str, float], base: float = 1000.0):
+    """A deterministic timer: the model's forward costs ``base`` plus each kernel's effect."""
+    def compare(a: Arm, b: Arm) -> Comparison:
+        t = lambda arm: base + sum(costs[k] for k in arm.kernels)  # noqa: E731
+        return Comparison(t(a), t(b), noise_us=5.0)
+    return compare
+
+
+def test_a_kernel_faster_alone_that_slows_the_model_is_left_out():
+    fast_alone, helps, tiny = _Kernel("max_pool2d fast alone"), _Kernel("softmax"), _Kernel("relu")
+    # expected gains from isolated timings put max_pool2d first; in the model it costs 40 us more
+    costs = {fast_alone.variant.signature: +40.0, helps.variant.signature: -120.0, tiny.variant.signature: -2.0}
+    built = []
+
+    def build(kernels):
+        built.append(len(kernels))
+        return Arm(lambda: None, [k for k in kernels])
+
+    kept, report = keep_faster([fast_alone, helps, tiny], [500.0, 100.0, 1.0], build, _model_time(costs), "eager")
+    assert kept == [helps]
+    assert report.kept == ("softmax",)
+    left = {lo.signature: lo for lo in report.left_out}
+    assert set(left) == {"max_pool2d fast alone", "relu"}
+    assert "within noise" in left["relu"].reason          # 2 us against 5 us of noise
+    assert "0.957x" in left["max_pool2d fast alone"].reason   # 880 us with helps only, 920 with both
+    assert report.model.faster and report.model.with_us == 880.0 and report.model.without_us == 1000.0
+    assert len(built) == 5, "n + 2 forwards built for n kernels (none and all included)"
+    assert "left out max_pool2d fast alone" in "\n".join(report.lines())
+
+
+def test_nothing_is_kept_when_the_kernels_together_do_not_help():
+    a = _Kernel("a")
+    kept, report = keep_faster([a], [10.0], lambda ks: Arm(lambda: None, ks), _model_time({"a": +3.0}), "default")
+    assert kept == [] and [lo.signature for lo in report.left_out] == ["a"]
+
+
+def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_path):
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    (sig,) = [c.signature for c in cards]
+    report = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: +30.0}))
+    eager_row = next(r for r in report.rows if r.label == "eager + kforge")
+    assert eager_row.kernels == 0 and report.kernels_installed == 0
+    assert [lo.signature for f in report.fallback for lo in f.left_out] == [sig, sig]
+    assert {f.mode for f in report.fallback} == {"eager", "default"}
+    assert f"left out {sig}" in report.table()
+    helped = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    assert helped.kernels_installed == 1 and helped.output_rel_diff < 1e-6
+    row = next(r for r in helped.rows if r.label == "compile default + kforge")
+    assert row.kernels == 1 and row.output_rel_diff < 1e-6 and row.comparison.faster
+    assert json.dumps(helped.to_json())
+    s.close()
+
+
+@pytest.mark.gpu
+def test_compile_modes_on_the_gpu_keep_outputs(tmp_path):
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from kforge.deploy import Deployment
+
+    dep = Deployment([], None)
+    model, x = kforge.example("tiny_cnn", device="cuda")
+    with torch.no_grad():
+        for mode in ("default", "reduce-overhead"):
+            torch._dynamo.reset()
+            torch.testing.assert_close(dep.compile(model, mode=mode)(x), model(x))
