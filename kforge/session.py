@@ -279,9 +279,9 @@ class Session:
         kernels, gains = [], []
         for k in exported:
             card = self.cards[k.variant.key]
-            v = verdicts.get(card.key, {})
-            eager = v.get("eager_us") or card.eager_us
-            kernel = v.get("kernel_us") or eager / max(k.speedup or 1.0, 1e-9)
+            v = verdicts.get(card.key)
+            eager = (v.eager_us if v is not None else None) or card.eager_us
+            kernel = (v.kernel_us if v is not None else None) or eager / max(k.speedup or 1.0, 1e-9)
             kernels.append(DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup))
             gains.append(card.calls * (eager - kernel))
         return kernels, gains, skipped

@@ -16,6 +16,7 @@ from kforge.deploy._fallback import Arm, Comparison, keep_faster
 from kforge.deploy._runop import RUN_TABLE
 from kforge.kernels import device_info
 from kforge.proposers.builtin import strategies_for
+from kforge.ops import CardStatus, CardVerdict
 
 
 def _winners(tmp_path, example: str, ops: tuple[str, ...]):
@@ -35,9 +36,9 @@ def _winners(tmp_path, example: str, ops: tuple[str, ...]):
         assert ev.status.is_correct, ev.summary()
         cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
         s.store.set_evaluation(cid, ev)
-        s.store.save_result(card.key, {"status": "winner", "winner_id": cid, "speedup": 1.5,
-                                       "kernel_us": card.eager_us / 1.5, "eager_us": card.eager_us,
-                                       "candidates": 1, "reason": "test"})
+        s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=1.5,
+                                                  kernel_us=card.eager_us / 1.5, eager_us=card.eager_us,
+                                                  candidates=1))
         done.append(card)
     assert {c.op for c in done} == set(ops)
     return s, model, x, done
