@@ -585,6 +585,7 @@ function renderRunProgress(model, root) {
   const bar = h("div", { class: "kf-bar-fill" });
   const current = h("div", { class: "kf-muted kf-ellipsis" });
   const best = h("div", { class: "kf-best" });
+  const notes = h("div", { class: "kf-notes" });
   const log = h("pre", { class: "kf-log kf-run-log" });
   const optimistic = { pause: "pausing", resume: "running", stop: "stopping" };
   const button = (action, label) => h("button", {
@@ -600,7 +601,7 @@ function renderRunProgress(model, root) {
   const buttons = { pause: button("pause", "Pause"), resume: button("resume", "Resume"), stop: button("stop", "Stop") };
   root.append(h("div", { class: "kf-header" }, h("span", { class: "kf-title" }, "Optimization run"), state, counts,
     timing, Object.values(buttons)),
-    h("div", { class: "kf-bar" }, bar), current, best, log);
+    h("div", { class: "kf-bar" }, bar), current, best, notes, log);
   let ticker = null;
   const drawTiming = () => {
     const started = model.get("started_at");
@@ -629,6 +630,7 @@ function renderRunProgress(model, root) {
     current.textContent = over ? "" : model.get("current") ? `searching ${model.get("current")}` : "";
     const entries = Object.entries(model.get("best"));
     best.replaceChildren(...entries.map(([key, v]) => h("span", { class: "kf-chip", title: key }, `${key} ${fmt.x(v)}`)));
+    notes.replaceChildren(...model.get("notes").map((n) => h("div", { class: "kf-note" }, n)));
     const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 4;
     log.textContent = model.get("log").join("\n");
     if (atBottom) log.scrollTop = log.scrollHeight;   // the newest line stays in sight
@@ -639,7 +641,7 @@ function renderRunProgress(model, root) {
     if (!over && model.get("started_at") && ticker === null) ticker = setInterval(drawTiming, 1000);
     if ((over || !root.isConnected) && ticker !== null && model.get("ended_at")) { clearInterval(ticker); ticker = null; }
   };
-  for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log",
+  for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log", "notes",
     "started_at", "ended_at", "control_url"]) {
     model.on(`change:${name}`, draw);
   }

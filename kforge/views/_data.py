@@ -138,6 +138,32 @@ def _detail(cand: "Candidate", parent: "Candidate | None") -> dict[str, Any]:
             "dollars": cand.dollars}
 
 
+def run_notes(run: Any, labels: "dict[str, str] | None" = None) -> list[str]:
+    """Why a card of ``run`` got no new candidate (e.g. it was searched before to this budget)."""
+    from ..search import EventKind
+
+    labels = labels or {}
+    resumed: dict[str, int] = {}
+    new: dict[str, int] = {}
+    notes = []
+    for e in list(run.events):
+        key = e.card_key or ""
+        if e.kind is EventKind.CARD_STARTED:
+            resumed[key] = int(e.data.get("resumed", 0))
+            new[key] = 0
+        elif e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED):
+            new[key] = new.get(key, 0) + 1
+        elif e.kind is EventKind.CARD_FINISHED and not new.get(key):
+            label = labels.get(key, key[:8])
+            had, budget = resumed.get(key, 0), run.budget.iterations
+            why = str(e.data.get("search_ended") or e.message)
+            if had >= budget:
+                why = (f"already searched: it has {had} candidates and the budget is {budget} per card; "
+                       f"pass a larger iterations to search further")
+            notes.append(f"{label}: nothing new ({why})")
+    return notes
+
+
 LOG_CHARS = 20_000
 
 

@@ -104,7 +104,7 @@ def source_view(detail: dict[str, Any] | None) -> str:
 
 
 def run_progress(state: str, done: int, total: int, cards_done: int, cards_total: int, started: float | None,
-                 ended: float | None, best: dict[str, float], log: Sequence[str]) -> str:
+                 ended: float | None, best: dict[str, float], log: Sequence[str], notes: Sequence[str] = ()) -> str:
     """The run's state, counts, elapsed time and latest events."""
     elapsed = ((ended or time.time()) - started) if started else None
     parts = [_status(state), f"{done} evaluated of a budget of {total}", f"{cards_done} / {cards_total} cards"]
@@ -112,6 +112,7 @@ def run_progress(state: str, done: int, total: int, cards_done: int, cards_total
         parts.append(f"{elapsed:.0f} s")
     chips = " · ".join(f"{escape(k)} {v:.2f}×" for k, v in best.items())
     body = " · ".join(parts) + (f'<div style="margin-top: 4px">best: {chips}</div>' if chips else "")
+    body += "".join(f'<div style="margin-top: 4px">{escape(n)}</div>' for n in notes)
     if log:
         body += f'<pre style="color: {MUTED}; font-size: 11px; margin: 6px 0 0">{escape(chr(10).join(log))}</pre>'
     return _box("run-progress", "Optimization run", body)

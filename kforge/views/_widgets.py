@@ -291,6 +291,7 @@ class RunProgress(View):
     best = t.Dict().tag(sync=True)           # card label -> best speedup
     dollars = t.Float(0.0).tag(sync=True)
     log = t.List(t.Unicode()).tag(sync=True)
+    notes = t.List(t.Unicode()).tag(sync=True)    # why a card got nothing new
     started_at = t.Float(None, allow_none=True).tag(sync=True)   # epoch seconds
     ended_at = t.Float(None, allow_none=True).tag(sync=True)
     control_url = t.Unicode("").tag(sync=True)
@@ -356,6 +357,7 @@ class RunProgress(View):
                 self.done, self.cards_done, self.current, self.best = min(done, self.total), cards_done, current, best
                 self.started_at, self.ended_at = started, ended
                 self.log = log[-self.LOG_LINES:]
+                self.notes = _data.run_notes(self._run, self._labels) if hasattr(self._run, "budget") else []
                 self.dollars = self._run.dollars
                 state = self._run.state.value
                 self.state = "pausing" if self.state == "pausing" and state == "running" else state
@@ -368,4 +370,4 @@ class RunProgress(View):
 
     def to_html(self) -> str:
         return _html.run_progress(self.state, self.done, self.total, self.cards_done, self.cards_total,
-                                  self.started_at, self.ended_at, self.best, self.log)
+                                  self.started_at, self.ended_at, self.best, self.log, self.notes)
