@@ -209,7 +209,14 @@ def test_the_wheel_ships_the_front_end(tmp_path):
     import sys
     import zipfile
 
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+    import shutil
+
+    src = tmp_path / "src"   # a copy: the build leaves nothing in the checkout
+    for name in ("kforge", "widgets"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy(REPO / name, src / name)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
                           "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
