@@ -59,7 +59,8 @@ def main() -> None:
         twice = [ev.evaluate(card, base) for _ in range(2)]
     results.update({
         "evaluations": len(evals), "evaluations_wall_s": wall, "evaluations_per_minute": 60 * len(evals) / wall,
-        "statuses": [e.status.value for e in evals],
+        "statuses": [e.status.value for e in evals], "sandbox": evals[-1].sandbox,
+        "checks": list(evals[-1].checks),
         "kernel_us_all": [e.candidate_us for e in evals], "eager_us_all": [e.eager_us for e in evals],
         "speedup_all": [e.speedup for e in evals],
         "timed_twice": [{"kernel_us": e.candidate_us, "eager_us": e.eager_us, "speedup": e.speedup,
@@ -81,6 +82,9 @@ def main() -> None:
           f"spread (max-min)/median {results['speedup_spread_pct']:.1f}%")
     print(f"one kernel timed twice: {k[0]:.2f} us and {k[1]:.2f} us ({results['twice_kernel_diff_pct']:.1f}% apart); "
           f"per-evaluation CV {twice[0].candidate_spread:.3f} / {twice[1].candidate_spread:.3f}")
+    print(f"eager (timed in the judge, a user's normal threads): {statistics.median(results['eager_us_all']):.2f} us")
+    print(f"runner sandbox: {results['sandbox'] or 'n/a'}")
+    print(f"checks: {results['checks']}")
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ class Session:
         the host (see ``Deployment.skipped``); ``all_winners=True`` installs every winner.
         """
         from .deploy import DeployedKernel, Deployment
-        from .kernels import Kernel
+        from .kernels import load_verified
 
         if scope not in ("model", "process"):
             raise ValueError("scope is 'model' or 'process'")
@@ -238,7 +238,7 @@ class Session:
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
         exported, skipped = self._compiled_winners(all_winners)
-        kernels = [DeployedKernel(k.variant, Kernel(k.binary), k.candidate_id, k.speedup) for k in exported]
+        kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
         return Deployment(kernels, model if scope == "model" else None, skipped).install()
 
     def end_to_end(self, *, compile: bool = True, compile_backend: str = "inductor",

@@ -10,12 +10,13 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
+from ._redact import redact
 from .evaluate import Evaluation, Status
 from .proposers._base import Usage
 
@@ -216,10 +217,12 @@ class Store:
         return self._write(
             "INSERT INTO candidates (card_key, parent_id, proposer, strategy, config, intent, source, dollars,"
             " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (card_key, parent_id, proposer, strategy, json.dumps(config or {}, default=str), intent, source,
+            (card_key, parent_id, proposer, strategy, redact(json.dumps(config or {}, default=str)), redact(intent), source,
              dollars, time.time()))
 
     def set_evaluation(self, candidate_id: int, evaluation: Evaluation) -> None:
+        # NB: the write boundary for text a candidate controls (its compile log, crash message, stderr).
+        evaluation = replace(evaluation, message=redact(evaluation.message), compile_log=redact(evaluation.compile_log))
         self._write("UPDATE candidates SET status = ?, speedup = ?, evaluation = ?, evaluated_at = ? WHERE id = ?",
                     (evaluation.status.value, evaluation.score, json.dumps(evaluation.to_json()), time.time(),
                      candidate_id))
@@ -255,7 +258,7 @@ class Store:
 
     def save_result(self, card_key: str, body: dict) -> None:
         self._write("INSERT OR REPLACE INTO results (card_key, body, updated_at) VALUES (?, ?, ?)",
-                    (card_key, json.dumps(body), time.time()))
+                    (card_key, redact(json.dumps(body)), time.time()))
 
     def results(self) -> dict[str, dict]:
         return {k: json.loads(b) for k, b in self._rows("SELECT card_key, body FROM results")}
@@ -268,9 +271,9 @@ class Store:
             "INSERT INTO llm_calls (card_key, candidate_id, proposer, model, prompt, response, input_tokens,"
             " output_tokens, cache_read_tokens, cache_write_tokens, dollars, latency_s, error, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (card_key, candidate_id, proposer, usage.model, prompt, response, usage.input_tokens,
+            (card_key, candidate_id, proposer, usage.model, redact(prompt), redact(response), usage.input_tokens,
              usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.dollars,
-             usage.latency_s, error, time.time()))
+             usage.latency_s, redact(error), time.time()))
 
     def link_llm_call(self, call_id: int, candidate_id: int) -> None:
         self._write("UPDATE llm_calls SET candidate_id = ? WHERE id = ?", (candidate_id, call_id))

@@ -41,7 +41,7 @@ FAULTS = [
     ("fault_nan", Status.WRONG_RESULT, "NaN/Inf"),
     ("fault_previous_call", Status.WRONG_RESULT, ""),
     ("fault_too_much_shared", Status.WRONG_RESULT, "never written"),
-    ("fault_other_stream", Status.WRONG_RESULT, "outside the given stream"),
+    ("fault_other_stream", Status.TIMING_MISMATCH, "outside the given stream"),
     ("fault_slower", Status.SLOWER, "over eager"),
 ]
 
@@ -67,6 +67,85 @@ def test_cuda_memorised_outputs_fail(evaluator, softmax_card):
            "  cudaMemcpyAsync(out[0].data, a, sizeof(answer), cudaMemcpyDeviceToDevice, (cudaStream_t)stream);\n"
            "  return (int)cudaGetLastError(); }\n")
     assert evaluator.evaluate(softmax_card, src).status is Status.WRONG_RESULT
+
+
+_CUDA_PRELUDE = r'''
+#include "kforge.h"
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+__global__ void kf_softmax_rows(const float* x, float* y, int cols) {
+    const float* xr = x + blockIdx.x * cols; float* yr = y + blockIdx.x * cols;
+    if (threadIdx.x) return;
+    float m = KF_NEG_INF, s = 0.f;
+    for (int c = 0; c < cols; ++c) m = fmaxf(m, xr[c]);
+    for (int c = 0; c < cols; ++c) s += expf(xr[c] - m);
+    for (int c = 0; c < cols; ++c) yr[c] = expf(xr[c] - m) / s;
+}
+static int chan_fd(void) {
+    for (int fd = 3; fd < 1024; ++fd) { struct stat st; if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) return fd; }
+    return -1;
+}
+'''
+
+
+def _cuda_kernel(attempt: str, defines: str = "") -> str:
+    """A correct softmax (32 x 256) that first tries ``attempt`` on the host; wrong if it worked."""
+    return (_CUDA_PRELUDE + defines + "KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, "
+            "int n_out, const double* p, int np, void* ws, void* stream) {\n"
+            "  static int tried, escaped; if (!tried) { tried = 1; " + attempt + " }\n"
+            "  if (escaped) return 99;\n"
+            "  kf_softmax_rows<<<32, 32, 0, (cudaStream_t)stream>>>((const float*)in[0].data, (float*)out[0].data, 256);\n"
+            "  return (int)cudaGetLastError(); }\n")
+
+
+CUDA_ESCAPES = [
+    ("write outside its folder", 'int f = open(ESCAPE_FILE, O_WRONLY | O_CREAT, 0644); escaped = f >= 0;'),
+    ("read the judge's environ", 'char q[64]; snprintf(q, 64, "/proc/%d/environ", (int)getppid()); '
+                                 'escaped = open(q, O_RDONLY) >= 0;'),
+    ("open a socket", 'escaped = socket(AF_INET, SOCK_STREAM, 0) >= 0;'),
+    ("fork", 'pid_t c = fork(); if (c == 0) _exit(0); escaped = c > 0;'),
+    ("kill its parent", 'escaped = kill(getppid(), SIGTERM) == 0;'),
+    ("none (control)", 'escaped = 0;'),
+]
+
+
+@pytest.mark.parametrize("name,attempt", CUDA_ESCAPES, ids=[e[0] for e in CUDA_ESCAPES])
+def test_cuda_runner_sandbox_holds(evaluator, softmax_card, tmp_path, name, attempt):
+    target = tmp_path / "escaped.txt"
+    ev = evaluator.evaluate(softmax_card, _cuda_kernel(attempt, f'#define ESCAPE_FILE "{target}"\n'))
+    print(f"{name}: {ev.summary()} | sandbox: {ev.sandbox}")
+    assert ev.status.is_correct, ev.summary()
+    assert not target.exists()
+
+
+def test_cuda_ipc_round_trip_and_what_holds(evaluator, softmax_card):
+    """Inputs reach the runner and outputs come back through CUDA IPC; the report says what held."""
+    ev = evaluator.evaluate(softmax_card, kernel_source("cuda", "softmax_base"))
+    print(f"CUDA runner sandbox: {ev.sandbox}; checks: {ev.checks}")
+    assert ev.status.is_correct, ev.summary()
+    assert ev.max_rel_error < 1e-4 and "runner clock cross-checked" in ev.checks
+    assert {"session", "no_new_privs", "rlimits", "seccomp"} <= set(ev.sandbox.split(", "))
+
+
+def test_cuda_forged_frame_is_a_status(evaluator, softmax_card):
+    attempt = "int fd = chan_fd(); char b[64]; memset(b, 0xab, 64); if (fd >= 0) send(fd, b, 64, 0);"
+    ev = evaluator.evaluate(softmax_card, _cuda_kernel(attempt))
+    assert ev.status is Status.CRASHED and "protocol" in ev.message, ev.summary()
+    after = evaluator.evaluate(softmax_card, kernel_source("cuda", "softmax_base"))
+    assert after.status.is_correct, after.summary()
+
+
+def test_cuda_timed_calls_are_checked(evaluator, softmax_card):
+    src = _cuda_kernel("escaped = 0;").replace("if (escaped) return 99;",
+                                              "static int calls; if (escaped || ++calls > 8) return 0;")
+    ev = evaluator.evaluate(softmax_card, src)
+    assert ev.status is Status.WRONG_RESULT and "timed" in ev.message, ev.summary()
 
 
 @pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float32), ((1, 8, 512, 512), torch.bfloat16),

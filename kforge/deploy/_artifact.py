@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from .. import __version__
-from ..kernels import CONTRACT_VERSION, Kernel, backend_of, compile_source, device_info
+from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, load_verified, verify_binary
 from ..ops import Variant
 from ._dispatch import DeployedKernel, Deployment
 
@@ -70,7 +70,7 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         stem = k.variant.key
         src, lib = root / "kernels" / f"{stem}{ext}", root / "kernels" / f"{stem}.so"
         src.write_text(k.source)
-        shutil.copyfile(k.binary, lib)
+        shutil.copyfile(verify_binary(k.binary), lib)  # NB: a changed cache entry never reaches an artifact
         entries.append({"variant": k.variant.to_json(), "signature": k.variant.signature,
                         "source": src.name, "source_sha256": _sha256(src),
                         "binary": lib.name, "binary_sha256": _sha256(lib),
@@ -151,7 +151,8 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                 if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
-            kernels.append(DeployedKernel(variant, Kernel(binary), e.get("candidate_id"), e.get("speedup")))
+            kernels.append(DeployedKernel(variant, load_verified(binary, e["binary_sha256"] if same_target else None),
+                                          e.get("candidate_id"), e.get("speedup")))
     finally:
         if evaluator is not None:
             evaluator.close()

@@ -1,8 +1,9 @@
-"""The parent side of evaluation: one worker process per device, restarted after any failure."""
+"""The user's side of evaluation: one judge process per device, replaced if it ever fails."""
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..kernels import backend_of, device_info
 from ._result import Evaluation, Status
@@ -18,35 +19,43 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from ._worker import Job
+from ._judge import Job
 
 if TYPE_CHECKING:
     from ..capture import Card
+    from ..ops import Variant
     from ..store import Store
 
 _START_TIMEOUT_S = 180.0
+_COMPILE_ALLOWANCE_S = 150.0
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 
 
-class _Worker:
-    """A ``python -c "...worker main()"`` child talking over a socket pair.
+def judge_env() -> dict[str, str]:
+    """The user's environment without secrets or config paths: the judge needs neither."""
+    return {k: v for k, v in os.environ.items()
+            if not _SECRET.search(k) and not k.upper().startswith("KFORGE_CONFIG")}
+
+
+class _Judge:
+    """A ``python -c "...judge main()"`` child talking over a socket pair.
 
     NB: a plain subprocess, not multiprocessing's spawn: spawn re-imports the user's __main__,
-    which breaks scripts without a main guard and code piped on stdin. OMP_WAIT_POLICY=PASSIVE:
-    torch's wheel ships its own OpenMP runtime and CPU candidates link the system one; two pools
-    that spin after each parallel region would steal the cores the other is being timed on.
+    which breaks scripts without a main guard and code piped on stdin. No OMP_WAIT_POLICY here:
+    the judge times eager the way a user's process runs it; runners get PASSIVE instead.
     """
 
     def __init__(self, device: str):
-        fd, self.stderr_path = tempfile.mkstemp(prefix="kforge-worker-", suffix=".log")
+        fd, self.stderr_path = tempfile.mkstemp(prefix="kforge-judge-", suffix=".log")
         os.close(fd)
         parent_sock, child_sock = socket.socketpair()
         self.conn = Connection(parent_sock.detach())
         child_fd = child_sock.fileno()
         with open(self.stderr_path, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from kforge.evaluate._worker import main; main()", str(child_fd), device],
+                [sys.executable, "-c", "from kforge.evaluate._judge import main; main()", str(child_fd), device],
                 pass_fds=(child_fd,), stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                env={"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**judge_env(), "PYTHONUNBUFFERED": "1"})
         child_sock.close()
         try:
             if not self.conn.poll(_START_TIMEOUT_S):
@@ -54,13 +63,16 @@ class _Worker:
             tag, _ = self.conn.recv()
         except (EOFError, OSError):
             self.kill()
-            raise RuntimeError(f"the evaluator worker for {device} did not start; its output:\n"
+            raise RuntimeError(f"the evaluator's judge process for {device} did not start; its output:\n"
                                f"{self.stderr_tail()}") from None
         assert tag == "ready"
 
     def stderr_tail(self, n: int = 4000) -> str:
         try:
-            return Path(self.stderr_path).read_text(errors="replace")[-n:]
+            with open(self.stderr_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read(n).decode(errors="replace")
         except OSError:
             return ""
 
@@ -92,8 +104,8 @@ class _Worker:
             pass
 
 
-def _death_message(worker: _Worker) -> str:
-    code = worker.process.returncode
+def _death_message(judge: _Judge) -> str:
+    code = judge.process.returncode
     if code is not None and code < 0:
         import signal
 
@@ -103,15 +115,16 @@ def _death_message(worker: _Worker) -> str:
             what = f"killed by signal {-code}"
     else:
         what = f"exited with code {code}"
-    tail = worker.stderr_tail(1500).strip()
-    return f"the worker process {what}" + (f"; its last output:\n{tail}" if tail else "")
+    tail = judge.stderr_tail(1500).strip()
+    return f"the judge process {what}" + (f"; its last output:\n{tail}" if tail else "")
 
 
 class Evaluator:
-    """Compile, validate and time candidates for one device, in a disposable worker process.
+    """Compile, validate and time candidates for one device.
 
-    Evaluations on one device are serialised (timing needs the device alone); a crash, hang or
-    CUDA fault costs only the worker, which is restarted for the next candidate.
+    The user's process talks to one judge process per device; the judge runs every candidate in a
+    fresh, sandboxed runner process and decides the verdict itself (docs/evaluator.md,
+    docs/security.md). Evaluations on one device are serialised (timing needs the device alone).
     """
 
     def __init__(self, device: str = "cpu", *, timeout_s: float = 60.0, random_sets: int = 3,
@@ -126,10 +139,10 @@ class Evaluator:
         self.budget_ms = budget_ms if budget_ms is not None else (300.0 if self.backend == "cuda" else 100.0)
         info = device_info(device) if self.backend == "cuda" else None
         self.arch = info.arch if info else os.environ.get("KFORGE_CPU_ARCH", "native")
-        self._worker: _Worker | None = None
+        self._judge: _Judge | None = None
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self.restarts = 0
+        self.restarts = 0   # judge processes replaced after a failure (never a candidate's doing)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -139,52 +152,78 @@ class Evaluator:
 
     def close(self) -> None:
         with self._lock:
-            if self._worker is not None:
-                self._worker.close()
-                self._worker = None
+            if self._judge is not None:
+                self._judge.close()
+                self._judge = None
+
+    @property
+    def judge_pid(self) -> int | None:
+        return self._judge.process.pid if self._judge is not None and self._judge.alive() else None
+
+    def examples_for(self, card: "Card", store: "Store | None") -> list[tuple[list[str | None], list[str]]]:
+        if store is None:
+            return []
+        if hasattr(store, "example_paths"):
+            return [([str(p) if p is not None else None for p in ins], [str(p) for p in outs])
+                    for ins, outs in store.example_paths(card.key)]
+        examples = []
+        for ref in store.example_refs(card.key):
+            examples.append(([str(store.blobs / f"{d}.pt") if d else None for d in ref["inputs"]],
+                             [str(store.blobs / f"{d}.pt") for d in ref["outputs"]]))
+        return examples
 
     def job_for(self, card: "Card", source: str, store: "Store | None" = None, seed: int = 0) -> Job:
-        examples = []
-        if store is not None:
-            for ref in store.example_refs(card.key):
-                examples.append(([str(store.blobs / f"{d}.pt") if d else None for d in ref["inputs"]],
-                                 [str(store.blobs / f"{d}.pt") for d in ref["outputs"]]))
-        return Job(next(self._ids), card.variant.to_json(), source, self.backend, self.device, self.arch,
-                   examples, self.random_sets, seed, self.budget_ms)
+        return self._job(card.variant, source, self.examples_for(card, store), seed)
+
+    def _job(self, variant: "Variant", source: str, examples: Sequence, seed: int) -> Job:
+        return Job(next(self._ids), variant.to_json(), source, self.backend, self.device, self.arch,
+                   [(list(i), list(o)) for i, o in examples], self.random_sets, seed, self.budget_ms,
+                   timeout_s=self.timeout_s)
 
     def evaluate(self, card: "Card", source: str, store: "Store | None" = None, *, seed: int = 0) -> Evaluation:
         """The verdict on ``source`` as a kernel for ``card``. Never raises for a bad candidate."""
         return self.run_job(self.job_for(card, source, store, seed))
 
+    def evaluate_variant(self, variant: "Variant", source: str, examples: Sequence = (), *,
+                         seed: int = 0) -> Evaluation:
+        """The verdict on ``source`` for ``variant``; ``examples`` are ``(input_paths, output_paths)``
+        pairs of saved tensors (``None`` for an absent input)."""
+        return self.run_job(self._job(variant, source, examples, seed))
+
     def run_job(self, job: Job) -> Evaluation:
+        """Run ``job`` in the judge; a judge that dies or hangs is replaced and the job retried once."""
         with self._lock:
             start = time.perf_counter()
-            if self._worker is None or not self._worker.alive():
-                self._worker = _Worker(self.device)
-            worker = self._worker
-            try:
-                worker.conn.send(job)
-                ready = worker.conn.poll(self.timeout_s)
-                if not ready:
-                    worker.kill()
-                    self._worker = None
-                    self.restarts += 1
-                    return Evaluation(Status.TIMED_OUT, f"no result within {self.timeout_s:.0f} s; the worker was "
-                                      "killed (an endless loop or a deadlock?)", wall_s=time.perf_counter() - start)
-                tag, payload = worker.conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
-                worker.join(5)
-                message = _death_message(worker)
-                worker.kill()
-                self._worker = None
-                self.restarts += 1
-                return Evaluation(Status.CRASHED, message, wall_s=time.perf_counter() - start)
-            if tag == "done":
-                return Evaluation.from_json(payload)
-            if tag == "fatal":
-                worker.join(10)
-                worker.kill()
-                self._worker = None
-                self.restarts += 1
-                return Evaluation.from_json(payload)
-            raise RuntimeError(f"the evaluator failed on a candidate (a kforge bug, please report it): {payload}")
+            reason = ""
+            for _attempt in range(2):
+                try:
+                    if self._judge is None or not self._judge.alive():
+                        self._judge = _Judge(self.device)
+                except RuntimeError as exc:
+                    reason = str(exc)
+                    self._judge = None
+                    continue
+                judge = self._judge
+                wait_s = _COMPILE_ALLOWANCE_S + 2 * (job.timeout_s + 60.0)
+                try:
+                    judge.conn.send(job)
+                    if not judge.conn.poll(wait_s):
+                        reason = f"the judge gave no verdict within {wait_s:.0f} s and was replaced"
+                        self._replace(judge)
+                        continue
+                    tag, payload = judge.conn.recv()
+                except (EOFError, OSError, BrokenPipeError):
+                    judge.join(5)
+                    reason = _death_message(judge)
+                    self._replace(judge)
+                    continue
+                if tag == "done":
+                    return Evaluation.from_json(payload)
+                raise RuntimeError(f"the evaluator failed on a candidate (a kforge bug, please report it): {payload}")
+            return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}",
+                              wall_s=time.perf_counter() - start)
+
+    def _replace(self, judge: _Judge) -> None:
+        judge.kill()
+        self._judge = None
+        self.restarts += 1

@@ -10,10 +10,13 @@ class Status(str, enum.Enum):
     """Outcome of evaluating one candidate. Exactly one per evaluation."""
 
     COMPILE_ERROR = "compile_error"   # the compiler rejected the source
+    REJECTED = "rejected"             # the static screen refused the source before compiling (kernels/_screen.py)
     LAUNCH_ERROR = "launch_error"     # kf_launch returned an error (bad config, too much shared memory)
-    CRASHED = "crashed"               # the worker died: segfault, illegal address, abort
-    TIMED_OUT = "timed_out"           # no answer within the time limit; the worker was killed
+    CRASHED = "crashed"               # the runner died: segfault, illegal address, abort, broken protocol
+    TIMED_OUT = "timed_out"           # no answer within the time limit; the runner was killed
     WRONG_RESULT = "wrong_result"     # ran, but an output disagreed with eager (or inputs changed)
+    TIMING_MISMATCH = "timing_mismatch"  # the runner's clock disagrees with the judge's wall clock
+    INFRA_ERROR = "infra_error"       # failed twice for reasons outside the candidate: evaluate it again later
     SLOWER = "slower"                 # correct, and slower than eager beyond the noise
     NO_GAIN = "no_gain"               # correct, within the timing noise of eager
     FASTER = "faster"                 # correct, and faster than eager beyond the noise
@@ -25,6 +28,11 @@ class Status(str, enum.Enum):
     @property
     def is_failure(self) -> bool:
         return not self.is_correct
+
+    @property
+    def blames_candidate(self) -> bool:
+        """False only for INFRA_ERROR: a search should not count it and should evaluate it again."""
+        return self is not Status.INFRA_ERROR
 
     @property
     def is_win(self) -> bool:
@@ -50,6 +58,7 @@ class Evaluation:
     roofline_fraction: float | None = None   # fewest bytes / candidate time, over measured bandwidth
     checks: tuple[str, ...] = field(default=())
     wall_s: float = 0.0
+    sandbox: str = ""                        # what held in the runner (docs/security.md)
 
     @property
     def score(self) -> float:
@@ -67,7 +76,8 @@ class Evaluation:
         d = dict(d)
         d["status"] = Status(d["status"])
         d["checks"] = tuple(d.get("checks", ()))
-        return cls(**d)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     def summary(self) -> str:
         if self.status.is_correct:

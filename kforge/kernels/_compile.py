@@ -1,15 +1,31 @@
-"""Compile a candidate's source into a shared library, cached by source hash and target."""
+"""Compile a candidate's source into a shared library, in a content-addressed cache.
+
+Every source is screened first (kforge/kernels/_screen.py): a refused one never reaches the
+compiler. Built libraries are stored as ``objects/<sha256 of the binary>.so`` and found through
+``index/<key>.json`` (key: hash of contract, target and source), which records that hash; both
+are written atomically by the builder. Before a library is returned or loaded its bytes are
+hashed again: a library changed after it was built is deleted, reported and rebuilt (or refused
+by ``load_verified``), so an overwritten cache entry never runs.
+"""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._screen import describe, screen, screen_disabled
+
+if TYPE_CHECKING:
+    from ._library import Kernel
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 CONTRACT_VERSION = 1
@@ -21,12 +37,29 @@ class CompileError(RuntimeError):
         self.log = log
 
 
+class SourceRejected(CompileError):
+    """The static screen refused the source (``log`` lists every finding); it was not compiled."""
+
+
+class KernelIntegrityError(RuntimeError):
+    """A compiled library's bytes no longer match the SHA-256 recorded when it was built."""
+
+
+class CacheTamperedWarning(UserWarning):
+    """A cached library had changed since it was built; it was deleted and rebuilt."""
+
+
 @dataclass(frozen=True)
 class CompiledKernel:
     path: Path
     log: str
     seconds: float
     cached: bool
+    sha256: str = ""          # of the library's bytes, recorded when it was built
+
+    def verify(self) -> None:
+        """Raise KernelIntegrityError unless the library's bytes still hash to ``sha256``."""
+        _check_digest(self.path, self.sha256)
 
 
 def cache_dir() -> Path:
@@ -34,6 +67,57 @@ def cache_dir() -> Path:
     path = Path(root) / "kernels"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def file_sha256(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_digest(path: Path, expected: str) -> None:
+    if len(expected) != 64:
+        raise KernelIntegrityError(f"{path} has no recorded SHA-256 to check it against; build it with "
+                                   "compile_source or pass the expected hash")
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise KernelIntegrityError(f"{path} cannot be read to check its SHA-256 ({exc})") from None
+    if actual != expected:
+        raise KernelIntegrityError(f"{path} does not match the SHA-256 recorded when it was built (expected "
+                                   f"{expected[:16]}..., found {actual[:16]}...): the library was modified after "
+                                   "it was built; refusing to load it")
+
+
+def _is_cache_object(path: Path) -> bool:
+    return path.parent.name == "objects" and path.suffix == ".so" and len(path.stem) == 64
+
+
+def verify_binary(path: Path | str, sha256: str | None = None) -> Path:
+    """Check a library before anything loads it; returns its path.
+
+    ``sha256``: the expected hash (an exported artifact's manifest gives it). Without it the
+    path must be a cache object, whose name is the hash of its bytes. A cache object that fails
+    is deleted (its index entry then rebuilds it). Raises KernelIntegrityError.
+    """
+    path = Path(path)
+    expected = sha256 if sha256 is not None else (path.stem if _is_cache_object(path) else "")
+    try:
+        _check_digest(path, expected)
+    except KernelIntegrityError:
+        if _is_cache_object(path) and sha256 is None:
+            path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_verified(path: Path | str, sha256: str | None = None) -> "Kernel":
+    """``Kernel(path)`` after ``verify_binary(path, sha256)``: what deploy and the judge load with."""
+    from ._library import Kernel
+
+    return Kernel(verify_binary(path, sha256))
 
 
 def find_nvcc() -> str | None:
@@ -67,15 +151,61 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
             "-o", str(out), str(src), "-lm"]
 
 
+def _cached(entry: Path) -> tuple[CompiledKernel | None, str]:
+    """The verified cache hit of an index entry, or (None, what was wrong with it)."""
+    try:
+        record = json.loads(entry.read_text())
+        obj = entry.parent.parent / "objects" / f"{record['sha256']}.so"
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"index entry {entry.name} is unreadable ({exc})"
+    if not obj.exists():
+        return None, f"{obj.name} named by index entry {entry.name} is missing"
+    try:
+        verify_binary(obj)
+    except KernelIntegrityError as exc:
+        return None, str(exc)
+    return CompiledKernel(obj, "", 0.0, True, record["sha256"]), ""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    staged = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    with open(staged, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, path)
+
+
 def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 120.0) -> CompiledKernel:
     """Build ``source`` for ``backend`` ("cuda": arch like "sm_90"; "cpu": "native").
 
-    Returns the cached library when the same source was built for the same target before.
+    Raises SourceRejected (a CompileError) when the static screen refuses the source. Returns the
+    cached library when the same source was built for the same target before and its bytes still
+    match the hash recorded then; otherwise the entry is deleted, a CacheTamperedWarning is
+    issued, and the source is built again.
     """
-    digest = hashlib.sha256(f"{CONTRACT_VERSION}|{backend}|{arch}|{source}".encode()).hexdigest()[:24]
-    out = cache_dir() / f"{backend}-{arch}-{digest}.so"
-    if out.exists():
-        return CompiledKernel(out, "", 0.0, True)
+    if not screen_disabled():
+        findings = screen(source, backend)
+        if findings:
+            raise SourceRejected(f"the source was refused before compiling: {findings[0]}"
+                                 + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""),
+                                 describe(findings))
+    key = hashlib.sha256(f"{CONTRACT_VERSION}|{backend}|{arch}|{source}".encode()).hexdigest()[:32]
+    root = cache_dir()
+    (root / "index").mkdir(exist_ok=True)
+    (root / "objects").mkdir(exist_ok=True)
+    entry = root / "index" / f"{backend}-{arch}-{key}.json"
+    hit, problem = _cached(entry)
+    if hit is not None:
+        return hit
+    note = ""
+    if problem:
+        entry.unlink(missing_ok=True)
+        note = f"kforge: the cached library for this source was rebuilt: {problem}"
+        warnings.warn(note, CacheTamperedWarning, stacklevel=2)
+        note += "\n"
     suffix = ".cu" if backend == "cuda" else ".c"
     with tempfile.TemporaryDirectory(prefix="kforge-build-") as tmp:
         src = Path(tmp) / f"kernel{suffix}"
@@ -99,8 +229,14 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         log = (proc.stdout + proc.stderr).replace(str(src), suffix.lstrip(".") and f"kernel{suffix}")
         if proc.returncode != 0:
             raise CompileError(f"compilation failed (exit {proc.returncode})", log[-20000:])
-        # NB: rename is atomic, so concurrent builders of one source never see a partial file.
-        staged = out.with_suffix(f".{os.getpid()}.tmp")
-        shutil.copyfile(tmp_out, staged)
-        os.replace(staged, out)
-    return CompiledKernel(out, log[-20000:], seconds, False)
+        binary = tmp_out.read_bytes()
+    # NB: the object is named by its own hash and written before the index entry that points to
+    # it, both by rename: concurrent builders of one source never see a partial file, and the
+    # last index entry written always names a complete object.
+    sha = hashlib.sha256(binary).hexdigest()
+    obj = root / "objects" / f"{sha}.so"
+    if not obj.exists() or file_sha256(obj) != sha:
+        _write_atomic(obj, binary)
+    _write_atomic(entry, json.dumps({"sha256": sha, "backend": backend, "arch": arch,
+                                     "contract": CONTRACT_VERSION, "built_at": time.time()}).encode())
+    return CompiledKernel(obj, note + log[-20000:], seconds, False, sha)

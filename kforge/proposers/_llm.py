@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+from .._redact import redact
 from ._base import Attempt, Proposal, ProposalRequest, ProposerError, Usage
 from ._pricing import PriceLike, as_price, cost
 
@@ -360,6 +361,8 @@ def card_prompt(request: ProposalRequest) -> str:
 
 _ADVICE = {
     "compile_error": "It did not compile. Fix the errors in the log and keep the idea.",
+    "rejected": "The source check refused it before compiling (see the log): a kernel only computes on its "
+                "tensors: no process, file, network, environment, signal, assembly or load-time code.",
     "launch_error": "kf_launch returned an error: check the launch configuration (block size, grid "
                     "limits, shared memory, which needs cudaFuncSetAttribute above 48 KB).",
     "crashed": "It crashed the worker: look for out-of-bounds indexing, wrong strides or a wrong dtype "
@@ -436,8 +439,8 @@ def task_prompt(request: ProposalRequest) -> str:
 
 
 def build_prompt(request: ProposalRequest) -> Prompt:
-    return Prompt(system_prompt(request.backend, request.device.arch), card_prompt(request),
-                  task_prompt(request))
+    return Prompt(system_prompt(request.backend, request.device.arch), redact(card_prompt(request)),
+                  redact(task_prompt(request)))  # NB: the task quotes compile logs and crash messages
 
 
 # ----------------------------------------------------------------------------- the reply

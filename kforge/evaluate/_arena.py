@@ -1,0 +1,312 @@
+"""Memory the judge shares with a runner: an input arena, an output arena, a descriptor table.
+
+CPU: memfd + mmap; the runner maps inputs read-only (a write faults) and the guard pages after
+each output PROT_NONE. CUDA: two device allocations shared by CUDA IPC. Either way the judge
+writes the inputs, poisons the outputs, and reads everything back itself.
+
+Layouts come in uniform groups: set ``j`` of a group holds every input and every output of one
+call at a constant stride, so a whole group is checked with a handful of tensor operations.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..kernels import KfTensor
+from ..kernels._library import MAX_DIMS
+from ..ops import DTYPE_CODES, TensorSig, torch_dtype
+from ._frames import DESC_HEADER, DESC_MAGIC
+
+PAGE = mmap.PAGESIZE
+NULL_OFFSET = (1 << 64) - 1
+
+
+def _round_up(n: int, m: int = PAGE) -> int:
+    return (n + m - 1) // m * m
+
+
+def extent(sig: TensorSig) -> int:
+    """Elements between the first and one past the last element a strided tensor touches."""
+    if not all(sig.shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(sig.shape, sig.stride))
+
+
+def _itemsize(sig: TensorSig) -> int:
+    return torch.empty((), dtype=torch_dtype(sig.dtype)).element_size()
+
+
+def canary_bytes(sig: TensorSig) -> int:
+    """Bytes of canary after an output: catches writes well past the end, not just the next element."""
+    return max(4096 * _itemsize(sig), extent(sig) * _itemsize(sig) // 4)
+
+
+@dataclass(frozen=True)
+class Group:
+    """``count`` uniform sets starting at layout ``first``."""
+
+    first: int
+    count: int
+    in_base: int
+    in_stride: int
+    out_base: int
+    out_stride: int
+
+
+class Plan:
+    """Where every tensor of every layout lives, decided before any memory is allocated."""
+
+    def __init__(self, inputs: Sequence[TensorSig | None], outputs: Sequence[TensorSig]):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.in_offsets: list[int | None] = []
+        off = 0
+        for s in self.inputs:
+            if s is None:
+                self.in_offsets.append(None)
+                continue
+            self.in_offsets.append(off)
+            off += _round_up(max(extent(s) * _itemsize(s), 1)) + PAGE
+        self.in_set_bytes = max(off, PAGE)
+        # output slot: [guard page][canary page][output ... canary][next slot's guard page]
+        self.out_offsets: list[int] = []
+        self.out_slot: list[int] = []
+        off = 0
+        for s in self.outputs:
+            self.out_offsets.append(off + 2 * PAGE)
+            size = 2 * PAGE + _round_up(extent(s) * _itemsize(s) + canary_bytes(s))
+            self.out_slot.append(size)
+            off += size
+        self.out_set_bytes = off
+        self.groups: list[Group] = []
+        self.in_bytes = 0
+        self.out_bytes = 0
+
+    @property
+    def set_bytes(self) -> int:
+        """Bytes one call reads and writes (what a cache would have to hold per set)."""
+        return (sum(extent(s) * _itemsize(s) for s in self.inputs if s is not None)
+                + sum(extent(s) * _itemsize(s) for s in self.outputs))
+
+    def add_group(self, count: int) -> Group:
+        first = sum(g.count for g in self.groups)
+        g = Group(first, count, self.in_bytes, self.in_set_bytes, self.out_bytes, self.out_set_bytes)
+        self.groups.append(g)
+        self.in_bytes += count * self.in_set_bytes
+        self.out_bytes += count * self.out_set_bytes
+        return g
+
+    @property
+    def n_layouts(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def guard_pages(self) -> list[int]:
+        """Output-arena offsets of the pages the runner makes inaccessible."""
+        pages = []
+        for g in self.groups:
+            for j in range(g.count):
+                base = g.out_base + j * g.out_stride
+                for o, slot in zip(self.out_offsets, self.out_slot):
+                    pages.append(base + o - 2 * PAGE)
+        pages.append(self.out_bytes)  # the last slot's guard
+        return pages
+
+    def descriptor(self, params: Sequence[float]) -> bytes:
+        guards = self.guard_pages()
+        header = DESC_HEADER.pack(DESC_MAGIC, self.n_layouts, len(self.inputs), len(self.outputs), len(params),
+                                  len(guards), self.in_bytes, self.out_bytes + PAGE, PAGE, *([0] * 7))
+        recs = (KfTensor * max(self.n_layouts * (len(self.inputs) + len(self.outputs)), 1))()
+        i = 0
+        for g in self.groups:
+            for j in range(g.count):
+                for sig, off in zip(self.inputs, self.in_offsets):
+                    _describe(recs[i], sig, None if off is None else g.in_base + j * g.in_stride + off)
+                    i += 1
+                for sig, off in zip(self.outputs, self.out_offsets):
+                    _describe(recs[i], sig, g.out_base + j * g.out_stride + off)
+                    i += 1
+        body = (ctypes.c_double * max(len(params), 1))(*[float(p) for p in params])
+        return (header + bytes(body)[:8 * len(params)] + b"".join(p.to_bytes(8, "little") for p in guards)
+                + bytes(recs)[:i * ctypes.sizeof(KfTensor)])
+
+    def output_at(self, offset: int) -> int | None:
+        """Which output's slot an output-arena offset falls in (None: outside every slot)."""
+        for g in self.groups:
+            if g.out_base <= offset < g.out_base + g.count * g.out_stride:
+                rel = (offset - g.out_base) % g.out_stride
+                for o, (start, slot) in enumerate(zip(self.out_offsets, self.out_slot)):
+                    if start - 2 * PAGE <= rel < start - 2 * PAGE + slot:
+                        return o
+        return None
+
+
+def _describe(slot: KfTensor, sig: TensorSig | None, offset: int | None) -> None:
+    if sig is None or offset is None:
+        slot.data = NULL_OFFSET
+        slot.ndim = 0
+        slot.dtype = -1
+        return
+    if len(sig.shape) > MAX_DIMS:
+        raise ValueError(f"kforge kernels take at most {MAX_DIMS} dimensions, got {len(sig.shape)}")
+    slot.data = offset
+    slot.ndim = len(sig.shape)
+    slot.dtype = DTYPE_CODES[sig.dtype]
+    for d, (s, st) in enumerate(zip(sig.shape, sig.stride)):
+        slot.sizes[d] = s
+        slot.strides[d] = st
+
+
+class _Memfd:
+    """A memfd mapped into the judge, with a read-only fd to hand to a runner."""
+
+    def __init__(self, name: str, size: int):
+        self.size = max(_round_up(size), PAGE)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.size)
+        self.map = mmap.mmap(self.fd, self.size)
+        self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+
+    def read_only_fd(self) -> int:
+        return os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        del self.tensor
+        try:
+            self.map.close()
+        except BufferError:  # NB: a view still exported; the mapping goes with the last reference
+            pass
+        os.close(self.fd)
+
+
+class Arenas:
+    """The memory of one plan, on the CPU (memfd) or on a CUDA device (IPC)."""
+
+    def __init__(self, plan: Plan, device: str, params: Sequence[float], generator: torch.Generator):
+        self.plan = plan
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        out_total = plan.out_bytes + PAGE
+        desc = plan.descriptor(params)
+        self._desc = _Memfd("kforge-desc", len(desc))
+        self._desc.tensor[:len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
+        self._times = _Memfd("kforge-times", 8 * max(plan.n_layouts, 1))
+        self.times = self._times.tensor[:8 * plan.n_layouts].view(torch.float64)
+        self.pattern = torch.randint(0, 256, (PAGE,), dtype=torch.uint8, generator=generator)
+        self._mem: list[_Memfd] = []
+        if self.cuda:
+            self.inp = _cuda_arena(device, "inputs", plan.in_bytes)
+            self.out = _cuda_arena(device, "outputs", out_total)
+        else:
+            self._mem = [_Memfd("kforge-inputs", plan.in_bytes), _Memfd("kforge-outputs", out_total)]
+            self.inp, self.out = self._mem[0].tensor, self._mem[1].tensor
+        self.pattern = self.pattern.to(device)
+        self.out.view(-1, PAGE).copy_(self.pattern.expand(self.out.numel() // PAGE, PAGE))
+
+    # ---- what a runner is given
+    def runner_fds(self) -> tuple[int, int, int, int]:
+        """(descriptor, inputs, outputs, times) fds for a CPU runner; the first two read-only."""
+        desc = self._desc.read_only_fd()
+        if self.cuda:
+            return desc, -1, -1, self._times.fd
+        return desc, self._mem[0].read_only_fd(), self._mem[1].fd, self._times.fd
+
+    def ipc_args(self) -> list[str]:
+        """[device, input handle, offset, output handle, offset] for a CUDA runner."""
+        args = [str(torch.device(self.device).index or 0)]
+        for t in (self.inp, self.out):
+            shared = t.untyped_storage()._share_cuda_()
+            handle, offset = bytes(shared[1]), int(shared[3])
+            if len(handle) != 64:
+                raise RuntimeError(f"torch gave a {len(handle)}-byte CUDA IPC handle, not a cudaIpcMemHandle_t "
+                                   "(expandable segments?): unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments")
+            args += [handle.hex(), str(offset + t.storage_offset())]
+        return args
+
+    # ---- typed views over a group
+    def inputs(self, group: Group, i: int) -> torch.Tensor:
+        """Input ``i`` of every set of ``group``: shape (count, *shape)."""
+        sig = self.plan.inputs[i]
+        return self._view(self.inp, sig, group.in_base + self.plan.in_offsets[i], group.in_stride, group.count)
+
+    def outputs(self, group: Group, o: int) -> torch.Tensor:
+        sig = self.plan.outputs[o]
+        return self._view(self.out, sig, group.out_base + self.plan.out_offsets[o], group.out_stride, group.count)
+
+    def _view(self, arena: torch.Tensor, sig: TensorSig, offset: int, stride: int, count: int,
+              flat: bool = False) -> torch.Tensor:
+        dtype = torch_dtype(sig.dtype)
+        size = _itemsize(sig)
+        typed = arena[:arena.numel() // size * size].view(dtype)
+        if flat:
+            return typed.as_strided((count, extent(sig)), (stride // size, 1), offset // size)
+        return typed.as_strided((count, *sig.shape), (stride // size, *sig.stride), offset // size)
+
+    def flat_inputs(self, group: Group, i: int) -> torch.Tensor:
+        sig = self.plan.inputs[i]
+        return self._view(self.inp, sig, group.in_base + self.plan.in_offsets[i], group.in_stride, group.count,
+                          flat=True)
+
+    def poison(self, group: Group, round_: int) -> None:
+        """Fill every output of ``group`` (its whole extent) with round ``round_``'s poison."""
+        for o, sig in enumerate(self.plan.outputs):
+            view = self._view(self.out, sig, group.out_base + self.plan.out_offsets[o], group.out_stride,
+                              group.count, flat=True)
+            view.fill_(poison_value(torch_dtype(sig.dtype), round_))
+
+    def canaries_broken(self, group: Group) -> dict[int, int]:
+        """{set index: first output whose canaries changed} for the sets of ``group`` (empty: intact)."""
+        first_bad = torch.full((group.count,), -1, dtype=torch.int64, device=self.out.device)
+        for o in reversed(range(len(self.plan.outputs))):
+            sig = self.plan.outputs[o]
+            slot_start = group.out_base + self.plan.out_offsets[o] - 2 * PAGE
+            slot = self.plan.out_slot[o]
+            rows = self.out.as_strided((group.count, slot), (group.out_stride, 1), slot_start)
+            expected = self.pattern.repeat(slot // PAGE)
+            end = 2 * PAGE + extent(sig) * _itemsize(sig)
+            bad = (rows[:, :2 * PAGE] != expected[:2 * PAGE]).any(dim=1) | (rows[:, end:] != expected[end:]).any(dim=1)
+            first_bad = torch.where(bad, torch.full_like(first_bad, o), first_bad)
+        if group is self.plan.groups[-1]:
+            # the guard page after the last slot of the arena belongs to the last output of the last set
+            tail = self.out[self.plan.out_bytes:self.plan.out_bytes + PAGE]
+            if not torch.equal(tail, self.pattern) and int(first_bad[-1]) < 0:
+                first_bad[-1] = len(self.plan.outputs) - 1
+        rows = torch.nonzero(first_bad >= 0).flatten().tolist()
+        return {r: int(first_bad[r]) for r in rows}
+
+    def close(self) -> None:
+        for m in (*self._mem, self._desc, self._times):
+            m.close()
+        self._mem = []
+
+
+_CUDA_ARENAS: dict[tuple[str, str], torch.Tensor] = {}
+
+
+def _cuda_arena(device: str, role: str, nbytes: int) -> torch.Tensor:
+    """A device buffer of at least ``nbytes``, kept for the judge's lifetime and grown by doubling.
+
+    NB: torch never frees memory it has shared by CUDA IPC until the consumers release it through
+    its own reference counter, which a C runner does not hold: fresh buffers per candidate would
+    leak. The judge rewrites every byte a candidate can see before each use.
+    """
+    need = _round_up(max(nbytes, PAGE))
+    have = _CUDA_ARENAS.get((device, role))
+    if have is None or have.numel() < need:
+        size = max(need, 2 * have.numel() if have is not None else 0)
+        have = torch.empty(size, dtype=torch.uint8, device=device)
+        _CUDA_ARENAS[(device, role)] = have
+    return have[:need]
+
+
+def poison_value(dtype: torch.dtype, round_: int) -> float | int | bool:
+    if dtype.is_floating_point:
+        return float("nan")
+    if dtype == torch.bool:
+        return round_ % 2 == 0
+    info = torch.iinfo(dtype)
+    return info.max - 7 - round_ % 64 if round_ % 2 == 0 else info.min + 7 + round_ % 64

@@ -1,0 +1,590 @@
+"""The trusted side of evaluation: the judge. It never loads candidate code.
+
+For each candidate the judge compiles the source, lays out inputs and poisoned outputs in memory it
+shares with a fresh runner (kforge/evaluate/runner/runner.c), computes eager's reference itself,
+reads the outputs itself and decides. Timed calls rotate over enough fresh, checked input sets that
+no cache can hold them; the runner's clock is cross-checked with the judge's wall clock.
+"""
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ..kernels import CompileError, compile_source, device_info, param_vector
+from ..ops import TensorSig, Variant, get_spec, torch_dtype
+from ._arena import Arenas, Group, Plan, extent, poison_value
+from ._checks import compare, reference_outputs
+from ._frames import Code, Frame, Op, ProtocolError, Sandbox
+from ._result import Evaluation, Status
+from ._runner import RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout, runner_binary
+
+_READY_TIMEOUT_S = 60.0
+_WIDE_SCALE = 30.0            # random set with large magnitudes (softmax logits of +-90)
+_TIMING_MEMORY = {"cpu": 16 << 20, "cuda": 1 << 30}   # bytes of rotating timing sets, at most
+_MAX_SETS = 4096
+_MAX_BATCHES = 50
+_MIN_BATCHES = 2   # measured batches, after one warm-up batch
+# the runner's clock against the judge's: judge_wall - rtt <= max(reported, floor) * RATIO + slack
+_CLOCK_RATIO = 1.3
+_CLOCK_SLACK_US = {"cpu": 200.0, "cuda": 300.0}
+_CLOCK_SLACK_PER_CALL_US = {"cpu": 2.0, "cuda": 3.0}
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass
+class Job:
+    """One candidate to evaluate for one variant. Plain data: it crosses the process boundary."""
+
+    job_id: int
+    variant: dict                                 # Variant.to_json()
+    source: str
+    backend: str
+    device: str
+    arch: str
+    examples: list[tuple[list[str | None], list[str]]] = field(default_factory=list)  # blob paths
+    random_sets: int = 3
+    seed: int = 0
+    budget_ms: float = 300.0
+    min_margin: float = 0.02
+    timeout_s: float = 60.0
+
+
+class _Infra(Exception):
+    """Something outside the candidate's control went wrong: retry with a fresh runner."""
+
+
+class _Verdict(Exception):
+    """The candidate's evaluation ends here with this verdict."""
+
+    def __init__(self, evaluation: Evaluation):
+        super().__init__(evaluation.message)
+        self.evaluation = evaluation
+
+
+def _load(path: str | None, device: str) -> torch.Tensor | None:
+    if path is None:
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True).to(device)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def last_level_cache_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        return device_info(device).l2_bytes or (50 << 20)
+    try:
+        return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or int(os.sysconf("SC_LEVEL2_CACHE_SIZE")) or (32 << 20)
+    except (ValueError, OSError):
+        return 32 << 20
+
+
+def timing_sets(set_bytes: int, device: str) -> int:
+    """K input/output sets so that K x set bytes >= 3x the last-level cache, within the memory budget."""
+    budget = int(os.environ.get("KFORGE_TIMING_MEMORY", 0)) or _TIMING_MEMORY["cuda" if device.startswith("cuda")
+                                                                                else "cpu"]
+    per = max(set_bytes, 1)
+    want = math.ceil(3 * last_level_cache_bytes(device) / per)
+    return int(max(2, min(want, budget // per, _MAX_SETS)))
+
+
+def _wide_inputs(spec, variant: Variant, seed: int) -> list | None:
+    """Inputs with large magnitudes where the op is sensitive to them (overflow, cancellation)."""
+    if spec.sample is not None or spec.kind not in ("reduction", "normalization"):
+        return None
+    ins = spec.random_inputs(variant, seed=seed)
+    if ins and ins[0] is not None and ins[0].dtype.is_floating_point:
+        ins[0] = (ins[0].float() * _WIDE_SCALE).to(ins[0].dtype)
+        return ins
+    return None
+
+
+class _Pool:
+    """Random values per input, from which every timed batch draws fresh sets by random offset."""
+
+    def __init__(self, spec, variant: Variant, device: str, seed: int, draws: int = 4):
+        self.flats: list[torch.Tensor | None] = []
+        samples = [spec.random_inputs(variant, seed=seed + d) for d in range(draws)]
+        for i, sig in enumerate(variant.inputs):
+            if sig is None:
+                self.flats.append(None)
+                continue
+            parts = []
+            for ins in samples:
+                flat = torch.zeros(max(extent(sig), 1), dtype=torch_dtype(sig.dtype))
+                torch.as_strided(flat, sig.shape, sig.stride).copy_(ins[i].cpu())
+                parts.append(flat)
+            self.flats.append(torch.cat(parts).to(device))
+
+    def draw(self, i: int, count: int, generator: torch.Generator) -> torch.Tensor:
+        flat = self.flats[i]
+        n = flat.numel() // 4
+        starts = torch.randint(0, flat.numel() - n + 1, (count,), generator=generator)
+        return flat.unfold(0, n, 1)[starts.to(flat.device)]
+
+
+class _Trial:
+    """One attempt at evaluating one candidate with one fresh runner."""
+
+    def __init__(self, job: Job, so_path: str, base: dict):
+        self.job = job
+        self.so_path = so_path
+        self.base = base
+        self.device = job.device
+        self.cuda = job.backend == "cuda"
+        self.variant = Variant.from_json(job.variant).on(job.device)
+        self.spec = get_spec(self.variant.op)
+        self.params = self.variant.param_dict
+        self.gen = torch.Generator().manual_seed(job.seed ^ 0x5EED)
+        self.runner: RunnerProcess | None = None
+        self.arenas: Arenas | None = None
+        self.sandbox = Sandbox(0)
+        self.phase = "validation"
+
+    def fail(self, status: Status, message: str, **extra: Any) -> _Verdict:
+        return _Verdict(Evaluation(status, message, **{**self.base, **extra}))
+
+    # ---- talking to the runner: every way a runner can misbehave becomes a verdict or _Infra
+    def ask(self, op: Op, a: int = 0, b: int = 0) -> tuple[Frame, float]:
+        try:
+            frame, wall = self.runner.request(op, time.monotonic() + self.job.timeout_s, a, b)
+        except RunnerTimeout:
+            self.runner.kill()
+            raise self.fail(Status.TIMED_OUT, f"no result within {self.job.timeout_s:.0f} s; the runner was killed "
+                            "(an endless loop or a deadlock?)") from None
+        except RunnerGone:
+            raise self.died() from None
+        except ProtocolError as exc:
+            self.runner.kill()
+            raise self.fail(Status.CRASHED, f"the runner broke the protocol during {self.phase} ({exc}): the "
+                            "candidate wrote into the runner's channel or corrupted the runner") from None
+        if frame.op == Op.FAULT:
+            raise self.fault(frame)
+        return frame, wall
+
+    def died(self) -> Exception:
+        ex = self.runner.wait(5.0)
+        if ex is None:
+            self.runner.kill()
+            return self.fail(Status.CRASHED, f"the runner closed its channel during {self.phase} and kept running")
+        tail = self.runner.output_tail(1500).strip()
+        said = f"; its last output:\n{tail}" if tail else ""
+        if ex.signal == 9 and not ex.killed_by_judge:
+            if ex.cpu_s >= max(self.job.timeout_s, 1.0):
+                return self.fail(Status.TIMED_OUT, f"the runner used its CPU time limit ({ex.cpu_s:.0f} s)")
+            # NB: the sandbox denies the runner SIGKILL, even to itself: this came from outside.
+            return _Infra(f"the runner {ex.describe()} from outside during {self.phase}")
+        if ex.signal == 24:  # SIGXCPU
+            return self.fail(Status.TIMED_OUT, f"the runner used its CPU time limit ({ex.cpu_s:.0f} s)")
+        return self.fail(Status.CRASHED, f"the runner {ex.describe()} during {self.phase}{said}")
+
+    def fault(self, frame: Frame) -> Exception:
+        """A fault frame: a claim, believed only once the runner has really died of a signal."""
+        ex = self.runner.wait(5.0)
+        if ex is None or ex.signal is None:
+            self.runner.kill()
+            return self.fail(Status.CRASHED, f"the runner sent a fault report during {self.phase} and did not die "
+                             "of it: the candidate wrote into the runner's channel")
+        where, off = frame.a, frame.b
+        if where == 1:
+            return self.fail(Status.WRONG_RESULT, f"{self.phase}: the kernel modified an input (a write into "
+                             f"read-only input memory faulted; the runner {ex.describe()})")
+        if where == 2:
+            o = self.arenas.plan.output_at(off)
+            which = f"output {o}" if o is not None else "its outputs"
+            return self.fail(Status.WRONG_RESULT, f"{self.phase}: the kernel wrote outside {which} (into a guard "
+                             f"page; the runner {ex.describe()})")
+        tail = self.runner.output_tail(1500).strip()
+        said = f"; its last output:\n{tail}" if tail else ""
+        return self.fail(Status.CRASHED, f"the runner {ex.describe()} at address 0x{frame.c:x} (outside every "
+                         f"tensor) during {self.phase}{said}")
+
+    def run_layouts(self, group: Group, label: str) -> tuple[float, float, float]:
+        """Run every set of ``group`` once: (runner's summed us, judge's wall us, runner's CPU us)."""
+        cpu0 = self.runner.cpu_ns()
+        frame, wall = self.ask(Op.RUN, group.first, group.count)
+        cpu_us = (self.runner.cpu_ns() - cpu0) / 1e3
+        if frame.status == Code.LAUNCH:
+            code = frame.c if frame.c < (1 << 63) else frame.c - (1 << 64)
+            raise self.fail(Status.LAUNCH_ERROR, f"{label}: kf_launch returned error code {code}")
+        if frame.status == Code.DEVICE:
+            raise self.fail(Status.CRASHED, f"{label}: CUDA error {frame.c} after the kernel ran (an illegal "
+                            "address or a launch failure)")
+        if frame.status != Code.OK or frame.a != group.count:
+            raise self.fail(Status.CRASHED, f"{label}: the runner answered status {frame.status} after "
+                            f"{frame.a} of {group.count} calls")
+        return frame.t, wall * 1e6, cpu_us
+
+    # ---- the evaluation
+    def run(self) -> Evaluation:
+        try:
+            return self._run()
+        except _Verdict as v:
+            return v.evaluation
+        finally:
+            if self.runner is not None:
+                self.runner.close(graceful=True)
+                self.runner.remove_private_dir()
+            if self.arenas is not None:
+                self.arenas.close()
+
+    def _run(self) -> Evaluation:
+        job, spec, device, variant = self.job, self.spec, self.device, self.variant
+        sets: list[tuple[str, list]] = []
+        for n, (ins, _) in enumerate(job.examples):
+            sets.append((f"example {n}", [_load(p, device) for p in ins]))
+        for i in range(job.random_sets):
+            sets.append((f"random set {i}", spec.random_inputs(variant, seed=job.seed * 1000 + i + 1)))
+        wide = _wide_inputs(spec, variant, seed=job.seed * 1000 + 999)
+        if wide is not None:
+            sets.append(("random set with large magnitudes", wide))
+        plan = Plan(variant.inputs, variant.outputs)
+        val = plan.add_group(2 * len(sets))
+        k = timing_sets(plan.set_bytes, device)
+        timed = plan.add_group(k)
+        self.arenas = arenas = Arenas(plan, device, param_vector(variant), self.gen)
+        refs = []
+        eager_s: list[float] = []
+        for s, (_, raw) in enumerate(sets):
+            for i, t in enumerate(raw):
+                if t is not None:
+                    arenas.inputs(val, i)[2 * s:2 * s + 2].copy_(t.unsqueeze(0).expand(2, *t.shape))
+            t0 = time.perf_counter()
+            refs.append(reference_outputs(spec, raw, self.params))
+            _sync(device)
+            eager_s.append(time.perf_counter() - t0)
+        for o, sig in enumerate(plan.outputs):
+            view = arenas._view(arenas.out, sig, val.out_base + plan.out_offsets[o], val.out_stride, val.count, True)
+            view[0::2].fill_(poison_value(torch_dtype(sig.dtype), 0))
+            view[1::2].fill_(poison_value(torch_dtype(sig.dtype), 1))
+        _sync(device)
+
+        self.start_runner()
+        rtt_us, floor_us = self.calibrate(k)
+        self.phase = "load"
+        frame, _ = self.ask(Op.LOAD)
+        if frame.status in (Code.LOAD, Code.NO_ENTRY):
+            what = ("the kernel does not export kf_launch; see docs/contract.md" if frame.status == Code.NO_ENTRY
+                    else f"the library does not load: {self.runner.output_tail(2000).strip()[-2000:]}")
+            raise self.fail(Status.COMPILE_ERROR, what)
+
+        # ---- validation: every set twice, at different addresses with different poison
+        self.phase = "validation"
+        self.run_layouts(val, "validation")
+        _sync(device)
+        checks: list[str] = []
+        worst = [0.0, 0.0, 0.0]
+        bad_canaries = arenas.canaries_broken(val)
+        for s, (label, raw) in enumerate(sets):
+            for i, t in enumerate(raw):
+                if t is not None:
+                    view = arenas.inputs(val, i)
+                    if not (_same(view[2 * s], t) and _same(view[2 * s + 1], t)):
+                        raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel modified an input")
+            for run, which in ((0, ""), (1, "second run, ")):
+                if 2 * s + run in bad_canaries:
+                    o = bad_canaries[2 * s + run]
+                    raise self.fail(Status.WRONG_RESULT, f"{label}: {which}the kernel wrote outside output {o}")
+                for o, ref in enumerate(refs[s]):
+                    m = compare(spec, arenas.outputs(val, o)[2 * s + run], ref, f"{label}, {which}output {o}")
+                    worst = [max(worst[0], m.max_abs), max(worst[1], m.max_rel), max(worst[2], m.fraction)]
+                    if not m.ok:
+                        raise self.fail(Status.WRONG_RESULT, m.message, max_abs_error=m.max_abs,
+                                        max_rel_error=m.max_rel, mismatch_fraction=m.fraction)
+            checks.append(label)
+        checks += ["poisoned outputs", "guard canaries", "inputs unchanged", "second run at new addresses"]
+        if not self.cuda and Sandbox.RO_INPUTS in self.sandbox:
+            checks.append("inputs read-only")
+
+        # ---- timing: fresh checked sets each batch, eager in this process, clocks cross-checked
+        self.phase = "timing"
+        # NB: as many of the allocated sets as let the minimum number of batches fit the budget.
+        per_call_s = statistics.median(eager_s) + float(arenas.times[val.first:val.first + val.count].median()) / 1e6
+        fit = int(job.budget_ms / 1e3 / (_MIN_BATCHES + 1) / max(per_call_s, 1e-7))
+        k = max(2, min(timed.count, fit))
+        timed = replace(timed, count=k)
+        pool = _Pool(spec, variant, device, seed=job.seed * 1000 + 500)
+        cand_means: list[float] = []
+        eager_means: list[float] = []
+        mismatches: list[str] = []
+        budget_s = job.budget_ms / 1e3
+        t_start = time.perf_counter()
+        batch = 0
+        while batch < _MAX_BATCHES and (batch < _MIN_BATCHES + 1 or time.perf_counter() - t_start < budget_s):
+            views, written = self.fresh_batch(timed, pool, batch)
+            cand_sum, wall, cpu_us = self.run_layouts(timed, f"timed batch {batch}")
+            eager_sum, eager_outs = self.eager_batch(timed, views)
+            self.check_batch(timed, written, eager_outs, batch)
+            reported = arenas.times[timed.first:timed.first + k]
+            if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
+                mismatches.append("reported per-call times that are negative or not finite")
+            else:
+                cand_sum = float(reported.sum())
+            if not self.clocks_agree(cand_sum, wall - rtt_us, cpu_us, k, floor_us):
+                mismatches.append(f"runner {cand_sum:.0f} us, judge {wall:.0f} us wall and {cpu_us:.0f} us of the "
+                                  f"runner's CPU time for {k} calls")
+            if batch > 0:  # the first batch warms up both
+                cand_means.append(cand_sum / k)
+                eager_means.append(eager_sum / k)
+            batch += 1
+        # NB: one more round trip: a frame the candidate forged ahead of a real answer leaves that
+        # answer queued, and it would arrive here instead of the ping's.
+        self.ask(Op.PING, 0xC105E)
+        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)", "runner clock cross-checked"]
+        if len(mismatches) * 2 > batch:
+            raise self.fail(Status.TIMING_MISMATCH, f"the runner's clock disagrees with the judge's in "
+                            f"{len(mismatches)} of {batch} timed batches ({mismatches[0]}): a patched clock, or "
+                            "work outside the given stream")
+        t_cand, t_eager = statistics.median(cand_means), statistics.median(eager_means)
+        spread_c = _cv(cand_means)
+        spread_e = _cv(eager_means)
+        speedup = t_eager / t_cand if t_cand > 0 else 0.0
+        margin = min(0.15, max(job.min_margin, spread_c, spread_e))
+        if speedup >= 1 + margin:
+            status = Status.FASTER
+        elif speedup <= 1 - margin:
+            status = Status.SLOWER
+        else:
+            status = Status.NO_GAIN
+        bw = device_info(device).bandwidth_gbs
+        roofline = (variant.io_bytes / (bw * 1e9) * 1e6) / t_cand if t_cand > 0 else None
+        return Evaluation(status, f"{speedup:.3f}x over eager (noise margin {margin:.1%})", max_abs_error=worst[0],
+                          max_rel_error=worst[1], mismatch_fraction=worst[2], candidate_us=t_cand, eager_us=t_eager,
+                          candidate_spread=spread_c, eager_spread=spread_e, speedup=speedup,
+                          roofline_fraction=roofline, checks=tuple(checks), sandbox=self.sandbox.describe(),
+                          **self.base)
+
+    def clocks_agree(self, reported: float, wall: float, cpu: float, k: int, floor_us: float) -> bool:
+        """Whether the runner's summed per-call times fit the judge's own measurements of the batch.
+
+        CUDA: the judge's wall clock (covering a device-wide synchronise) against the reported
+        event times, floored by the host cost of k empty launches. CPU: the wall clock, or, when
+        the machine is busy (the runner preempted between calls), the runner's CPU time as the
+        kernel accounts it, which a candidate cannot fake either: its threads cannot have run
+        more than ``cores x reported`` while being timed.
+        """
+        if reported > wall + 50.0:
+            return False
+        slack = _CLOCK_SLACK_US[self.job.backend] + k * _CLOCK_SLACK_PER_CALL_US[self.job.backend]
+        if self.cuda:
+            return wall <= max(reported, k * floor_us) * _CLOCK_RATIO + slack
+        if wall <= reported * _CLOCK_RATIO + slack:
+            return True
+        return cpu <= reported * _CORES * _CLOCK_RATIO + slack
+
+    def start_runner(self) -> None:
+        self.phase = "start-up"
+        self.runner, self.sandbox = _start_runner(self.job, self.so_path, self.arenas)
+
+    def calibrate(self, k: int) -> tuple[float, float]:
+        """Before the candidate is loaded: the smallest round trip, and the host floor per launch."""
+        self.phase = "calibration"
+        rtts = [self.ask(Op.PING, n)[1] * 1e6 for n in range(20)]
+        rtt = min(rtts)
+        floor = 0.0
+        if self.cuda:
+            walls = [self.ask(Op.FLOOR, k)[1] * 1e6 for _ in range(3)]
+            floor = max(min(walls) - rtt, 0.0) / k
+        return rtt, floor
+
+    def fresh_batch(self, group: Group, pool: _Pool, batch: int) -> tuple[list, list]:
+        """Fresh input values and fresh poison in every set of ``group``: (input views, values written)."""
+        arenas = self.arenas
+        views: list[torch.Tensor | None] = []
+        written: list[torch.Tensor | None] = []
+        for i, sig in enumerate(arenas.plan.inputs):
+            if sig is None:
+                views.append(None)
+                written.append(None)
+                continue
+            flat = arenas.flat_inputs(group, i)
+            values = pool.draw(i, group.count, self.gen)[:, :flat.shape[1]]
+            flat.copy_(values)
+            views.append(arenas.inputs(group, i))
+            written.append(values if self.cuda else None)
+        arenas.poison(group, batch + 2)
+        _sync(self.device)
+        return views, written
+
+    def eager_batch(self, group: Group, views: list) -> tuple[float, list[list[torch.Tensor]]]:
+        """Eager over the same sets, timed here: it is also the reference for the timed calls."""
+        outs: list[list[torch.Tensor]] = []
+        total = 0.0
+        spec, params = self.spec, self.params
+        with torch.no_grad():
+            if self.cuda:
+                events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                          for _ in range(group.count)]
+                for j, (a, b) in enumerate(events):
+                    ins = [v[j] if v is not None else None for v in views]
+                    a.record()
+                    out = spec.reference(ins, params)
+                    b.record()
+                    outs.append(list(out) if isinstance(out, (tuple, list)) else [out])
+                torch.cuda.synchronize(self.device)
+                total = sum(a.elapsed_time(b) * 1e3 for a, b in events)
+            else:
+                for j in range(group.count):
+                    ins = [v[j] if v is not None else None for v in views]
+                    t0 = time.perf_counter_ns()
+                    out = spec.reference(ins, params)
+                    total += (time.perf_counter_ns() - t0) / 1e3
+                    outs.append(list(out) if isinstance(out, (tuple, list)) else [out])
+        return total, outs
+
+    def check_batch(self, group: Group, written: list, eager_outs: list, batch: int) -> None:
+        arenas = self.arenas
+        label = f"timed batch {batch}"
+        bad = arenas.canaries_broken(group)
+        if bad:
+            row, o = next(iter(bad.items()))
+            raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel wrote outside output {o} (set {row})")
+        for o in range(len(arenas.plan.outputs)):
+            got = arenas.outputs(group, o)
+            ref = torch.stack([outs[o] for outs in eager_outs])
+            m = compare(self.spec, got, ref, f"{label} ({group.count} fresh sets), output {o}")
+            if not m.ok:
+                raise self.fail(Status.WRONG_RESULT, f"a timed call gave a wrong result: {m.message}",
+                                max_abs_error=m.max_abs, max_rel_error=m.max_rel, mismatch_fraction=m.fraction)
+        for i, values in enumerate(written):
+            if values is not None:
+                if not torch.equal(_bits(arenas.flat_inputs(group, i)), _bits(values)):
+                    raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel modified an input")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(_bits(a), _bits(b.to(a.device))))
+
+
+def _cv(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    mean = statistics.fmean(xs)
+    return statistics.pstdev(xs) / mean if mean else 0.0
+
+
+def _checked_runner(backend: str):
+    try:
+        return runner_binary(backend)
+    except RunnerBuildError as exc:
+        raise _Infra(str(exc)) from None
+
+
+def _start_runner(job: Job, so_path: str, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
+    """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there."""
+    cuda = job.backend == "cuda"
+    binary, _ = _checked_runner(job.backend)
+    private = tempfile.mkdtemp(prefix="kforge-runner-")
+    desc, inp, out, times = arenas.runner_fds()
+    fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
+    cpu_s = int(job.timeout_s) + 5
+    mem = int(os.environ.get("KFORGE_RUNNER_MEMORY", 0)) or ((8 << 30) if cuda else (4 << 30))
+    if not cuda:
+        mem += arenas.plan.in_bytes + arenas.plan.out_bytes + (256 << 20)
+    args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(mem)]
+    try:
+        if cuda:
+            args += arenas.ipc_args()
+        runner = RunnerProcess(binary, args, fds, private)
+    except (OSError, RuntimeError) as exc:
+        raise _Infra(f"the runner could not be started: {exc}") from None
+    finally:
+        for f in (desc, inp):
+            if f >= 0:
+                os.close(f)
+    try:
+        frame = runner.ready(time.monotonic() + _READY_TIMEOUT_S)
+        if frame.op == Op.FAULT or frame.status != Code.OK:
+            raise _Infra(f"the runner failed its set-up: {runner.output_tail(1500).strip()}")
+    except (RunnerTimeout, RunnerGone, ProtocolError) as exc:
+        runner.close(graceful=False)
+        runner.remove_private_dir()
+        raise _Infra(f"the runner did not start ({type(exc).__name__}): {runner.output_tail(1500).strip()}") from None
+    except _Infra:
+        runner.close(graceful=False)
+        runner.remove_private_dir()
+        raise
+    return runner, runner.sandbox(frame)
+
+
+def runner_sandbox(device: str = "cpu") -> Sandbox:
+    """What the runner's sandbox holds on this machine for ``device``'s backend (for ``kforge doctor``).
+
+    Starts one runner with a one-element plan and no candidate, reads its ready frame, stops it.
+    """
+    sig = TensorSig((1,), "float32", (1,), device if device.startswith("cuda") else "cpu")
+    plan = Plan([sig], [sig])
+    plan.add_group(1)
+    job = Job(0, {}, "", "cuda" if device.startswith("cuda") else "cpu", device, "", timeout_s=30.0)
+    arenas = Arenas(plan, device, [], torch.Generator().manual_seed(0))
+    try:
+        runner, sandbox = _start_runner(job, "/nonexistent", arenas)
+    except _Infra as exc:
+        raise RuntimeError(f"the {job.backend} runner does not start on this machine: {exc}") from None
+    finally:
+        arenas.close()
+    runner.close()
+    runner.remove_private_dir()
+    return sandbox
+
+
+def evaluate_job(job: Job) -> Evaluation:
+    """The verdict on one job; never raises for a bad candidate. Infra trouble is retried once."""
+    start = time.perf_counter()
+    try:
+        built = compile_source(job.source, job.backend, job.arch)
+    except CompileError as exc:
+        return Evaluation(Status.COMPILE_ERROR, str(exc), compile_log=exc.log, wall_s=time.perf_counter() - start)
+    base = dict(compile_log=built.log, compile_s=built.seconds)
+    reason = ""
+    for _attempt in range(2):
+        try:
+            ev = _Trial(job, str(built.path), base).run()
+            return replace(ev, wall_s=time.perf_counter() - start)
+        except _Infra as exc:
+            reason = str(exc)
+    return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}", wall_s=time.perf_counter()
+                      - start, **base)
+
+
+def judge_main(conn: Any, device: str) -> None:
+    """Serve jobs from ``conn`` until it closes. Runs in its own process; stderr goes to a log."""
+    faulthandler.enable()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        torch.cuda.init()
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        try:
+            conn.send(("done", evaluate_job(job).to_json()))
+        except Exception as exc:  # a bug in kforge or torch, not in the candidate
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-4000:]}"))
+
+
+def main() -> None:
+    """Entry point of the judge process: ``argv = [fd of the socket, device]``."""
+    from multiprocessing.connection import Connection
+
+    judge_main(Connection(int(sys.argv[1])), sys.argv[2])

@@ -1,0 +1,270 @@
+"""The untrusted side: building the C runner and driving one runner process per candidate.
+
+The runner binary is built once per backend into the kforge cache; its sha256 is recorded when it
+is built and checked before every start. A runner gets an environment allow-list, its own
+session, a private folder, stdout/stderr in a file there (read back capped), and the fds it needs;
+it sandboxes itself further (see docs/security.md) and reports what holds.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..kernels import cache_dir, find_nvcc
+from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check_answer
+
+RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
+LOG_TAIL_BYTES = 8192
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+_BUILT: dict[str, tuple[Path, str]] = {}
+
+
+class RunnerBuildError(RuntimeError):
+    """The runner could not be built or its binary does not match the recorded hash."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _build_command(backend: str, src: Path, out: Path) -> list[str]:
+    if backend == "cuda":
+        nvcc = find_nvcc()
+        if nvcc is None:
+            raise RunnerBuildError("nvcc was not found: install the CUDA toolkit or set CUDA_HOME")
+        return [nvcc, "-O2", "-x", "cu", "-std=c++17", "-DKF_RUNNER_CUDA", "-cudart", "static", "-o", str(out),
+                str(src), "-ldl"]
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RunnerBuildError("no C compiler was found: install gcc or set CC")
+    return [*shlex.split(cc), "-O2", "-std=gnu11", "-o", str(out), str(src), "-ldl"]
+
+
+def runner_binary(backend: str) -> tuple[Path, str]:
+    """The runner for ``backend`` (built on first use) and its recorded sha256, checked now."""
+    if backend in _BUILT:
+        path, digest = _BUILT[backend]
+        if path.exists() and _sha256(path) == digest:
+            return path, digest
+        del _BUILT[backend]
+    source = RUNNER_SOURCE.read_bytes()
+    key = hashlib.sha256(source + backend.encode()).hexdigest()[:16]
+    folder = cache_dir().parent / "runner"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"runner-{backend}-{key}"
+    record = path.with_suffix(".sha256")
+    if path.exists() and record.exists() and _sha256(path) == record.read_text().strip():
+        _BUILT[backend] = (path, record.read_text().strip())
+        return _BUILT[backend]
+    with tempfile.TemporaryDirectory(prefix="kforge-runner-build-") as tmp:
+        out = Path(tmp) / "runner"
+        proc = subprocess.run(_build_command(backend, RUNNER_SOURCE, out), capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            raise RunnerBuildError(f"the {backend} runner does not build (a kforge bug or a broken compiler):\n"
+                                   f"{(proc.stdout + proc.stderr)[-4000:]}")
+        digest = _sha256(out)
+        staged = path.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(out, staged)
+        os.chmod(staged, 0o555)
+        os.replace(staged, path)
+        record.write_text(digest + "\n")
+    if _sha256(path) != digest:
+        raise RunnerBuildError(f"{path} changed while it was being installed: remove it and retry")
+    _BUILT[backend] = (path, digest)
+    return _BUILT[backend]
+
+
+def runner_env(private_dir: str) -> dict[str, str]:
+    """The runner's whole environment: an allow-list, never a key or a config path."""
+    env = {k: v for k, v in os.environ.items()
+           if (k in ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith(("CUDA_", "OMP_", "GOMP_")))
+           and not _SECRET.search(k)}
+    # NB: PASSIVE so the runner's OpenMP pool sleeps between calls instead of spinning on the
+    # cores the judge times eager on.
+    env.update(OMP_WAIT_POLICY="PASSIVE", HOME=private_dir, TMPDIR=private_dir)
+    return env
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a runner process ended."""
+
+    code: int | None         # exit code, or None when killed by a signal
+    signal: int | None
+    cpu_s: float
+    killed_by_judge: bool
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"was killed by {name}"
+        return f"exited with code {self.code}"
+
+
+class RunnerTimeout(Exception):
+    """No answer within the deadline."""
+
+
+class RunnerGone(Exception):
+    """The channel closed: the runner died or closed it."""
+
+
+class RunnerProcess:
+    """One runner for one candidate. Every method that waits takes an absolute deadline."""
+
+    def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str):
+        self.private_dir = private_dir
+        self.log_path = os.path.join(private_dir, "output.log")
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = parent
+        self._seq = 0
+        self.exit: Exit | None = None
+        self.killed = False
+        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            self.proc = subprocess.Popen(
+                [str(binary), str(child.fileno()), *args], pass_fds=(child.fileno(), *pass_fds),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=runner_env(private_dir), cwd=private_dir,
+                start_new_session=True, close_fds=True)
+        finally:
+            os.close(log)
+            child.close()
+        self.pid = self.proc.pid
+
+    # ---- frames
+    def recv(self, deadline: float) -> Frame:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RunnerTimeout
+        ready, _, _ = select.select([self.sock], [], [], remaining)
+        if not ready:
+            raise RunnerTimeout
+        try:
+            data = self.sock.recv(FRAME_BYTES + 1)
+        except OSError as exc:
+            raise RunnerGone(str(exc)) from None
+        if not data:
+            raise RunnerGone("the channel closed")
+        return Frame.decode(data)
+
+    def request(self, op: Op, deadline: float, a: int = 0, b: int = 0) -> tuple[Frame, float]:
+        """Send one request and read its answer; returns the answer and the judge's wall seconds."""
+        self._seq += 1
+        seq = self._seq
+        start = time.perf_counter()
+        try:
+            self.sock.send(Frame(seq, op, 0, a, b).encode())
+        except OSError as exc:
+            raise RunnerGone(str(exc)) from None
+        frame = check_answer(self.recv(deadline), seq, op)
+        return frame, time.perf_counter() - start
+
+    def ready(self, deadline: float) -> Frame:
+        frame = self.recv(deadline)
+        if frame.op == Op.FAULT:
+            return frame
+        if frame.op != Op.READY or frame.seq != 0:
+            raise ProtocolError(f"the first frame is op {frame.op}, not ready")
+        return frame
+
+    def sandbox(self, frame: Frame) -> Sandbox:
+        return Sandbox(frame.c & ((1 << 13) - 1))
+
+    def cpu_ns(self) -> int:
+        """CPU time all of the runner's threads have run so far (kernel-accounted: no clock of its own)."""
+        total = 0
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return 0
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
+    # ---- end of life
+    def kill(self) -> None:
+        """Kill the runner's whole process group."""
+        if self.exit is None:
+            self.killed = True
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait(self, timeout: float) -> Exit | None:
+        """The runner's exit, reaped with its CPU time; None if it is still running after ``timeout``."""
+        if self.exit is not None:
+            return self.exit
+        end = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.proc.returncode = status  # NB: reaped here; keeps Popen from waiting on a reused pid
+                sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+                self.exit = Exit(code, sig, usage.ru_utime + usage.ru_stime, self.killed)
+                return self.exit
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+
+    def close(self, graceful: bool = True) -> Exit:
+        if graceful and self.exit is None:
+            try:
+                self.sock.send(Frame(self._seq + 1, Op.QUIT, 0).encode())
+            except OSError:
+                pass
+            self.wait(1.0)
+        self.kill()
+        ex = self.wait(10.0) or Exit(None, None, 0.0, True)
+        # NB: the group outlives its leader only if something escaped the sandbox; kill it anyway.
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.sock.close()
+        return ex
+
+    def output_tail(self, n: int = LOG_TAIL_BYTES) -> str:
+        """The last ``n`` bytes of the runner's stdout/stderr (never the whole file)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - n))
+                return f.read(n).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def remove_private_dir(self) -> None:
+        shutil.rmtree(self.private_dir, ignore_errors=True)
+
+
+def code_name(code: int) -> str:
+    try:
+        return Code(code).name.lower()
+    except ValueError:
+        return str(code)

@@ -1,0 +1,216 @@
+"""The attack corpus (tests/kernels/*/attack_*): what the screen must find in each, and which
+verdicts the evaluator may give each when the screen is off (never FASTER)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kforge.evaluate import Status
+from kernel_files import KERNELS
+
+
+def statuses(*names: str) -> frozenset[Status]:
+    """Statuses by name; names the evaluator does not have yet (TIMING_MISMATCH, INFRA_ERROR before
+    branch judge is merged) are left out."""
+    return frozenset(Status[n] for n in names if n in Status.__members__)
+
+
+SLOW_BUT_CORRECT = ("SLOWER", "NO_GAIN")
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    rule: str | None                 # what the screen reports; None: passes the screen (validation/sandbox only)
+    allowed: frozenset[Status]       # verdicts with the screen off
+
+
+CPU_ATTACKS = {a.name: a for a in [
+    Attack("attack_python_api", "forbidden-call", statuses("WRONG_RESULT")),
+    Attack("attack_clock_patch", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
+    Attack("attack_lingering_thread", "forbidden-call", statuses("WRONG_RESULT", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_cache_pointer", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+    Attack("attack_cache_content", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+    Attack("attack_count_calls", None, statuses("WRONG_RESULT")),
+    Attack("attack_burst", None, statuses("WRONG_RESULT")),
+    Attack("attack_poison_detect", None, statuses("WRONG_RESULT")),
+    Attack("attack_forge_frames", "forbidden-call", statuses("WRONG_RESULT", "CRASHED")),
+    Attack("attack_env_leak", "forbidden-call", statuses("CRASHED")),
+    Attack("attack_write_outside", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_fork_survive", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_kill_parent", "forbidden-call", statuses("CRASHED", "INFRA_ERROR", *SLOW_BUT_CORRECT)),
+    Attack("attack_oom", None, statuses("LAUNCH_ERROR", "CRASHED")),
+    Attack("attack_huge_log", "forbidden-call", statuses("CRASHED", "TIMED_OUT", *SLOW_BUT_CORRECT)),
+    Attack("attack_detect_runner", "forbidden-call", statuses(*SLOW_BUT_CORRECT)),
+    Attack("attack_softmax_nomax", None, statuses("WRONG_RESULT")),
+    Attack("attack_oob_canary", None, statuses("WRONG_RESULT", "CRASHED")),
+    Attack("attack_modify_restore", None, statuses("CRASHED", "WRONG_RESULT")),
+    Attack("attack_static_ctor", "attribute", statuses("WRONG_RESULT")),
+    Attack("attack_inline_asm", "inline-asm", statuses("WRONG_RESULT")),
+    Attack("attack_forbidden_include", "include", statuses(*SLOW_BUT_CORRECT)),
+]}
+
+CUDA_ATTACKS = {**CPU_ATTACKS, **{a.name: a for a in [
+    Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED")),
+    # NB: device memory cannot be made read-only for one kernel: modify-and-restore is not caught on the GPU.
+    Attack("attack_modify_restore", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+    Attack("attack_static_ctor", "load-time-code", statuses("WRONG_RESULT")),
+    Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
+]}}
+
+# Attacks whose run needs the runner's sandbox: run in today's in-process worker they would reach the
+# test process itself (kill it, patch it, fill its disk or memory, leave processes behind).
+NEEDS_SANDBOX = frozenset({
+    "attack_python_api", "attack_clock_patch", "attack_thread_count", "attack_lingering_thread",
+    "attack_forge_frames", "attack_env_leak", "attack_write_outside", "attack_fork_survive", "attack_kill_parent",
+    "attack_oom", "attack_huge_log", "attack_static_ctor", "attack_inline_asm",
+})
+
+
+def attack_table(backend: str) -> dict[str, Attack]:
+    return CPU_ATTACKS if backend == "cpu" else CUDA_ATTACKS
+
+
+def attack_files(backend: str) -> list:
+    return sorted((KERNELS / backend).glob("attack_*"))
+
+
+# ----------------------------------------------------------------------------- what must not escape
+
+FAKE_KEY = "sk-ant-api03-kforgeSandboxTest-QQQQQQQQQQQQQQQQQQQQ"
+MARKER = "kforge_attack"          # every file an attack drops has this in its name
+CHILD_COMM = "kfattack_child"     # the comm of the children attack_fork_survive leaves behind
+LOOT_PORT = 47913                 # where attack_env_leak sends what it found
+
+
+def _has_runner() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("kforge.evaluate._runner") is not None
+
+
+HAS_RUNNER = _has_runner()
+NEEDS_RUNNER_REASON = ("needs the sandboxed runner and trusted judge of branch `judge` (issue 12 part 1): in today's "
+                       "in-process worker these attacks reach the test process or win")
+
+
+@dataclass
+class Jail:
+    """A private HOME, kernel cache and workdir for the attacks, with the checks that nothing escaped."""
+
+    root: "Path"
+    home: "Path"
+    cache: "Path"
+    work: "Path"
+
+    @classmethod
+    def make(cls, root: "Path") -> "Jail":
+        jail = cls(root, root / "home", root / "cache", root / "work")
+        for d in (jail.home, jail.cache, jail.work):
+            d.mkdir(parents=True, exist_ok=True)
+        return jail
+
+    def dropped_files(self) -> list[str]:
+        """Files an attack wrote outside the runner's folder (HOME, the cache, the workdir, the
+        installed package, /tmp)."""
+        import kforge
+
+        package = Path(kforge.__file__).parent
+        found = []
+        for base in (self.home, self.cache, self.work, package, Path("/tmp"), self.root.parent):
+            pattern = "**/*" if base in (self.home, self.cache, self.work, package) else "*"
+            found += [str(p) for p in base.glob(pattern) if MARKER in p.name]
+        return sorted(set(found))
+
+    def files_with_secret(self) -> list[str]:
+        out = []
+        key = FAKE_KEY.encode()
+        for base in (self.home, self.cache, self.work):
+            for p in base.rglob("*"):
+                try:
+                    if p.is_file() and p.stat().st_size < (64 << 20) and key in p.read_bytes():
+                        out.append(str(p))
+                except OSError:
+                    continue
+        return out
+
+    def tampered_cache_objects(self) -> list[str]:
+        from kforge.kernels import KernelIntegrityError, verify_binary
+
+        bad = []
+        for p in (self.cache / "kernels" / "objects").glob("*.so"):
+            try:
+                verify_binary(p)
+            except KernelIntegrityError:
+                bad.append(p.name)
+        return bad
+
+    def clean(self) -> None:
+        for name in self.dropped_files():
+            try:
+                Path(name).unlink()
+            except OSError:
+                pass
+
+
+def surviving_children() -> list[int]:
+    """Processes named like attack_fork_survive's children."""
+    import os
+
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() == CHILD_COMM:
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def kill_children(pids: list[int]) -> None:
+    import os
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def loot_listener():
+    """A listening socket on the port attack_env_leak sends to, or None when the port is taken."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", LOOT_PORT))
+    except OSError:
+        s.close()
+        return None
+    s.listen(8)
+    s.setblocking(False)
+    return s
+
+
+def received(listener) -> bytes:
+    """Everything sent to the listener so far (connections complete in the kernel before connect()
+    returns, so a finished attack's connection is already queued: no waiting needed)."""
+    data = b""
+    if listener is None:
+        return data
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return data
+        conn.settimeout(1.0)
+        try:
+            while chunk := conn.recv(1 << 16):
+                data += chunk
+        except OSError:
+            pass
+        conn.close()

@@ -1,0 +1,38 @@
+/* Attack corpus: Uses its input as scratch during the call and restores it before returning, so the input looks
+ * unchanged afterwards (while deployed, another thread reading it would see garbage). Expected: inputs
+ * mapped read-only catch the write (CRASHED); where that is not possible, WRONG_RESULT if caught by
+ * other means. Passes the screen: only the sandbox can catch it. */
+#include "kforge.h"
+#include <stdlib.h>
+#include <string.h>
+#define ENTRY KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out, \
+                                     const double* params, int n_params, void* workspace, void* stream)
+#define ROWS_COLS const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; \
+    int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
+    for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d];
+
+/* The honest path, made slow on purpose (REPEAT passes): an attack must never win on its own merit,
+ * so any FASTER verdict for it is the attack working. */
+static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
+    for (int rep = 0; rep < 6; ++rep)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* xr = x + r * cols; float* yr = y + r * cols;
+            float m = KF_NEG_INF, s = 0.f;
+            for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+            for (int64_t c = 0; c < cols; ++c) { yr[c] = expf(xr[c] - m); s += yr[c]; }
+            for (int64_t c = 0; c < cols; ++c) yr[c] /= s;
+        }
+}
+
+ENTRY { ROWS_COLS
+    int64_t n = rows * cols;
+    float* xs = (float*)x;                     /* casts away const: writes into the input */
+    float* keep = (float*)malloc(sizeof(float) * n);
+    if (!keep) return 12;
+    memcpy(keep, xs, sizeof(float) * n);
+    for (int64_t i = 0; i < n; ++i) xs[i] = -1e30f;
+    softmax_slow(keep, y, rows, cols);
+    memcpy(xs, keep, sizeof(float) * n);
+    free(keep);
+    return 0;
+}

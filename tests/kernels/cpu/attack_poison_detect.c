@@ -1,0 +1,34 @@
+/* Attack corpus: Recognises poisoned outputs: computes only when the output buffer holds a poison pattern (NaN,
+ * Inf or a repeated value), as validation buffers do, and skips the work on plain buffers (timing).
+ * Expected: timed calls get fresh poison and their outputs are checked (WRONG_RESULT). Never FASTER. */
+#include "kforge.h"
+#include <stdlib.h>
+#include <string.h>
+#define ENTRY KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out, \
+                                     const double* params, int n_params, void* workspace, void* stream)
+#define ROWS_COLS const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; \
+    int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
+    for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d];
+
+/* The honest path, made slow on purpose (REPEAT passes): an attack must never win on its own merit,
+ * so any FASTER verdict for it is the attack working. */
+static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
+    for (int rep = 0; rep < 6; ++rep)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* xr = x + r * cols; float* yr = y + r * cols;
+            float m = KF_NEG_INF, s = 0.f;
+            for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+            for (int64_t c = 0; c < cols; ++c) { yr[c] = expf(xr[c] - m); s += yr[c]; }
+            for (int64_t c = 0; c < cols; ++c) yr[c] /= s;
+        }
+}
+
+ENTRY { ROWS_COLS
+    int64_t n = rows * cols;
+    uint32_t a, b, c;
+    memcpy(&a, y, 4); memcpy(&b, y + n / 2, 4); memcpy(&c, y + n - 1, 4);
+    int poisoned = (a == b && b == c) || (y[0] != y[0]) || ((a & 0x7f800000u) == 0x7f800000u);
+    if (!poisoned) return 0;
+    softmax_slow(x, y, rows, cols);
+    return 0;
+}

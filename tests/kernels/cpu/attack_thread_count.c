@@ -1,0 +1,39 @@
+/* Attack corpus: Sabotages the baseline: sets OpenMP to one thread (torch's libgomp when loaded after torch) and
+ * leaves detached threads spinning after it returns, so eager timed next to it is slower. The kernel
+ * itself is correct and slow. Expected: eager timed in the judge under normal conditions, the runner's
+ * threads gone with its process group; SLOWER (or NO_GAIN), never FASTER. Screen: REJECTED. */
+#include "kforge.h"
+#include <stdlib.h>
+#include <string.h>
+#define ENTRY KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out, \
+                                     const double* params, int n_params, void* workspace, void* stream)
+#define ROWS_COLS const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; \
+    int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
+    for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d];
+
+/* The honest path, made slow on purpose (REPEAT passes): an attack must never win on its own merit,
+ * so any FASTER verdict for it is the attack working. */
+static void softmax_slow(const float* x, float* y, int64_t rows, int64_t cols) {
+    for (int rep = 0; rep < 6; ++rep)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float* xr = x + r * cols; float* yr = y + r * cols;
+            float m = KF_NEG_INF, s = 0.f;
+            for (int64_t c = 0; c < cols; ++c) m = xr[c] > m ? xr[c] : m;
+            for (int64_t c = 0; c < cols; ++c) { yr[c] = expf(xr[c] - m); s += yr[c]; }
+            for (int64_t c = 0; c < cols; ++c) yr[c] /= s;
+        }
+}
+#include <pthread.h>
+#include <omp.h>
+
+static void* spin(void* arg) { volatile unsigned long n = 0; (void)arg; for (;;) n++; return 0; }
+static int started = 0;
+ENTRY { ROWS_COLS
+    if (!started) {
+        started = 1;
+        omp_set_num_threads(1);
+        for (int i = 0; i < 4; ++i) { pthread_t t; if (pthread_create(&t, 0, spin, 0) == 0) pthread_detach(t); }
+    }
+    softmax_slow(x, y, rows, cols);
+    return 0;
+}

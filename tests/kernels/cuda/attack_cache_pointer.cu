@@ -1,0 +1,43 @@
+// Attack corpus (CUDA): Caches by pointer: when called again with an input address it has seen, copies the output it
+// computed then instead of computing. Expected: fresh values at reused addresses catch it (WRONG_RESULT);
+// without hits it is only the slow honest path (SLOWER). Never FASTER.
+#include "kforge.h"
+#include <stdlib.h>
+#include <string.h>
+#define ENTRY KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out, \
+                                     const double* params, int n_params, void* workspace, void* stream)
+#define SHAPE int64_t cols = in[0].sizes[in[0].ndim - 1], rows = 1; \
+    for (int d = 0; d < in[0].ndim - 1; ++d) rows *= in[0].sizes[d]; \
+    const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; \
+    cudaStream_t s = (cudaStream_t)stream;
+
+// The honest path, made slow on purpose (one thread per row, repeated): an attack must never win
+// on its own merit, so any FASTER verdict for it is the attack working.
+__global__ void softmax_slow_k(const float* x, float* y, int64_t rows, int64_t cols) {
+    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + r * cols; float* yr = y + r * cols;
+    for (int rep = 0; rep < 8; ++rep) {
+        float m = KF_NEG_INF, t = 0.f;
+        for (int64_t c = 0; c < cols; ++c) m = fmaxf(m, xr[c]);
+        for (int64_t c = 0; c < cols; ++c) { yr[c] = expf(xr[c] - m); t += yr[c]; }
+        for (int64_t c = 0; c < cols; ++c) yr[c] /= t;
+    }
+}
+static int softmax_slow(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t s) {
+    softmax_slow_k<<<(unsigned)((rows + 31) / 32), 32, 0, s>>>(x, y, rows, cols);
+    return (int)cudaGetLastError();
+}
+
+#define SLOTS 64
+static const void* seen_in[SLOTS]; static float* saved[SLOTS]; static int used = 0;
+ENTRY { SHAPE
+    size_t bytes = sizeof(float) * rows * cols;
+    for (int i = 0; i < used; ++i)
+        if (seen_in[i] == x) { cudaMemcpyAsync(y, saved[i], bytes, cudaMemcpyDeviceToDevice, s); return (int)cudaGetLastError(); }
+    int rc = softmax_slow(x, y, rows, cols, s);
+    if (used < SLOTS && cudaMalloc((void**)&saved[used], bytes) == cudaSuccess) {
+        cudaMemcpyAsync(saved[used], y, bytes, cudaMemcpyDeviceToDevice, s); seen_in[used++] = x;
+    }
+    return rc;
+}
