@@ -14,9 +14,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 USAGE = """\
 %kforge capture <example | package.module:function> [--device cpu|cuda] [--workdir DIR] [--name VAR]
-%kforge optimize [--iterations N] [--proposer P] [--ops a,b] [--dollars D] [--background] [--session VAR]
+%kforge optimize [--iterations N] [--proposer P] [--strategy S] [--ops a,b] [--cards KEY,KEY] [--max-cards N]
+                 [--dollars D] [--background] [--session VAR]
 %kforge dashboard [--session VAR]
-%kforge help
+%kforge help | %kforge <command> --help
 
 capture   builds the model (a built-in example such as tiny_cnn / tiny_transformer, or a function
           returning (model, example_inputs)), captures its cards and stores the session in VAR
@@ -33,33 +34,43 @@ As a cell magic, %%kforge optimize takes one option per line:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as a UsageError (a message, not a traceback or an exit)."""
+    """argparse that reports bad input as a one-line UsageError (no traceback, no exit, no usage dump)."""
 
     def error(self, message: str) -> Any:
-        raise UsageError(f"%kforge {self.prog.split()[-1]}: {message}\n\n{USAGE}")
+        command = self.prog.split()[-1]
+        raise UsageError(f"%kforge {command}: {message} (see %kforge {command} --help)")
 
     def exit(self, status: int = 0, message: str | None = None) -> Any:
-        raise UsageError(message or USAGE)
+        raise UsageError((message or "").strip() or f"%kforge {self.prog.split()[-1]}: bad arguments")
 
 
 def _parsers() -> dict[str, _Parser]:
-    capture = _Parser(prog="kforge capture", add_help=False)
-    capture.add_argument("model")
-    capture.add_argument("--device", default=None)
-    capture.add_argument("--workdir", default=None)
-    capture.add_argument("--name", default="session")
-    optimize = _Parser(prog="kforge optimize", add_help=False)
-    optimize.add_argument("--iterations", type=int, default=50)
-    optimize.add_argument("--proposer", default="builtin")
-    optimize.add_argument("--strategy", default="mcts")
-    optimize.add_argument("--ops", default=None)
-    optimize.add_argument("--cards", default=None)
-    optimize.add_argument("--dollars", type=float, default=None)
-    optimize.add_argument("--max-cards", "--max_cards", dest="max_cards", type=int, default=None)
-    optimize.add_argument("--background", action="store_true")
-    optimize.add_argument("--session", default=None)
-    dashboard = _Parser(prog="kforge dashboard", add_help=False)
-    dashboard.add_argument("--session", default=None)
+    capture = _Parser(prog="%kforge capture", add_help=False,
+                      description="Build a model, capture the operators it runs (its cards) and keep the session "
+                                  "in a notebook variable.")
+    capture.add_argument("model", help="a built-in example (tiny_cnn, tiny_transformer, ...) or "
+                                       "package.module:function returning (model, example_inputs)")
+    capture.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is a GPU)")
+    capture.add_argument("--workdir", default=None, help="folder of the session's store (default: a new temp folder)")
+    capture.add_argument("--name", default="session", help="notebook variable for the session (default: session)")
+    optimize = _Parser(prog="%kforge optimize", add_help=False,
+                       description="Search faster kernels for the planned cards of the last session. As a cell "
+                                   "magic, %%kforge optimize takes one option per line (iterations 4).")
+    optimize.add_argument("--iterations", type=int, default=50, help="candidates per card (default 50)")
+    optimize.add_argument("--proposer", default="builtin",
+                          help="builtin, anthropic[:model], openai[:model] or local:<url> (default builtin)")
+    optimize.add_argument("--strategy", default="mcts", help="mcts, linear or best_of_n (default mcts)")
+    optimize.add_argument("--ops", default=None, help="only these operators, comma-separated (softmax,layer_norm)")
+    optimize.add_argument("--cards", default=None, help="only these cards, by key or key prefix, comma-separated")
+    optimize.add_argument("--max-cards", "--max_cards", dest="max_cards", type=int, default=None,
+                          help="at most N cards, largest expected gain first")
+    optimize.add_argument("--dollars", type=float, default=None, help="LLM spending cap for the run")
+    optimize.add_argument("--background", action="store_true",
+                          help="return at once with a live progress view (pause / resume / stop)")
+    optimize.add_argument("--session", default=None, help="notebook variable of the session (default: the last)")
+    dashboard = _Parser(prog="%kforge dashboard", add_help=False,
+                        description="Show the session's views: progress, card table, search tree, sources.")
+    dashboard.add_argument("--session", default=None, help="notebook variable of the session (default: the last)")
     return {"capture": capture, "optimize": optimize, "dashboard": dashboard}
 
 
@@ -90,10 +101,11 @@ class KforgeMagics(Magics):
         """Capture a model and search faster kernels for its operators from a notebook.
 
         %kforge capture <example | package.module:function> [--device cpu|cuda] [--workdir DIR] [--name VAR]
-        %kforge optimize [--iterations N] [--proposer P] [--ops a,b] [--dollars D] [--background] [--session VAR]
+        %kforge optimize [--iterations N] [--proposer P] [--strategy S] [--ops a,b] [--cards KEY,KEY]
+                         [--max-cards N] [--dollars D] [--background] [--session VAR]
         %kforge dashboard [--session VAR]
 
-        As a cell magic, ``%%kforge optimize`` takes its options one per line (``iterations 4``,
+        ``%kforge <command> --help`` explains each command's options. As a cell magic, ``%%kforge optimize`` takes its options one per line (``iterations 4``,
         ``ops softmax,layer_norm``, ``background``). ``%kforge help`` prints the full usage.
         """
         try:
@@ -106,9 +118,13 @@ class KforgeMagics(Magics):
         command, argv = words[0], words[1:]
         parsers = _parsers()
         if command not in parsers:
-            raise UsageError(f"%kforge: unknown command {command!r}\n\n{USAGE}")
+            raise UsageError(f"%kforge: unknown command {command!r}: capture, optimize or dashboard "
+                             "(see %kforge help)")
         if cell is not None:
             argv += cell_options(cell)
+        if "-h" in argv or "--help" in argv:
+            print(parsers[command].format_help())
+            return None
         args = parsers[command].parse_args(argv)
         return getattr(self, f"_{command}")(args)
 
@@ -119,8 +135,14 @@ class KforgeMagics(Magics):
         from .session import Session
         from .store import WorkdirError
 
+        from .session import resolve_device
+
         if not args.name.isidentifier():
             raise UsageError(f"%kforge capture: --name must be a Python identifier, got {args.name!r}")
+        try:
+            resolve_device(args.device)  # before building: a model on a missing GPU fails less clearly
+        except CaptureError as exc:
+            raise UsageError(f"%kforge capture: {exc}") from None
         model, inputs = self._build(args.model, args.device)
         try:
             session = Session(model, inputs, device=args.device, workdir=args.workdir)
@@ -146,6 +168,10 @@ class KforgeMagics(Magics):
             raise UsageError(f"%kforge optimize: {exc}") from None
         if args.background:
             return _progress_or_run(run)
+        from .views._data import run_notes, short_label
+
+        for note in run_notes(run, {p.card.key: short_label(p.card) for p in run.planned}):
+            print(note)
         return session.results
 
     def _dashboard(self, args: argparse.Namespace) -> Any:

@@ -361,6 +361,12 @@ class Session:
         self._extra_evaluators.clear()
         self.store.close()
 
+    def dashboard(self) -> Any:
+        """The notebook views of this session: progress (live while a run goes), cards, trees, sources."""
+        from .views import dashboard
+
+        return dashboard(self)
+
     def _ipython_display_(self) -> None:
         from .views import display_session
 

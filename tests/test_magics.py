@@ -85,3 +85,39 @@ def test_help_and_cell_options(shell, capsys):
     assert "%%kforge optimize" in shell.find_magic("kforge").__doc__
     assert cell_options("iterations 4\n--ops=a,b\n\n# note\nbackground\nmax_cards 2\n") == [
         "--iterations", "4", "--ops", "a,b", "--background", "--max_cards", "2"]
+
+
+@pytest.mark.parametrize("command, option", [("capture", "--workdir"), ("optimize", "--max-cards"),
+                                             ("dashboard", "--session")])
+def test_each_command_has_its_own_help(shell, capsys, command, option):
+    assert shell.run_line_magic("kforge", f"{command} --help") is None
+    out = capsys.readouterr().out
+    assert f"%kforge {command}" in out and option in out
+
+
+def test_errors_are_one_line_and_the_usage_is_complete(shell, capsys):
+    for line in ("capture", "optimize --iterations lots", "frobnicate", "capture tiny_cnn --bogus"):
+        message = _fails(shell, line)
+        assert "\n" not in message.strip() and "help" in message, message
+    shell.run_line_magic("kforge", "help")
+    usage = capsys.readouterr().out
+    for option in ("--strategy", "--cards", "--max-cards", "--dollars", "--background"):
+        assert option in usage
+
+
+def test_capture_on_cuda_without_a_gpu_gives_kforges_message(shell):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    message = _fails(shell, "capture tiny_cnn --device cuda")
+    assert "no usable CUDA GPU" in message and 'device="cpu"' in message and "\n" not in message
+
+
+def test_an_already_searched_card_says_why_nothing_new(shell, tmp_path, capsys):
+    shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'}")
+    shell.run_line_magic("kforge", "optimize --iterations 2 --ops relu")
+    capsys.readouterr()
+    shell.run_line_magic("kforge", "optimize --iterations 2 --ops relu")
+    out = capsys.readouterr().out
+    assert "nothing new (already searched" in out and "larger iterations" in out

@@ -17,7 +17,7 @@ import kforge
 from kforge.evaluate import Evaluation, Status
 from kforge.search import Event, EventKind
 from kforge.views import CardTable, RunProgress, SearchTree, SourceView, charts, dashboard, progress
-from kforge.views._data import best_path, line_diff
+from kforge.views._data import best_path, line_diff, short_label
 from kforge.views._pump import EventPump
 from kernel_files import kernel_source
 from scripted import ScriptedProposer
@@ -165,7 +165,7 @@ def test_tree_of_hundreds_of_nodes_and_its_best_path(session):
         status, speedup = (Status.FASTER, 1.0 + i / 1000) if i % 7 else (Status.COMPILE_ERROR, 0.0)
         ids.append(_add(session.store, key, parent, f"v{i}\n", status, speedup))
     tree = SearchTree(session.store, session.cards, card_key=key)
-    assert len(tree.nodes) == 300 and tree.card_label == session.cards[key].signature
+    assert len(tree.nodes) == 300 and tree.card_label == short_label(session.cards[key])
     path = tree.best_path
     assert path[0] == ids[0] and path[-1] == ids[299]
     by_id = {n["id"]: n for n in tree.nodes}
@@ -196,11 +196,40 @@ def test_charts_are_altair_and_save_for_reports(session, tmp_path):
     assert [[r["best speedup"] for r in d] for d in datasets if d and "best speedup" in d[0]] == [[1.2, 1.6]]
 
 
-def test_the_package_ships_the_front_end_built_from_widgets(session):
-    for name in ("kforge.js", "kforge.css"):
-        shipped = REPO / "kforge" / "views" / "static" / name
-        assert shipped.read_text() == (REPO / "widgets" / name).read_text(), "run python widgets/build.py"
-    assert "export default" in CardTable(session.cards, session.store)._esm
+def test_a_checkout_reads_the_one_copy_of_the_front_end_in_widgets(session):
+    assert not (REPO / "kforge" / "views" / "static").exists(), "widgets/ is the only committed copy"
+    table = CardTable(session.cards, session.store)
+    assert table._esm == (REPO / "widgets" / "kforge.js").read_text() and "export default" in table._esm
+    assert table._css == (REPO / "widgets" / "kforge.css").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_front_end(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    import shutil
+
+    src = tmp_path / "src"   # a copy: the build leaves nothing in the checkout
+    for name in ("kforge", "widgets"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "static"))
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy(REPO / name, src / name)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+                          "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    wheel, = (tmp_path / "dist").glob("kforge-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        for name in ("kforge.js", "kforge.css"):
+            assert z.read(f"kforge/views/static/{name}").decode() == (REPO / "widgets" / name).read_text()
+        # the installed package finds the packaged copy (not a checkout's widgets/)
+        z.extractall(tmp_path / "site")
+    probe = subprocess.run([sys.executable, "-c", "from kforge.views._static import static_dir; print(static_dir())"],
+                           capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path / "site")}, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == str(tmp_path / "site" / "kforge" / "views" / "static")
 
 
 def test_session_display_falls_back_to_text_before_capture(tmp_path, capsys):
@@ -211,3 +240,178 @@ def test_session_display_falls_back_to_text_before_capture(tmp_path, capsys):
     s = kforge.Session(TwoOps(), torch.randn(4, 8), device="cpu", workdir=tmp_path / "empty")
     display_session(s)
     assert "kforge.Session" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- live runs, control, snapshots
+
+class GatedProposer(ScriptedProposer):
+    """Proposes ``free`` candidates, then waits for ``gate`` before each further one."""
+
+    def __init__(self, sources, free: int):
+        super().__init__(sources)
+        self.free, self.gate = free, threading.Event()
+
+    def propose(self, request):
+        if len(self.requests) >= self.free:
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().propose(request)
+
+
+def _until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _data_of(bundle):
+    return bundle[0] if isinstance(bundle, tuple) else bundle
+
+
+def _post(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_dashboard_made_mid_run_is_live_and_has_everything_pushed(session):
+    base = kernel_source("cpu", "softmax_rows")
+    proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(4)], free=2)
+    run = session.optimize(proposer=proposer, iterations=4, ops=["softmax"], strategy="linear", background=True)
+    key = _softmax_key(session)
+    _until(lambda: sum(e.kind is EventKind.EVALUATED for e in list(run.events)) >= 2, "two evaluations")
+    d = dashboard(session)
+    assert d.tree.live and d.tree.following, "a view made after the run started still knows it is live"
+    assert d.table.searching == key and d.table.following and d.table.selected_key == key
+    assert next(r for r in d.table.rows if r["key"] == key)["status"] == "searching"
+    assert d.progress.control_url.startswith("http://127.0.0.1:")
+    proposer.gate.set()
+    run.wait(120)
+    stored = session.store.candidates(key)
+    evaluated = sum(e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED) for e in run.events)
+    assert d.progress.done == evaluated == len(stored) == 4, "the progress count is the run's evaluations"
+    assert not d.tree.live and d.table.searching == "" and d.progress.control_url == ""
+    assert sorted(n["id"] for n in d.tree.trees[key]) == [c.id for c in stored]
+    # every candidate's source, diff, log and verdict is in the view already: a click needs no kernel
+    assert sorted(int(i) for i in d.source.details) == [c.id for c in stored]
+    last = d.source.details[str(stored[-1].id)]
+    assert last["source"] == stored[-1].source and last["evaluation"]["status"] == stored[-1].status.value
+    for c in stored:
+        diff = d.source.details[str(c.id)]["diff"]
+        assert (diff is None) == (c.parent_id is None) and (diff is None or any(k == "+" for k, _ in diff))
+
+
+def test_progress_buttons_reach_the_run_over_its_control_channel_while_the_kernel_is_busy(session):
+    base = kernel_source("cpu", "softmax_rows")
+    proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(6)], free=1)
+    run = session.optimize(proposer=proposer, iterations=6, ops=["softmax"], strategy="linear", background=True)
+    view = progress(run)
+    url = view.control_url
+    # the test's thread stands for the busy kernel: the server answers from its own thread
+    assert _post(f"{url}/pause") == (200, "pausing")
+    proposer.gate.set()
+    _until(lambda: run.state.value == "paused", "the run to pause")
+    _until(lambda: view.state == "paused", "the view to show it")
+    assert _post(f"{url}/resume")[0] == 200
+    _until(lambda: run.state.value != "paused", "the run to resume")
+    assert _post(f"{url}/stop")[0] == 200
+    run.wait(120)
+    assert run.state.value == "stopped" and view.state == "stopped"
+    kinds = [e.kind for e in run.events]
+    assert EventKind.PAUSED in kinds and EventKind.RESUMED in kinds
+
+
+def test_the_control_channel_refuses_a_wrong_token_and_unknown_actions():
+    from kforge.views._control import ControlChannel
+
+    seen = []
+    channel = ControlChannel(lambda action: seen.append(action) or "ok")
+    try:
+        root = channel.url.rsplit("/", 1)[0]
+        assert _post(f"{root}/{'0' * 32}/stop")[0] == 403
+        assert _post(f"{channel.url}/explode")[0] == 400
+        assert _post(f"{channel.url}/stop") == (200, "ok") and seen == ["stop"]
+    finally:
+        channel.close()
+
+
+def test_every_view_and_the_dashboard_carry_a_static_html_snapshot(session, tmp_path):
+    key = _softmax_key(session)
+    a = _add(session.store, key, None, "int a;\n", Status.FASTER, 1.5)
+    _add(session.store, key, a, "int a; /* <b> */\n", Status.FASTER, 2.0)
+    d = dashboard(session)
+    for view in (d.table, d.tree, d.source):
+        data = _data_of(view._repr_mimebundle_())
+        assert "application/vnd.jupyter.widget-view+json" in data and "<script" not in data["text/html"]
+    html = _data_of(d._repr_mimebundle_())["text/html"]
+    assert short_label(session.cards[key]) in html and "Operator cards" in html
+    assert "&lt;b&gt;" in html and "<b>" not in html, "sources are escaped"
+    assert "2.00×" in html, "the tree's best candidate"
+    out = d.export_html(tmp_path / "dash.html")
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("data:image/png;base64,") == 3
+
+
+def test_a_reopened_session_shows_the_finished_search_whole(session):
+    base = kernel_source("cpu", "softmax_rows")
+    run = session.optimize(proposer=ScriptedProposer([base + f"\n/* v{i} */\n" for i in range(3)]), iterations=3,
+                           ops=["softmax"])
+    key = _softmax_key(session)
+    workdir = session.workdir
+    session.close()
+    again = kforge.Session.open(workdir)
+    try:
+        d = again.dashboard()
+        row = next(r for r in d.table.rows if r["key"] == key)
+        assert row["status"] in ("winner", "eager") and row["candidates"] == 3
+        assert d.table.selected_key == key and len(d.tree.nodes) == 3 and d.progress is None
+        assert d.source.candidate_id in {n["id"] for n in d.tree.nodes} and len(d.source.details) == 3
+        assert not d.tree.live
+    finally:
+        again.close()
+    assert run.done
+
+
+def test_best_path_only_to_a_candidate_faster_than_eager():
+    nodes = [{"id": 1, "parent": None, "speedup": 0.8, "status": "slower"},
+             {"id": 2, "parent": 1, "speedup": 0.95, "status": "no_gain"}]
+    assert best_path(nodes) == [], "no bold path when nothing beat eager"
+    nodes.append({"id": 3, "parent": 2, "speedup": 1.3, "status": "faster"})
+    assert best_path(nodes) == [1, 2, 3]
+
+
+def test_cards_read_as_short_signatures_not_keys(session):
+    key = _softmax_key(session)
+    label = short_label(session.cards[key])
+    assert label.startswith("softmax(f32[64,1000]") and key not in label and "dtype=None" not in label
+    row = next(r for r in CardTable(session.cards, session.store).rows if r["key"] == key)
+    assert row["label"] == label and row["vendor"] == (session.cards[key].vendor or "")
+
+
+def test_speedup_chart_tooltip_has_each_candidates_status(session):
+    key = _softmax_key(session)
+    a = _add(session.store, key, None, "a\n", Status.FASTER, 1.2)
+    _add(session.store, key, a, "b\n", Status.WRONG_RESULT, 0.0)
+    spec = charts.speedup_over_iterations(session).to_dict()
+    rows = [r for d in spec["datasets"].values() for r in d if "best speedup" in r]
+    assert [r.get("status") for r in rows] == ["faster", "wrong_result"], "the tooltip's status field has values"
+    axis = spec["layer"][0]["layer"][0]["encoding"]["x"]["axis"] if "layer" in spec["layer"][0] else None
+    ticks = axis["values"] if axis else None
+    assert ticks is None or len(ticks) == len(set(ticks))
+
+
+def test_charts_say_no_data_yet_and_live_charts_redraw_and_carry_a_png(session):
+    assert "no data yet" in str(charts.speedup_over_iterations(session).to_dict())
+    assert "no data yet" in str(charts.cost_per_card(session).to_dict())
+    chart = charts.live(charts.speedup_over_iterations, session)
+    data = _data_of(chart._repr_mimebundle_())
+    assert "application/vnd.jupyter.widget-view+json" in data and data["image/png"]
+    key = _softmax_key(session)
+    _add(session.store, key, None, "a\n", Status.FASTER, 1.4)
+    chart.redraw()
+    assert "no data yet" not in str(chart.chart.to_dict())

@@ -1,6 +1,8 @@
 // kforge notebook views: one plain ES module for every view; the Python side picks one with `_view`.
-// Large texts come on request over custom messages ({type: "request", id, method, params});
-// a view asks when it renders, so nothing sent before it existed is needed.
+// Everything a view shows is in its traits, pushed by the kernel as the run produces it, so clicks
+// never wait on a kernel that may be busy running a cell. Selection moves between views through
+// front-end links; the progress buttons post to the run's own control channel (127.0.0.1).
+// Requests over custom messages ({type: "request", id, method, params}) remain for an idle kernel.
 
 const SVG = "http://www.w3.org/2000/svg";
 const pending = new Map();
@@ -27,14 +29,14 @@ function s(tag, attrs = {}) {
   return node;
 }
 
-function request(model, method, params = {}) {
+function request(model, method, params = {}, timeoutMs = 30000, busy = null) {
   const id = `kf-${Date.now().toString(36)}-${nextId++}`;
   return new Promise((resolve, reject) => {
     pending.set(id, { resolve, reject });
     model.send({ type: "request", id, method, params });
     setTimeout(() => {
-      if (pending.delete(id)) reject(new Error(`no answer to ${method} within 30 s (is the kernel busy?)`));
-    }, 30000);
+      if (pending.delete(id)) reject(new Error(busy || `no answer to ${method} within ${timeoutMs / 1000} s: the kernel is busy running a cell`));
+    }, timeoutMs);
   });
 }
 
@@ -68,52 +70,106 @@ const fmt = {
   pct: (v) => `${(v * 100).toFixed(1)}%`,
   x: (v) => (v === null || v === undefined || v === 0 ? "–" : `${v.toFixed(2)}×`),
   usd: (v) => (v ? `$${v.toFixed(v < 1 ? 3 : 2)}` : "–"),
+  dur: (sec) => {
+    if (sec === null || sec === undefined || !isFinite(sec)) return "–";
+    sec = Math.max(0, Math.round(sec));
+    const m = Math.floor(sec / 60), ss = sec % 60;
+    return m >= 60 ? `${Math.floor(m / 60)} h ${m % 60} min` : m ? `${m} min ${String(ss).padStart(2, "0")} s` : `${ss} s`;
+  },
 };
 
 const STATUS_COLORS = {
   faster: "#1a7f37", no_gain: "#6e7781", slower: "#bf8700", wrong_result: "#cf222e",
   compile_error: "#8250df", launch_error: "#bc4c00", crashed: "#a40e26", timed_out: "#953800",
-  pending: "#afb8c1", winner: "#1a7f37", eager: "#6e7781", searching: "#0969da", "not searched": "#8c959f",
+  pending: "#8c959f", winner: "#1a7f37", eager: "#6e7781", searching: "#0969da", "not searched": "#8c959f",
+  running: "#0969da", paused: "#bf8700", pausing: "#bf8700", stopping: "#bc4c00", stopped: "#bc4c00",
+  finished: "#1a7f37", failed: "#cf222e",
 };
 
 function pill(status) {
-  return h("span", { class: "kf-pill", style: `--kf-c: ${STATUS_COLORS[status] || "#6e7781"}` }, status.replace("_", " "));
+  return h("span", { class: "kf-pill", "data-status": status, style: `--kf-c: ${STATUS_COLORS[status] || "#6e7781"}` },
+    status.replace("_", " "));
 }
 
 // ------------------------------------------------------------------ card table
 
 const COLUMNS = [
-  { key: "op", label: "op" },
-  { key: "signature", label: "signature" },
-  { key: "calls", label: "calls", num: true },
+  { key: "label", label: "card", cls: "kf-card-col" },
+  { key: "calls", label: "calls", num: true, optional: true },
   { key: "share", label: "share", num: true },
-  { key: "eager_us", label: "eager", num: true },
+  { key: "eager_us", label: "eager", num: true, optional: true },
   { key: "speedup", label: "best", num: true },
   { key: "status", label: "status" },
   { key: "candidates", label: "tried", num: true },
   { key: "dollars", label: "cost", num: true },
 ];
 
+// Narrow outputs (a 1024 px window) drop the optional columns instead of shrinking everything.
+function watchWidth(root, narrowBelow) {
+  const apply = (w) => root.classList.toggle("kf-narrow", w > 0 && w < narrowBelow);
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver((es) => apply(es[0].contentRect.width)).observe(root);
+  requestAnimationFrame(() => apply(root.clientWidth));
+}
+
+function select(options, value, onchange, title) {
+  const el = h("select", { class: "kf-select", title, onchange: (ev) => onchange(ev.target.value) },
+    options.map(([v, text]) => h("option", { value: v, selected: v === value }, text)));
+  return el;
+}
+
 function renderCardTable(model, root) {
   const head = h("thead");
   const body = h("tbody");
-  const summary = h("span", { class: "kf-muted" });
-  root.append(h("div", { class: "kf-header" }, h("span", { class: "kf-title" }, "Operator cards"), summary),
-    h("div", { class: "kf-scroll kf-table-wrap" }, h("table", { class: "kf-table" }, head, body)));
+  const summary = h("span", { class: "kf-muted kf-ellipsis" });
+  const follow = h("span", { class: "kf-follow" });
+  const filters = h("div", { class: "kf-filters" });
+  const wrap = h("div", { class: "kf-scroll kf-table-wrap", tabindex: "0", title: "↑ ↓ to move, Home / End" },
+    h("table", { class: "kf-table" }, head, body));
+  root.append(h("div", { class: "kf-header" }, h("span", { class: "kf-title" }, "Operator cards"), summary, follow),
+    filters, wrap);
+  watchWidth(root, 900);
+  const selects = h("span", { class: "kf-selects" });
+  const input = h("input", { class: "kf-input", type: "search", placeholder: "filter: op, shape, key…",
+    value: model.get("filter_text"), oninput: (ev) => { model.set("filter_text", ev.target.value); model.save_changes(); } });
+  filters.append(selects, input);
+  let op = "", vendor = "";
+  let visible = [];
 
+  const choose = (key, byUser) => {
+    if (byUser && model.get("following")) model.set("following", false);
+    model.set("selected_key", key);
+    model.save_changes();
+  };
+  const drawFilters = () => {
+    const rows = model.get("rows");
+    const uniq = (f) => [...new Set(rows.map(f).filter(Boolean))].sort();
+    const status = model.get("filter_status");
+    selects.replaceChildren(
+      select([["", "any status"], ...uniq((r) => r.status).map((v) => [v, v])], status,
+        (v) => { model.set("filter_status", v); model.save_changes(); }, "status"),
+      select([["", "any op"], ...uniq((r) => r.op).map((v) => [v, v])], op, (v) => { op = v; draw(); }, "operator"),
+      select([["", "any vendor"], ["-", "no vendor"], ...uniq((r) => r.vendor).map((v) => [v, v])], vendor,
+        (v) => { vendor = v; draw(); }, "vendor library"));
+  };
   const draw = () => {
     const sortBy = model.get("sort_by");
     const desc = model.get("sort_desc");
-    const rows = [...model.get("rows")];
+    const status = model.get("filter_status");
+    const text = model.get("filter_text").trim().toLowerCase();
+    const all = model.get("rows");
+    const rows = all.filter((r) => (!status || r.status === status) && (!op || r.op === op)
+      && (!vendor || (vendor === "-" ? !r.vendor : r.vendor === vendor))
+      && (!text || `${r.signature} ${r.key} ${r.label}`.toLowerCase().includes(text)));
     rows.sort((a, b) => {
       const va = a[sortBy] ?? -Infinity;
       const vb = b[sortBy] ?? -Infinity;
       const c = typeof va === "string" ? va.localeCompare(vb) : va - vb;
       return desc ? -c : c;
     });
+    visible = rows;
     head.replaceChildren(h("tr", {}, COLUMNS.map((col) => h("th", {
-      class: `${col.num ? "kf-num" : ""} ${col.key === sortBy ? "kf-sorted" : ""}`,
-      title: `sort by ${col.label}`,
+      class: `${col.num ? "kf-num" : ""} ${col.optional ? "kf-optional" : ""} ${col.cls || ""} ${col.key === sortBy ? "kf-sorted" : ""}`,
+      title: `sort by ${col.label}`, "data-col": col.key,
       onclick: () => {
         if (model.get("sort_by") === col.key) model.set("sort_desc", !model.get("sort_desc"));
         else { model.set("sort_by", col.key); model.set("sort_desc", col.num === true); }
@@ -124,32 +180,67 @@ function renderCardTable(model, root) {
     body.replaceChildren(...rows.map((r) => h("tr", {
       class: r.key === selected ? "kf-selected" : "",
       "data-key": r.key,
-      onclick: () => { model.set("selected_key", r.key); model.save_changes(); },
+      onclick: () => choose(r.key, true),
     },
-      h("td", { class: "kf-op", title: r.op }, r.op),
-      h("td", { class: "kf-sig", title: r.signature }, r.signature),
-      h("td", { class: "kf-num" }, r.calls),
+      h("td", { class: "kf-card-col", title: `${r.signature}\nkey ${r.key}` }, r.label),
+      h("td", { class: "kf-num kf-optional" }, r.calls),
       h("td", { class: "kf-num" }, h("span", { class: "kf-share-track" },
         h("span", { class: "kf-share-bar", style: `width: ${Math.min(100, r.share * 100)}%` })), fmt.pct(r.share)),
-      h("td", { class: "kf-num" }, fmt.us(r.eager_us)),
+      h("td", { class: "kf-num kf-optional" }, fmt.us(r.eager_us)),
       h("td", { class: `kf-num ${r.speedup > 1 ? "kf-good" : ""}` }, fmt.x(r.speedup)),
       h("td", {}, pill(r.status)),
       h("td", { class: "kf-num" }, r.candidates || "–"),
       h("td", { class: "kf-num" }, fmt.usd(r.dollars)),
     )));
-    const winners = rows.filter((r) => r.status === "winner").length;
-    const searched = rows.filter((r) => r.status !== "not searched").length;
-    summary.textContent = `${rows.length} cards · ${searched} searched · ${winners} with a winner`;
+    if (!rows.length) body.append(h("tr", {}, h("td", { colspan: COLUMNS.length, class: "kf-empty" }, "No card matches the filter.")));
+    const winners = all.filter((r) => r.status === "winner").length;
+    const searched = all.filter((r) => r.status !== "not searched").length;
+    summary.textContent = `${all.length} cards · ${searched} searched · ${winners} with a winner` +
+      (rows.length < all.length ? ` · ${rows.length} shown` : "");
+    const searching = model.get("searching");
+    follow.replaceChildren();
+    if (model.get("following")) follow.append(h("span", { class: "kf-badge", "data-follow": "on" }, "following the search"));
+    else if (searching) {
+      follow.append(h("span", { class: "kf-badge", "data-follow": "off" }, "pinned"),
+        h("button", { class: "kf-btn kf-small", "data-action": "follow", title: "show the card being searched",
+          onclick: () => { model.set("following", true); choose(searching, false); } }, "Follow search"));
+    }
   };
-  for (const name of ["rows", "selected_key", "sort_by", "sort_desc"]) model.on(`change:${name}`, draw);
+  // the card being searched changes: follow it unless the user pinned a row
+  model.on("change:searching", () => {
+    const key = model.get("searching");
+    if (model.get("following") && key && key !== model.get("selected_key")) choose(key, false);
+    draw();
+  });
+  wrap.addEventListener("keydown", (ev) => {
+    if (!visible.length) return;
+    const at = visible.findIndex((r) => r.key === model.get("selected_key"));
+    const to = { ArrowDown: at + 1, ArrowUp: at - 1, Home: 0, End: visible.length - 1,
+      PageDown: at + 10, PageUp: at - 10 }[ev.key];
+    if (to === undefined) return;
+    ev.preventDefault();
+    const row = visible[Math.max(0, Math.min(visible.length - 1, to))];
+    choose(row.key, true);
+    requestAnimationFrame(() => body.querySelector(`tr[data-key="${row.key}"]`)?.scrollIntoView({ block: "nearest" }));
+  });
+  for (const name of ["rows", "selected_key", "sort_by", "sort_desc", "following", "filter_status", "filter_text"]) {
+    model.on(`change:${name}`, draw);
+  }
+  model.on("change:rows", drawFilters);
+  model.on("change:filter_status", drawFilters);
+  drawFilters();
   draw();
 }
 
 // ------------------------------------------------------------------ search tree
 
+// Tidy layout: leaves take consecutive columns, a parent sits over its children. Columns are
+// DX apart and labels sit under their node, narrower than DX, so sibling labels never overlap.
 function layoutTree(nodes) {
   const byParent = new Map();
+  const known = new Set(nodes.map((n) => n.id));
   for (const n of nodes) {
+    if (n.parent !== null && !known.has(n.parent)) n.parent = null;
     const p = n.parent ?? "root";
     if (!byParent.has(p)) byParent.set(p, []);
     byParent.get(p).push(n);
@@ -165,17 +256,17 @@ function layoutTree(nodes) {
     const xs = kids.map((k) => pos.get(k.id).x);
     pos.set(id, { x: (Math.min(...xs) + Math.max(...xs)) / 2, y: depth });
   };
-  const known = new Set(nodes.map((n) => n.id));
-  for (const n of nodes) if (n.parent !== null && !known.has(n.parent)) n.parent = null;
   place("root", 0);
   return { pos, width: Math.max(leaf, 1), depth: depthMax };
 }
 
+const TREE_DX = 58, TREE_DY = 62, MIN_SCALE = 0.85;
+
 function renderSearchTree(model, root) {
-  const DX = 34, DY = 64;
   const title = h("span", { class: "kf-title" }, "Search tree");
   const label = h("span", { class: "kf-muted kf-ellipsis" });
   const live = h("span", { class: "kf-live" }, "● live");
+  const follow = h("span", { class: "kf-follow" });
   const fitBtn = h("button", { class: "kf-btn kf-small", title: "fit the whole tree" }, "Fit");
   const svg = s("svg", { class: "kf-tree-svg" });
   const gEdges = s("g");
@@ -183,31 +274,55 @@ function renderSearchTree(model, root) {
   svg.append(gEdges, gNodes);
   const legend = h("div", { class: "kf-legend" }, ["faster", "no_gain", "slower", "wrong_result", "compile_error", "pending"]
     .map((st) => h("span", {}, h("i", { style: `background: ${STATUS_COLORS[st]}` }), st.replace("_", " "))),
-    h("span", {}, h("i", { class: "kf-best-swatch" }), "best path"));
+    h("span", {}, h("i", { class: "kf-best-swatch" }), "best path (faster than eager)"));
   const empty = h("div", { class: "kf-empty" }, "No candidates for this card yet.");
-  root.append(h("div", { class: "kf-header" }, title, label, live, fitBtn),
-    h("div", { class: "kf-tree-box" }, svg, empty), legend);
+  const box = h("div", { class: "kf-tree-box" }, svg, empty);
+  root.append(h("div", { class: "kf-header" }, title, label, live, follow, fitBtn), box, legend);
 
-  let view = null;      // current viewBox [x, y, w, h]; null: fit automatically
+  let view = null;      // current viewBox [x, y, w, h]; null: automatic
   let extent = [0, 0, 100, 100];
+  let fitAll = false;   // the user asked to see everything, even small
+  let lastCard = model.get("card_key");
   const setView = (v) => { svg.setAttribute("viewBox", v.join(" ")); };
-  const fit = () => { view = null; setView(extent); };
+  const fit = () => { view = null; fitAll = true; draw(); };
   fitBtn.addEventListener("click", fit);
 
+  const nodesOf = () => (model.get("trees")[model.get("card_key")] || []).map((n) => ({ ...n }));
+  const newest = () => { const ns = nodesOf(); return ns.length ? ns[ns.length - 1].id : null; };
+
+  // automatic view: the whole tree if it fits at MIN_SCALE or more, else a window around the selection
+  const autoView = (pos, selected) => {
+    const bw = box.clientWidth || 600, bh = box.clientHeight || 380;
+    const [ex, ey, ew, eh] = extent;
+    if (fitAll || (ew <= bw / MIN_SCALE && eh <= bh / MIN_SCALE)) return extent;
+    const w = Math.min(ew, bw / MIN_SCALE), hh = Math.min(eh, bh / MIN_SCALE);
+    const p = pos.get(selected);
+    const cx = p ? p.x * TREE_DX + TREE_DX : ex + ew / 2, cy = p ? p.y * TREE_DY + 28 : 0;
+    return [Math.max(ex, Math.min(ex + ew - w, cx - w / 2)), Math.max(ey, Math.min(ey + eh - hh, cy - hh / 2)), w, hh];
+  };
+
   const draw = () => {
-    const nodes = model.get("nodes").map((n) => ({ ...n }));
-    const best = new Set(model.get("best_path"));
+    if (model.get("card_key") !== lastCard) { lastCard = model.get("card_key"); view = null; fitAll = false; }
+    const nodes = nodesOf();
+    const best = new Set(model.get("best_paths")[model.get("card_key")] || []);
     const selected = model.get("selected_id");
-    label.textContent = model.get("card_label");
-    label.title = model.get("card_label");
+    const text = model.get("labels")[model.get("card_key")] || model.get("card_key");
+    label.textContent = text;
+    label.title = text;
     live.style.display = model.get("live") ? "" : "none";
+    follow.replaceChildren();
+    if (model.get("live")) {
+      follow.append(model.get("following") ? h("span", { class: "kf-badge", "data-follow": "on" }, "following newest")
+        : h("button", { class: "kf-btn kf-small", "data-action": "follow", title: "select each new candidate as it comes",
+          onclick: () => { model.set("following", true); model.set("selected_id", newest()); model.save_changes(); } },
+        "Follow newest"));
+    }
     empty.style.display = nodes.length ? "none" : "";
     const { pos, width, depth } = layoutTree(nodes);
-    const px = (id) => { const p = pos.get(id); return [p.x * DX + DX, p.y * DY + 28]; };
-    // never magnify a small tree beyond 1:1 when fitting; centre it horizontally
-    const w = Math.max((width + 1) * DX, 420), hgt = Math.max((depth + 1) * DY + 20, 340);
-    extent = [((width + 1) * DX - w) / 2, 0, w, hgt];
-    if (view === null) setView(extent);
+    const px = (id) => { const p = pos.get(id); return [p.x * TREE_DX + TREE_DX, p.y * TREE_DY + 28]; };
+    const w = Math.max((width + 1) * TREE_DX, 420), hgt = Math.max((depth + 1) * TREE_DY + 30, 340);
+    extent = [((width + 1) * TREE_DX - w) / 2, 0, w, hgt];
+    setView(view || autoView(pos, selected));
     gEdges.replaceChildren();
     gNodes.replaceChildren();
     const [rx, ry] = px("root");
@@ -228,11 +343,11 @@ function renderSearchTree(model, root) {
     gNodes.append(rootG);
     for (const n of nodes) {
       const [x, y] = px(n.id);
-      const r = n.speedup > 0 ? 6 + 7 * Math.min(Math.max(n.speedup, 0.25), 3) / 3 : 6;
+      const r = n.speedup > 0 ? 6 + 6 * Math.min(Math.max(n.speedup, 0.25), 3) / 3 : 6;
       const color = STATUS_COLORS[n.status] || "#6e7781";
       const g = s("g", {
         class: `kf-node${n.id === selected ? " kf-node-selected" : ""}${best.has(n.id) ? " kf-node-best" : ""}`,
-        transform: `translate(${x},${y})`, "data-id": n.id,
+        transform: `translate(${x},${y})`, "data-id": n.id, "data-status": n.status,
       });
       const shade = n.speedup > 0 ? 0.35 + 0.65 * Math.min(n.speedup, 2) / 2 : 0.9;
       g.append(s("circle", { r: r + 4, class: "kf-halo" }));
@@ -240,7 +355,7 @@ function renderSearchTree(model, root) {
         r, fill: color, "fill-opacity": n.status === "pending" ? 0.25 : shade, stroke: color,
         "stroke-dasharray": n.status === "pending" ? "3 2" : "none",
       }));
-      const t = s("text", { x: r + 4, dy: "0.35em", class: "kf-node-label" });
+      const t = s("text", { y: r + 11, "text-anchor": "middle", class: "kf-node-label" });
       t.textContent = n.speedup > 0 ? `${n.speedup.toFixed(2)}×` : `#${n.id}`;
       g.append(t);
       const tip = s("title");
@@ -248,6 +363,7 @@ function renderSearchTree(model, root) {
       g.append(tip);
       g.addEventListener("click", (ev) => {
         ev.stopPropagation();
+        model.set("following", false);
         model.set("selected_id", n.id);
         model.save_changes();
       });
@@ -256,12 +372,12 @@ function renderSearchTree(model, root) {
   };
 
   // zoom around the pointer, pan by dragging
-  const current = () => view || extent;
+  const current = () => view || svg.getAttribute("viewBox").split(" ").map(Number);
   svg.addEventListener("wheel", (ev) => {
     ev.preventDefault();
     const [x, y, w, hgt] = current();
     const rect = svg.getBoundingClientRect();
-    const scale = Math.min(w / rect.width, hgt / rect.height);
+    const scale = Math.max(w / rect.width, hgt / rect.height);
     const ox = x + (ev.clientX - rect.left) * scale - Math.max(0, (rect.width * scale - w) / 2);
     const oy = y + (ev.clientY - rect.top) * scale - Math.max(0, (rect.height * scale - hgt) / 2);
     const k = Math.exp(ev.deltaY * 0.0015);
@@ -286,8 +402,26 @@ function renderSearchTree(model, root) {
   const endDrag = () => { drag = null; svg.classList.remove("kf-dragging"); };
   svg.addEventListener("pointerup", endDrag);
   svg.addEventListener("pointercancel", endDrag);
-  model.on("change:card_key", fit);
-  for (const name of ["nodes", "best_path", "selected_id", "card_label", "live"]) model.on(`change:${name}`, draw);
+  // new candidates of the card shown: select the newest while following
+  model.on("change:trees", () => {
+    if (model.get("following")) {
+      const id = newest();
+      if (id !== null && id !== model.get("selected_id")) { model.set("selected_id", id); model.save_changes(); }
+    }
+    draw();
+  });
+  // another card: its best candidate (or newest), unless the selection already belongs to it
+  model.on("change:card_key", () => {
+    const nodes = nodesOf();
+    if (!nodes.some((n) => n.id === model.get("selected_id"))) {
+      const path = model.get("best_paths")[model.get("card_key")] || [];
+      model.set("selected_id", path.length ? path[path.length - 1] : newest());
+      model.save_changes();
+    }
+    draw();
+  });
+  for (const name of ["best_paths", "selected_id", "labels", "live", "following"]) model.on(`change:${name}`, draw);
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => { if (view === null) draw(); }).observe(box);
   draw();
 }
 
@@ -365,11 +499,10 @@ function renderSourceView(model, root) {
   const content = h("div", { class: "kf-source-body" });
   root.append(h("div", { class: "kf-header" }, title, meta), content);
   let tab = "source";
-  let shown = null;
+  let shownKey = undefined;   // what is on screen (id and its detail), to redraw only on a change
   let latest = 0;
 
   const show = (c) => {
-    shown = c;
     if (!c) {
       title.textContent = "Candidate";
       meta.textContent = "";
@@ -381,74 +514,139 @@ function renderSourceView(model, root) {
       c.dollars ? fmt.usd(c.dollars) : null].filter(Boolean).join(" · ");
     const tabs = [["source", "Source"], ["diff", "Diff"], ["log", "Compile log"]];
     const pane = { source: () => codeLines(c.source), diff: () => diffLines(c.diff),
-      log: () => (c.compile_log ? h("pre", { class: "kf-log" }, c.compile_log) : h("div", { class: "kf-empty" }, "The compiler printed nothing.")) };
+      log: () => (c.compile_log ? h("pre", { class: "kf-log" }, c.compile_log) : h("div", { class: "kf-empty" },
+        c.evaluation ? "The compiler printed nothing." : "Not compiled yet.")) };
     content.replaceChildren(
       c.intent ? h("div", { class: "kf-intent" }, h("span", { class: "kf-label" }, "Intent"), c.intent) : "",
       evaluationBlock(c.evaluation),
       h("div", { class: "kf-tabs" }, tabs.map(([k, name]) => h("button", {
         class: `kf-tab${k === tab ? " kf-tab-on" : ""}`, "data-tab": k,
-        onclick: () => { tab = k; show(shown); },
+        onclick: () => { tab = k; show(c); },
       }, name, k === "diff" && c.diff ? ` (+${c.diff.filter((d) => d[0] === "+").length} −${c.diff.filter((d) => d[0] === "-").length})` : ""))),
       h("div", { class: "kf-scroll kf-pane" }, pane[tab]()),
     );
   };
-  const loading = () => content.replaceChildren(h("div", { class: "kf-empty" }, "Loading…"));
-  const failed = (err) => content.replaceChildren(h("div", { class: "kf-error", style: "display: block" }, String(err.message || err)));
+  const failed = (err) => content.replaceChildren(h("div", { class: "kf-error", style: "display: flex" }, String(err.message || err)));
 
-  const load = () => {
+  // everything comes pushed in `details`; a candidate missing there is asked for (idle kernel only)
+  const draw = () => {
     const id = model.get("candidate_id");
+    if (id === null || id === undefined) {
+      if (shownKey !== null) { shownKey = null; show(null); }
+      return;
+    }
+    const c = model.get("details")[String(id)];
+    if (c) {
+      const key = `${id}:${JSON.stringify(c.evaluation)}:${c.compile_log.length}`;
+      if (key !== shownKey) { shownKey = key; show(c); }
+      return;
+    }
     const mine = ++latest;
-    if (id === null || id === undefined) { show(null); return; }
-    loading();
-    request(model, "candidate", { id }).then((c) => { if (mine === latest) show(c); },
-      (err) => { if (mine === latest) failed(err); });
+    shownKey = `asking ${id}`;
+    content.replaceChildren(h("div", { class: "kf-empty" }, "Loading…"));
+    request(model, "candidate", { id }, 10000, `candidate #${id} is not in this view yet and the kernel is busy; it shows once the run reports it`)
+      .then((got) => { if (mine === latest && model.get("candidate_id") === id) { shownKey = `${id}:asked`; show(got); } },
+        (err) => { if (mine === latest) failed(err); });
   };
-  model.on("change:candidate_id", load);
-  const first = ++latest;
-  loading();
-  request(model, "snapshot").then((snap) => { if (first === latest) show(snap.candidate); },
-    (err) => { if (first === latest) failed(err); });
+  model.on("change:candidate_id", () => { latest++; draw(); });
+  model.on("change:details", draw);
+  draw();
 }
 
 // ------------------------------------------------------------------ run progress
 
+// Pause / resume / stop: straight to the run's control channel (no kernel involved); where the
+// browser cannot reach it (a remote kernel), through the kernel, which answers only when idle.
+async function control(model, action) {
+  const url = model.get("control_url");
+  if (url) {
+    let res = null;
+    try {
+      res = await fetch(`${url}/${action}`, { method: "POST", body: action, cache: "no-store" });
+    } catch (err) {
+      res = null;  // not reachable from this browser: try the kernel
+    }
+    if (res) {
+      const text = await res.text();
+      if (!res.ok) throw new Error(`${action}: ${text}`);
+      return text;
+    }
+  }
+  const reply = await request(model, "control", { action }, 4000,
+    `${action}: the run's control channel is not reachable from this browser (is the kernel on another machine?) ` +
+    "and the kernel is busy running a cell; interrupt the cell or call run.pause() / run.stop() from Python");
+  return reply.state;
+}
+
 function renderRunProgress(model, root) {
   const state = h("span");
-  const counts = h("span", { class: "kf-muted" });
+  const counts = h("span", { class: "kf-muted kf-ellipsis" });
+  const timing = h("span", { class: "kf-muted kf-timing" });
   const bar = h("div", { class: "kf-bar-fill" });
   const current = h("div", { class: "kf-muted kf-ellipsis" });
   const best = h("div", { class: "kf-best" });
+  const notes = h("div", { class: "kf-notes" });
   const log = h("pre", { class: "kf-log kf-run-log" });
+  const optimistic = { pause: "pausing", resume: "running", stop: "stopping" };
   const button = (action, label) => h("button", {
     class: "kf-btn", "data-action": action,
-    onclick: () => request(model, "control", { action }).catch((err) => { model.set("error", String(err.message || err)); }),
+    onclick: () => {
+      const before = model.get("state");
+      model.set("state", optimistic[action]);   // at once; the run's events confirm it
+      draw();
+      control(model, action).then((st) => { if (st && ["paused", "stopped", "finished", "failed"].includes(st)) model.set("state", st); draw(); },
+        (err) => { model.set("state", before); model.set("error", String(err.message || err)); draw(); });
+    },
   }, label);
   const buttons = { pause: button("pause", "Pause"), resume: button("resume", "Resume"), stop: button("stop", "Stop") };
   root.append(h("div", { class: "kf-header" }, h("span", { class: "kf-title" }, "Optimization run"), state, counts,
-    h("span", { class: "kf-spacer" }), Object.values(buttons)),
-    h("div", { class: "kf-bar" }, bar), current, best, log);
+    timing, Object.values(buttons)),
+    h("div", { class: "kf-bar" }, bar), current, best, notes, log);
+  let ticker = null;
+  const drawTiming = () => {
+    const started = model.get("started_at");
+    if (!started) { timing.textContent = ""; return; }
+    const ended = model.get("ended_at");
+    const elapsed = (ended || Date.now() / 1000) - started;
+    const done = model.get("done"), total = model.get("total");
+    const rate = elapsed > 0 ? done / elapsed : 0;
+    const parts = [`${fmt.dur(elapsed)} elapsed`];
+    if (done > 0) parts.push(rate >= 1 ? `${rate.toFixed(1)} / s` : `${(60 * rate).toFixed(1)} / min`);
+    if (!ended && rate > 0 && total > done) parts.push(`about ${fmt.dur((total - done) / rate)} left`);
+    timing.textContent = parts.join(" · ");
+  };
   const draw = () => {
     const st = model.get("state");
     const done = model.get("done");
     const total = Math.max(1, model.get("total"));
     state.replaceChildren(pill(st === "running" ? "searching" : st));
-    counts.textContent = `${done} / ${model.get("total")} candidates · ${model.get("cards_done")} / ${model.get("cards_total")} cards` +
+    counts.textContent = `${done} evaluated of ${model.get("total")} · ${model.get("cards_done")} / ${model.get("cards_total")} cards` +
       (model.get("dollars") ? ` · ${fmt.usd(model.get("dollars"))}` : "");
-    const finished = ["stopped", "finished", "failed"].includes(st);
-    bar.style.width = `${finished ? 100 : Math.min(100, (100 * done) / total)}%`;
-    bar.className = `kf-bar-fill${finished ? " kf-bar-done" : ""}${st === "paused" || st === "pausing" ? " kf-bar-paused" : ""}`;
-    current.textContent = finished ? "" : model.get("current") ? `searching ${model.get("current")}` : "";
+    const over = ["stopped", "finished", "failed"].includes(st);
+    // a finished run fills the bar; a stopped or failed one shows how far it got, in its own colour
+    bar.style.width = `${st === "finished" ? 100 : Math.min(100, (100 * done) / total)}%`;
+    bar.className = `kf-bar-fill kf-bar-${st}`;
+    bar.parentElement.dataset.state = st;
+    current.textContent = over ? "" : model.get("current") ? `searching ${model.get("current")}` : "";
     const entries = Object.entries(model.get("best"));
-    best.replaceChildren(...entries.map(([key, v]) => h("span", { class: "kf-chip" }, `${key.slice(0, 8)} ${fmt.x(v)}`)));
+    best.replaceChildren(...entries.map(([key, v]) => h("span", { class: "kf-chip", title: key }, `${key} ${fmt.x(v)}`)));
+    notes.replaceChildren(...model.get("notes").map((n) => h("div", { class: "kf-note" }, n)));
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 4;
     log.textContent = model.get("log").join("\n");
-    buttons.pause.disabled = finished || st === "paused" || st === "pausing" || st === "stopping";
-    buttons.resume.disabled = finished || !(st === "paused" || st === "pausing");
-    buttons.stop.disabled = finished || st === "stopping";
+    if (atBottom) log.scrollTop = log.scrollHeight;   // the newest line stays in sight
+    buttons.pause.disabled = over || st === "paused" || st === "pausing" || st === "stopping";
+    buttons.resume.disabled = over || !(st === "paused" || st === "pausing");
+    buttons.stop.disabled = over || st === "stopping";
+    drawTiming();
+    if (!over && model.get("started_at") && ticker === null) ticker = setInterval(drawTiming, 1000);
+    if ((over || !root.isConnected) && ticker !== null && model.get("ended_at")) { clearInterval(ticker); ticker = null; }
   };
-  for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log"]) {
+  for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log", "notes",
+    "started_at", "ended_at", "control_url"]) {
     model.on(`change:${name}`, draw);
   }
   draw();
+  return () => { if (ticker !== null) clearInterval(ticker); };
 }
 
 // ------------------------------------------------------------------ entry point
@@ -466,13 +664,14 @@ function render({ model, el }) {
   const root = h("div", { class: `kf-view kf-${kind.replace("_", "-")}` });
   el.append(root);
   root.append(errorBanner(model));
+  let cleanup = null;
   try {
-    (VIEWS[kind] || ((m, r) => r.append(`unknown kforge view ${kind}`)))(model, root);
+    cleanup = (VIEWS[kind] || ((m, r) => r.append(`unknown kforge view ${kind}`)))(model, root);
   } catch (err) {
     model.set("error", `front end: ${err.message || err}`);
     model.save_changes();
   }
-  return stop;
+  return () => { stop(); if (typeof cleanup === "function") cleanup(); };
 }
 
 export default { render };

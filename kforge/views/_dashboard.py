@@ -1,15 +1,19 @@
-"""The session dashboard: run progress, card table, search tree and source view, wired together."""
+"""The session dashboard: run progress, card table, search tree and source view, wired together.
+
+Selection moves in the browser (``jslink``): a row click shows that card's tree, a node click that
+candidate, with no round trip to a kernel that may be busy. The run's events flow into every view.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ..search import EventKind
-
+from . import _html
 from ._optional import require
 from ._pump import EventPump
 
 if TYPE_CHECKING:
-    from ..search import Event, OptimizationRun
+    from ..search import OptimizationRun
     from ..session import Session
 
 
@@ -21,64 +25,64 @@ class Dashboard:
 
         ipywidgets = require("ipywidgets")
         self.session = session
-        self.table = CardTable(session.cards, session.store)
-        self.tree = SearchTree(session.store, session.cards, card_key=self.table.selected_key)
+        run = run if run is not None else session.run
+        self.run = run
+        self.table = CardTable(session.cards, session.store, run=run)
+        self.tree = SearchTree(session.store, session.cards, card_key=self.table.selected_key, run=run)
         self.source = SourceView(session.store)
-        self.pump = EventPump([self.table.apply, self.tree.apply], interval=interval)
+        self.pump = EventPump([self.table.apply, self.tree.apply, self.source.apply], interval=interval)
+        # in the browser (works while a cell runs) and in the kernel (for Python and the tests)
+        self._links = [ipywidgets.jslink((self.table, "selected_key"), (self.tree, "card_key")),
+                       ipywidgets.jslink((self.tree, "selected_id"), (self.source, "candidate_id"))]
         ipywidgets.dlink((self.table, "selected_key"), (self.tree, "card_key"))
         ipywidgets.dlink((self.tree, "selected_id"), (self.source, "candidate_id"))
         self.progress: RunProgress | None = None
-        self._following = self._selecting = False
-        run = run if run is not None else session.run
         if run is not None:
             self.progress = RunProgress(run)
             self.pump.sinks.insert(0, self.progress.apply)
             if not run.done:
-                self._follow_search(run)
                 self.pump.follow(run)
-        self.tree.selected_id = self._default_candidate()
+                self._resync(run)
+        self.tree.selected_id = self.tree.default_candidate()
         parts = [self.progress] if self.progress is not None else []
         self.widget = ipywidgets.VBox(parts + [self.table, ipywidgets.HBox(
             [self.tree, self.source], layout=ipywidgets.Layout(width="100%", align_items="stretch"))])
         self.tree.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
         self.source.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
 
-    def _follow_search(self, run: "OptimizationRun") -> None:
-        """Show the card being searched until the user picks one."""
-        started = [e.card_key for e in list(run.events) if e.kind is EventKind.CARD_STARTED]
-        self._select(started[-1] if started else run.planned[0].card.key)
-        self._following = True
-        self.table.observe(self._user_selected, names="selected_key")
-        self.pump.sinks.append(self._apply)
+    def _resync(self, run: "OptimizationRun") -> None:
+        """Re-read once after subscribing: nothing the run did while the views were built is lost."""
+        self.table.apply([])
+        self.tree.refresh()
+        self.source.refresh()
+        if run.done:
+            self.tree.live = False
+            self.table.searching = ""
+        if self.progress is not None:
+            self.progress.apply()
 
-    def _select(self, key: str | None) -> None:
-        self._selecting = True
-        try:
-            self.table.selected_key = key or ""
-        finally:
-            self._selecting = False
+    def to_html(self) -> str:
+        """The dashboard as it is now, as static HTML (no script)."""
+        parts = [self.progress.to_html()] if self.progress is not None else []
+        return "".join(parts + [self.table.to_html(), self.tree.to_html(), self.source.to_html()])
 
-    def _user_selected(self, _change: Any) -> None:
-        if not self._selecting:
-            self._following = False
+    def export_html(self, path: str | Path, charts: bool = True) -> Path:
+        """Write a standalone HTML page of the dashboard (and the charts as images) to ``path``."""
+        parts = [self.to_html()]
+        if charts:
+            from .charts import static_images
 
-    def _apply(self, events: Sequence["Event"]) -> None:
-        if not self._following:
-            return
-        for e in events:
-            if e.kind is EventKind.CARD_STARTED:
-                self._select(e.card_key)
-        if self.tree.selected_id is None and self.tree.nodes:
-            self.tree.selected_id = self.tree.nodes[-1]["id"]
-
-    def _default_candidate(self) -> int | None:
-        path = self.tree.best_path
-        if path:
-            return path[-1]
-        return self.tree.nodes[-1]["id"] if self.tree.nodes else None
+            parts += static_images(self.session)
+        path = Path(path)
+        path.write_text(_html.page(f"kforge · {self.session.workdir.name}", parts), encoding="utf-8")
+        return path
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        if isinstance(data, dict):
+            data["text/html"] = self.to_html()
+        return bundle
 
 
 def dashboard(session: "Session", run: "OptimizationRun | None" = None) -> Dashboard:

@@ -5,6 +5,7 @@ Pure functions of the store, so views own no state and are tested without a fron
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,9 @@ class CardRow:
 
     key: str
     op: str
+    label: str                # op and a short signature: what a person reads instead of the key
     signature: str
+    vendor: str               # the vendor library behind the op ("" when none)
     calls: int
     share: float
     eager_us: float
@@ -66,9 +69,21 @@ def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> l
         else:
             status = CardStatus.NOT_SEARCHED.value
         speedup = verdict.speedup if verdict and verdict.status.has_winner else best.get(card.key)
-        rows.append(asdict(CardRow(card.key, card.op, card.signature, card.calls, card.share, card.eager_us,
+        rows.append(asdict(CardRow(card.key, card.op, short_label(card), card.signature, card.vendor or "", card.calls, card.share, card.eager_us,
                                    speedup, status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
     return rows
+
+
+def short_label(card: Any, limit: int = 48) -> str:
+    """A card as a person reads it, instead of its hex key: ``softmax(f32[64,1000], dim=1)``."""
+    try:
+        v = card.variant
+        parts = [s.short() for s in v.inputs if s is not None]
+        parts += [f"{k}={val}" for k, val in v.params if val is not None and val is not False]
+        sig = re.sub(r"\{[^}]*\}", "", f"{v.op}(" + ", ".join(parts) + ")")  # strides: in the full signature
+    except Exception:  # a card of another shape: its full signature
+        sig = card.signature
+    return sig if len(sig) <= limit else sig[:limit - 1] + "…"
 
 
 def tree_nodes(store: "Store", card_key: str) -> list[dict[str, Any]]:
@@ -78,9 +93,9 @@ def tree_nodes(store: "Store", card_key: str) -> list[dict[str, Any]]:
 
 
 def best_path(nodes: list[dict[str, Any]]) -> list[int]:
-    """Ids from the first candidate down to the fastest correct one (empty when none is correct)."""
+    """Ids from the first candidate down to the fastest one that beat eager (empty when none did)."""
     by_id = {n["id"]: n for n in nodes}
-    correct = [n for n in nodes if n["speedup"] > 0]
+    correct = [n for n in nodes if n["speedup"] > 1.0 and n.get("status", "faster") == "faster"]
     if not correct:
         return []
     node: dict[str, Any] | None = max(correct, key=lambda n: (n["speedup"], -n["id"]))
@@ -102,9 +117,13 @@ def line_diff(old: str, new: str) -> list[list]:
 
 
 def candidate_detail(store: "Store", candidate_id: int) -> dict[str, Any]:
-    """Everything the source view shows for one candidate: the large texts fetched on demand."""
+    """Everything the source view shows for one candidate: source, diff, log and validation."""
     cand = store.candidate(candidate_id)
     parent: Candidate | None = store.candidate(cand.parent_id) if cand.parent_id is not None else None
+    return _detail(cand, parent)
+
+
+def _detail(cand: "Candidate", parent: "Candidate | None") -> dict[str, Any]:
     ev = cand.measured or cand.evaluation  # the standing evaluation: the confirmation once there is one
     evaluation = None
     if ev is not None:
@@ -117,7 +136,49 @@ def candidate_detail(store: "Store", candidate_id: int) -> dict[str, Any]:
     return {"id": cand.id, "card_key": cand.card_key, "parent_id": cand.parent_id, "proposer": cand.proposer,
             "strategy": cand.strategy or "", "config": cand.config, "intent": cand.intent,
             "source": cand.source, "diff": line_diff(parent.source, cand.source) if parent else None,
-            "compile_log": ev.compile_log if ev else "", "evaluation": evaluation, "dollars": cand.dollars}
+            "compile_log": _tail(ev.compile_log, LOG_CHARS) if ev else "", "evaluation": evaluation,
+            "dollars": cand.dollars}
+
+
+def run_notes(run: Any, labels: "dict[str, str] | None" = None) -> list[str]:
+    """Why a card of ``run`` got no new candidate (e.g. it was searched before to this budget)."""
+    from ..search import EventKind
+
+    labels = labels or {}
+    resumed: dict[str, int] = {}
+    new: dict[str, int] = {}
+    notes = []
+    for e in list(run.events):
+        key = e.card_key or ""
+        if e.kind is EventKind.CARD_STARTED:
+            resumed[key] = int(e.data.get("resumed", 0))
+            new[key] = 0
+        elif e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED):
+            new[key] = new.get(key, 0) + 1
+        elif e.kind is EventKind.CARD_FINISHED and not new.get(key):
+            label = labels.get(key, key[:8])
+            had, budget = resumed.get(key, 0), run.budget.iterations
+            why = str(e.data.get("search_ended") or e.message)
+            if had >= budget:
+                why = (f"already searched: it has {had} candidates and the budget is {budget} per card; "
+                       f"pass a larger iterations to search further")
+            notes.append(f"{label}: nothing new ({why})")
+    return notes
+
+
+LOG_CHARS = 20_000
+
+
+def all_details(store: "Store", card_keys: "set[str] | None" = None) -> dict[str, dict[str, Any]]:
+    """Every candidate's detail by id (as a string: JSON keys), for views that need no round trip."""
+    cands = store.candidates()
+    by_id = {c.id: c for c in cands}
+    return {str(c.id): _detail(c, by_id.get(c.parent_id) if c.parent_id is not None else None) for c in cands
+            if card_keys is None or c.card_key in card_keys}
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"[… {len(text) - limit} characters cut]\n" + text[-limit:]
 
 
 def _first_line(text: str, limit: int = 120) -> str:

@@ -1,36 +1,39 @@
 """The anywidget views: card table, search tree, candidate source, run progress.
 
-Each is traitlets for durable state plus the shared ES module in ``static/``. Large texts are
-served on request over custom messages (``{"type": "request", "id", "method", "params"}`` answered
-by ``{"type": "response", "id", "ok", "data" | "error"}``); a view asks when it renders, so
-nothing is lost to messages sent before it existed.
+Each is traitlets plus the shared ES module (``widgets/kforge.js``). Everything a view shows is in
+its traits, pushed from the run's events as they come (kernel-to-browser messages flow while a
+cell runs; browser-to-kernel ones wait for the cell), so a click never needs the kernel: selection
+moves between views through front-end links, and the progress buttons post to the run's control
+channel (:mod:`._control`). Requests over custom messages (``{"type": "request", "id", "method",
+"params"}`` answered by ``{"type": "response", "id", "ok", "data" | "error"}``) remain for an idle
+kernel. Every view's output also carries a static HTML rendering (``text/html``) that a saved or
+shared notebook shows without a kernel.
 """
 from __future__ import annotations
 
 import threading
+import time
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anywidget
 import traitlets as t
 
 from ..search import EventKind
-from . import _data
+from . import _data, _html
+from ._static import static_file
 
 if TYPE_CHECKING:
     from ..ops import Cards
     from ..search import Event, OptimizationRun
     from ..store import Store
 
-STATIC = Path(__file__).parent / "static"
-
 
 class View(anywidget.AnyWidget):
     """Base of the kforge views: request/response over custom messages, errors shown in the widget."""
 
-    _esm = STATIC / "kforge.js"
-    _css = STATIC / "kforge.css"
+    _esm = static_file("kforge.js")
+    _css = static_file("kforge.css")
     _view = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
 
@@ -45,6 +48,21 @@ class View(anywidget.AnyWidget):
     def snapshot(self) -> dict[str, Any]:
         """What a newly rendered view needs beyond its traits."""
         return {}
+
+    def to_html(self) -> str:
+        """A static rendering of what the view shows now (no script: it survives sanitizers)."""
+        return ""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        try:
+            html = self.to_html()
+        except Exception as exc:  # a snapshot must never hide the live view
+            html = f"<pre>kforge: no static snapshot ({type(exc).__name__}: {exc})</pre>"
+        if html and isinstance(data, dict):
+            data["text/html"] = html
+        return bundle
 
     def serve(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Answer one request as the front end would receive it (also used by the tests)."""
@@ -73,92 +91,160 @@ class View(anywidget.AnyWidget):
             self.error = f"{what}: {type(exc).__name__}: {exc}"
 
 
+def _searching(run: "OptimizationRun | None") -> str:
+    """The card a run is searching now ("" when none): right for views made mid-run too."""
+    if run is None or run.done:
+        return ""
+    current = ""
+    for e in list(run.events):
+        if e.kind is EventKind.CARD_STARTED:
+            current = e.card_key or ""
+        elif e.kind is EventKind.CARD_FINISHED and e.card_key == current:
+            current = ""
+    return current
+
+
 class CardTable(View):
-    """One row per card; clicking a row sets ``selected_key``, which drives the other views."""
+    """One row per card; clicking a row sets ``selected_key``, which drives the other views.
+
+    ``following``: the selection follows the card being searched (``searching``) until the user
+    picks a row (pinned); the front end owns it, so a busy kernel cannot override the user.
+    """
 
     _view = t.Unicode("card_table").tag(sync=True)
     rows = t.List(t.Dict()).tag(sync=True)
     selected_key = t.Unicode("").tag(sync=True)
+    searching = t.Unicode("").tag(sync=True)
+    following = t.Bool(False).tag(sync=True)
     sort_by = t.Unicode("share").tag(sync=True)
     sort_desc = t.Bool(True).tag(sync=True)
+    filter_status = t.Unicode("").tag(sync=True)
+    filter_text = t.Unicode("").tag(sync=True)
     model_us = t.Float(None, allow_none=True).tag(sync=True)
 
-    def __init__(self, cards: "Cards", store: "Store", **kwargs: Any):
+    def __init__(self, cards: "Cards", store: "Store", run: "OptimizationRun | None" = None, **kwargs: Any):
         super().__init__(**kwargs)
         self._cards, self._store = cards, store
-        self._searching: str | None = None
+        self.searching = _searching(run)
+        self.following = bool(self.searching)
         self.model_us = cards.model_us
         self.refresh()
         if not self.selected_key and self.rows:
             searched = [r for r in self.rows if r["candidates"]]
-            self.selected_key = (searched or self.rows)[0]["key"]
+            self.selected_key = self.searching or (searched or self.rows)[0]["key"]
 
     def refresh(self) -> None:
         """Re-read the rows from the store."""
-        self._guard("refresh", lambda: setattr(self, "rows", _data.card_rows(self._cards, self._store,
-                                                                              self._searching)))
+        self._guard("refresh", lambda: setattr(self, "rows", _data.card_rows(
+            self._cards, self._store, self.searching or None)))
 
     def apply(self, events: Sequence["Event"]) -> None:
         """Apply a batch of run events: track the card being searched, then refresh once."""
+        searching = self.searching
         for e in events:
             if e.kind is EventKind.CARD_STARTED:
-                self._searching = e.card_key
-            elif e.kind in (EventKind.CARD_FINISHED, EventKind.RUN_FINISHED):
-                self._searching = None
-        self.refresh()
+                searching = e.card_key or ""
+            elif e.kind is EventKind.CARD_FINISHED and e.card_key == searching or e.kind is EventKind.RUN_FINISHED:
+                searching = ""
+        with self.hold_sync():
+            self.searching = searching
+            self.refresh()
+
+    def to_html(self) -> str:
+        return _html.card_table(self.rows, self.selected_key)
 
 
 class SearchTree(View):
-    """The search tree of card ``card_key``: one node per candidate; clicking sets ``selected_id``."""
+    """The search trees of every card (``trees``); ``card_key`` picks the one shown, a click sets
+    ``selected_id``. ``following``: the newest candidate is selected until the user picks one."""
 
     _view = t.Unicode("search_tree").tag(sync=True)
     card_key = t.Unicode("").tag(sync=True)
-    card_label = t.Unicode("").tag(sync=True)
-    nodes = t.List(t.Dict()).tag(sync=True)
-    best_path = t.List(t.Int()).tag(sync=True)
+    trees = t.Dict().tag(sync=True)          # card key -> nodes
+    best_paths = t.Dict().tag(sync=True)     # card key -> ids down to the fastest candidate faster than eager
+    labels = t.Dict().tag(sync=True)         # card key -> short signature
     selected_id = t.Int(None, allow_none=True).tag(sync=True)
+    following = t.Bool(False).tag(sync=True)
     live = t.Bool(False).tag(sync=True)
 
-    def __init__(self, store: "Store", cards: "Cards | None" = None, card_key: str = "", **kwargs: Any):
+    def __init__(self, store: "Store", cards: "Cards | None" = None, card_key: str = "",
+                 run: "OptimizationRun | None" = None, **kwargs: Any):
         super().__init__(**kwargs)
         self._store, self._cards = store, cards
-        self.observe(lambda _change: self.refresh(), names="card_key")
+        self.live = run is not None and not run.done
+        self.following = self.live
+        if cards is not None:
+            self.labels = {c.key: _data.short_label(c) for c in cards}
         self.card_key = card_key
         self.refresh()
+        self.observe(self._card_changed, names="card_key")
 
-    def refresh(self) -> None:
-        """Re-read the selected card's candidates from the store."""
+    def _card_changed(self, _change: Any) -> None:
+        """Another card: show its best candidate (or its newest), never one of the previous card."""
+        if all(n["id"] != self.selected_id for n in self.nodes):
+            self.selected_id = self.default_candidate()
+
+    def default_candidate(self) -> int | None:
+        """The end of the best path, else the newest candidate, else None."""
+        if self.best_path:
+            return self.best_path[-1]
+        return self.nodes[-1]["id"] if self.nodes else None
+
+    @property
+    def nodes(self) -> list[dict[str, Any]]:
+        """The candidates of the card shown."""
+        return self.trees.get(self.card_key, [])
+
+    @property
+    def best_path(self) -> list[int]:
+        return self.best_paths.get(self.card_key, [])
+
+    @property
+    def card_label(self) -> str:
+        return self.labels.get(self.card_key, self.card_key)
+
+    def refresh(self, keys: "set[str] | None" = None) -> None:
+        """Re-read the candidates of ``keys`` (every card by default) from the store."""
         def read() -> None:
-            nodes = _data.tree_nodes(self._store, self.card_key) if self.card_key else []
+            trees = dict(self.trees)
+            wanted = keys if keys is not None else {c.card_key for c in self._store.candidates()}
+            for key in wanted:
+                trees[key] = _data.tree_nodes(self._store, key)
             with self.hold_sync():
-                self.nodes = nodes
-                self.best_path = _data.best_path(nodes)
-                if self._cards is not None and self.card_key:
-                    self.card_label = self._cards[self.card_key].signature
-                if self.selected_id is not None and all(n["id"] != self.selected_id for n in nodes):
-                    self.selected_id = None
+                self.trees = trees
+                self.best_paths = {k: _data.best_path(v) for k, v in trees.items()}
         self._guard("refresh", read)
 
     def apply(self, events: Sequence["Event"]) -> None:
-        """Apply a batch of run events: refresh once if any touched this card."""
+        """Apply a batch of run events: refresh the trees they touched."""
         for e in events:
             if e.kind is EventKind.RUN_STARTED:
                 self.live = True
             elif e.kind is EventKind.RUN_FINISHED:
                 self.live = False
-        if any(e.card_key == self.card_key for e in events):
-            self.refresh()
+        touched = {e.card_key for e in events if e.card_key}
+        if touched:
+            self.refresh(touched)
+
+    def to_html(self) -> str:
+        return _html.search_tree(self.nodes, self.best_path, self.selected_id, self.card_label)
 
 
 class SourceView(View):
-    """Candidate ``candidate_id``: source, diff against its parent, intent, compile log, validation."""
+    """Candidate ``candidate_id``: source, diff against its parent, intent, compile log, validation.
+
+    ``details`` holds every candidate of the session, refreshed as the run proposes and evaluates
+    them, so the view follows any click at once.
+    """
 
     _view = t.Unicode("source_view").tag(sync=True)
     candidate_id = t.Int(None, allow_none=True).tag(sync=True)
+    details = t.Dict().tag(sync=True)        # str(candidate id) -> detail
 
     def __init__(self, store: "Store", **kwargs: Any):
         super().__init__(**kwargs)
         self._store = store
+        self.refresh()
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         return {**super().handlers(), "candidate": self.candidate}
@@ -170,9 +256,30 @@ class SourceView(View):
         """Source, diff, log and validation of one candidate."""
         return _data.candidate_detail(self._store, int(id))
 
+    def refresh(self, ids: "set[int] | None" = None) -> None:
+        """Re-read the candidates ``ids`` (all by default)."""
+        def read() -> None:
+            if ids is None:
+                self.details = _data.all_details(self._store)
+            else:
+                self.details = {**self.details, **{str(i): self.candidate(i) for i in ids}}
+        self._guard("refresh", read)
+
+    def apply(self, events: Sequence["Event"]) -> None:
+        """Apply a batch of run events: re-read the candidates they proposed or evaluated."""
+        ids = {e.candidate_id for e in events if e.candidate_id is not None
+               and e.kind in (EventKind.PROPOSED, EventKind.EVALUATED, EventKind.NEW_BEST)}
+        if ids:
+            self.refresh(ids)
+
+    def to_html(self) -> str:
+        detail = self.details.get(str(self.candidate_id)) if self.candidate_id is not None else None
+        return _html.source_view(detail)
+
 
 class RunProgress(View):
-    """A run's state and progress bar, the latest events, and pause / resume / stop buttons."""
+    """A run's state and progress bar, elapsed / rate / ETA, the latest events, and pause / resume /
+    stop buttons that post to the run's control channel (they work while the kernel is busy)."""
 
     _view = t.Unicode("run_progress").tag(sync=True)
     state = t.Unicode("pending").tag(sync=True)
@@ -181,18 +288,30 @@ class RunProgress(View):
     cards_done = t.Int(0).tag(sync=True)
     cards_total = t.Int(0).tag(sync=True)
     current = t.Unicode("").tag(sync=True)
-    best = t.Dict().tag(sync=True)
+    best = t.Dict().tag(sync=True)           # card label -> best speedup
     dollars = t.Float(0.0).tag(sync=True)
     log = t.List(t.Unicode()).tag(sync=True)
+    notes = t.List(t.Unicode()).tag(sync=True)    # why a card got nothing new
+    started_at = t.Float(None, allow_none=True).tag(sync=True)   # epoch seconds
+    ended_at = t.Float(None, allow_none=True).tag(sync=True)
+    control_url = t.Unicode("").tag(sync=True)
 
     LOG_LINES = 8
 
-    def __init__(self, run: "OptimizationRun", **kwargs: Any):
+    def __init__(self, run: "OptimizationRun", control: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         self._run = run
         self._lock = threading.Lock()
+        self._labels = {p.card.key: _data.short_label(p.card) for p in getattr(run, "planned", [])
+                        if hasattr(p, "card")}
         self.cards_total = len(run.planned)
         self.total = len(run.planned) * run.budget.iterations
+        self._channel = None
+        if control and not run.done:
+            from ._control import ControlChannel
+
+            self._channel = ControlChannel(lambda action: self.control(action)["state"])
+            self.control_url = self._channel.url
         self.apply()
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
@@ -206,11 +325,15 @@ class RunProgress(View):
         self.state = "pausing" if action == "pause" and not self._run.done else self._run.state.value
         return {"state": self.state}
 
+    def _label(self, key: str | None) -> str:
+        return self._labels.get(key or "", (key or "")[:8])
+
     def apply(self, _events: Sequence["Event"] = ()) -> None:
         """Recount from the run's event list (exact however events and batches interleave)."""
         with self._lock:
             done = cards_done = 0
             current = ""
+            started = ended = None
             best: dict[str, float] = {}
             log: list[str] = []
             # NB: true counts: evaluations and proposer failures made; a card's share of the total is its
@@ -224,29 +347,45 @@ class RunProgress(View):
                     done += 1
                     if e.card_key not in finished:
                         used[e.card_key] = used.get(e.card_key, 0) + 1
+                elif e.kind is EventKind.RUN_STARTED:
+                    started = e.time
+                elif e.kind is EventKind.RUN_FINISHED:
+                    ended = e.time
                 elif e.kind is EventKind.CARD_STARTED:
-                    current = e.message
+                    current = self._label(e.card_key)
                     planned[e.card_key] = int(e.data.get("budget", iterations))
                 elif e.kind is EventKind.NEW_BEST and e.card_key:
-                    best[e.card_key] = float(e.data.get("speedup", 0.0))
+                    best[self._label(e.card_key)] = float(e.data.get("speedup", 0.0))
                 elif e.kind is EventKind.CARD_FINISHED:
                     cards_done += 1
                     finished.add(e.card_key)
                     planned[e.card_key] = used.get(e.card_key, 0)
+                    label = self._label(e.card_key)
                     if e.data.get("status") == "winner":  # the verdict's speedup: confirmed, or the one timing
-                        best[e.card_key] = float(e.data.get("speedup", 0.0))
+                        best[label] = float(e.data.get("speedup", 0.0))
                     else:
-                        best.pop(e.card_key, None)
+                        best.pop(label, None)
                 if e.kind is not EventKind.PROPOSED:
-                    card = f"[{e.card_key[:8]}] " if e.card_key else ""
-                    log.append(f"{e.kind.value}: {card}{e.message}")
+                    card = f"{self._label(e.card_key)}: " if e.card_key else ""
+                    log.append(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {e.kind.value:<15} "
+                               f"{card}{e.message}")
             total = sum(planned.values()) + max(len(self._run.planned) - len(planned), 0) * iterations
             with self.hold_sync():
                 self.total = total
                 self.done, self.cards_done, self.current, self.best = min(done, self.total), cards_done, current, best
+                self.started_at, self.ended_at = started, ended
                 self.log = log[-self.LOG_LINES:]
+                self.notes = _data.run_notes(self._run, self._labels) if hasattr(self._run, "budget") else []
                 self.dollars = self._run.dollars
                 state = self._run.state.value
                 self.state = "pausing" if self.state == "pausing" and state == "running" else state
                 if self._run.error is not None:
                     self.error = f"{type(self._run.error).__name__}: {self._run.error}"
+            if self._run.done and self._channel is not None:
+                self._channel.close()
+                self._channel = None
+                self.control_url = ""
+
+    def to_html(self) -> str:
+        return _html.run_progress(self.state, self.done, self.total, self.cards_done, self.cards_total,
+                                  self.started_at, self.ended_at, self.best, self.log, self.notes)

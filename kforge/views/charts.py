@@ -1,15 +1,19 @@
 """Altair charts of a session: best speedup over iterations, cost per card, time per operator.
 
-Each function returns an ``alt.Chart``: display it live, or ``chart.save("x.png")`` / ``.svg``
-for reports (needs vl-convert-python). Without network call ``alt.JupyterChart.enable_offline()``.
+Each function returns an ``alt.Chart`` (``chart.save("x.png")`` / ``.svg`` for reports, needs
+vl-convert-python). ``live(fn, session)`` shows one that redraws from the run's events and
+carries a PNG snapshot, which a saved notebook shows without a kernel. Without network call
+``alt.JupyterChart.enable_offline()`` first (the tutorials do).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import base64
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._optional import require
 
 if TYPE_CHECKING:
+    from ..search import OptimizationRun
     from ..session import Session
 
 
@@ -17,25 +21,43 @@ def _alt() -> Any:
     return require("altair")
 
 
-def _label(op: str, key: str) -> str:
-    return f"{op} [{key[:6]}]"
+def _labels(session: "Session") -> dict[str, str]:
+    from ._data import short_label
+
+    return {c.key: short_label(c) for c in session.cards}
+
+
+def _no_data(title: str, why: str) -> Any:
+    """The chart's place while there is nothing to draw: says so instead of an empty frame."""
+    alt, pd = _alt(), require("pandas")
+    return alt.Chart(pd.DataFrame({"text": [f"no data yet: {why}"]})).mark_text(
+        fontSize=13, color="#8c959f").encode(text="text:N").properties(title=title, width=420, height=80)
+
+
+def _int_axis(title: str, largest: int) -> Any:
+    """An axis of whole numbers with each tick once (no "1 2 2")."""
+    alt = _alt()
+    step = max(1, -(-largest // 10))
+    return alt.Axis(title=title, values=list(range(1, largest + 1, step)), format="d")
 
 
 def speedup_over_iterations(session: "Session") -> Any:
     """Best correct speedup so far, per searched card, against the candidates tried on it."""
     alt, pd = _alt(), require("pandas")
-    ops = {c.key: c.op for c in session.cards}
+    labels = _labels(session)
     rows, best, count = [], {}, {}
     for c in session.store.candidates():
-        if c.card_key not in ops:
+        if c.card_key not in labels:
             continue
         count[c.card_key] = count.get(c.card_key, 0) + 1
         best[c.card_key] = max(best.get(c.card_key, 0.0), c.speedup)
-        rows.append({"card": _label(ops[c.card_key], c.card_key), "iteration": count[c.card_key],
+        rows.append({"card": labels[c.card_key], "iteration": count[c.card_key],
                      "best speedup": best[c.card_key], "status": c.status.value if c.status else "pending"})
-    data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status:N"])
+    if not rows:
+        return _no_data("Best speedup per card", "no candidate evaluated")
+    data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status"])
     base = alt.Chart(data).encode(
-        x=alt.X("iteration:Q", title="candidates tried", axis=alt.Axis(tickMinStep=1, format="d")),
+        x=alt.X("iteration:Q", axis=_int_axis("candidates tried", max(count.values()))),
         y=alt.Y("best speedup:Q", title="best speedup over eager (×)"),
         color=alt.Color("card:N", title="card"))
     eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#8c959f").encode(y="y:Q")
@@ -47,12 +69,14 @@ def speedup_over_iterations(session: "Session") -> Any:
 def cost_per_card(session: "Session") -> Any:
     """LLM dollars per card (bars) next to the run's cumulative spending over its calls (line)."""
     alt, pd = _alt(), require("pandas")
-    ops = {c.key: c.op for c in session.cards}
+    labels = _labels(session)
     calls = session.store.llm_calls()
+    if not calls:
+        return _no_data("Cost per card", "no LLM call made")
     per_card: dict[str, float] = {}
     cumulative, total = [], 0.0
     for i, call in enumerate(calls, 1):
-        label = _label(ops.get(call.card_key or "", "?"), call.card_key or "------")
+        label = labels.get(call.card_key or "", "(no card)")
         per_card[label] = per_card.get(label, 0.0) + call.usage.dollars
         total += call.usage.dollars
         cumulative.append({"call": i, "dollars": total})
@@ -63,7 +87,7 @@ def cost_per_card(session: "Session") -> Any:
         title="Cost per card", width=260, height=alt.Step(22))
     line = alt.Chart(pd.DataFrame(cumulative, columns=["call", "dollars"])).mark_line(
         color="#8250df", point=True).encode(
-        x=alt.X("call:Q", title="LLM call", axis=alt.Axis(tickMinStep=1, format="d")),
+        x=alt.X("call:Q", axis=_int_axis("LLM call", len(calls))),
         y=alt.Y("dollars:Q", title="cumulative US dollars"),
         tooltip=["call:Q", alt.Tooltip("dollars:Q", format="$.4f")]).properties(
         title=f"Cumulative cost (${total:.2f})", width=260, height=180)
@@ -95,3 +119,59 @@ def time_breakdown(session: "Session", top: int = 12) -> Any:
         tooltip=["op:N", "when:N", alt.Tooltip("time (µs):Q", format=".1f")],
     ).properties(title=f"Time per operator, before and after ({saved:.0f} µs saved)", width=420,
                  height=alt.Step(11))
+
+
+def png(chart: Any, scale: float = 1.0) -> bytes:
+    """The chart as PNG bytes (vl-convert-python)."""
+    vlc = require("vl_convert")
+    return vlc.vegalite_to_png(chart.to_json(), scale=scale)
+
+
+def static_images(session: "Session") -> list[str]:
+    """The session's charts as ``<img>`` tags with inline PNGs (for static exports)."""
+    out = []
+    for fn in (speedup_over_iterations, time_breakdown, cost_per_card):
+        data = base64.b64encode(png(fn(session))).decode()
+        out.append(f'<div><img alt="{fn.__name__}" src="data:image/png;base64,{data}"></div>')
+    return out
+
+
+class LiveChart:
+    """A chart that redraws from a run's events (``live(fn, session)``); its output also carries a
+    PNG of the last drawing, which a saved or shared notebook shows without a kernel."""
+
+    def __init__(self, build: Callable[["Session"], Any], session: "Session",
+                 run: "OptimizationRun | None" = None, interval: float = 1.0):
+        from ._pump import EventPump
+
+        alt = _alt()
+        self.build, self.session = build, session
+        self.widget = alt.JupyterChart(build(session))
+        run = run if run is not None else session.run
+        self.pump = EventPump([self.redraw], interval=interval)
+        if run is not None and not run.done:
+            self.pump.follow(run)
+
+    def redraw(self, _events: Any = ()) -> None:
+        """Rebuild the chart from the store (what a batch of events triggers)."""
+        self.widget.chart = self.build(self.session)
+
+    @property
+    def chart(self) -> Any:
+        return self.widget.chart
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        try:
+            image = png(self.widget.chart)
+        except Exception:  # no vl-convert: the live chart alone
+            return bundle
+        if isinstance(data, dict):
+            data["image/png"] = base64.b64encode(image).decode()
+        return bundle
+
+
+def live(build: Callable[["Session"], Any], session: "Session", run: "OptimizationRun | None" = None) -> LiveChart:
+    """``build(session)`` shown live: redrawn as ``run`` (default: the session's) evaluates candidates."""
+    return LiveChart(build, session, run)

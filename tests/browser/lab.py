@@ -16,7 +16,10 @@ from typing import Iterator
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-quic", "--no-first-run"]
+                 "--disable-sync", "--disable-quic", "--no-first-run",
+                 # resolve no outside host: a request that leaves 127.0.0.1 fails (and the test sees it)
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                 "--disable-features=AutofillServerCommunication,MediaRouter,OptimizationHints"]
 # Quiet, deterministic JupyterLab: no news or update checks, every cell kept in the DOM.
 SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
@@ -45,23 +48,28 @@ def _free_port() -> int:
 
 
 @contextmanager
-def jupyterlab(root: Path, timeout: float = 60.0) -> Iterator[str]:
-    """Serve ``root`` with JupyterLab; yields the base URL with its token query."""
+def jupyterlab(root: Path, timeout: float = 60.0, home: Path | None = None) -> Iterator[str]:
+    """Serve ``root`` with JupyterLab; yields the base URL with its token query.
+
+    ``home`` holds its config, settings and data (the notebook-signing secret too): another home
+    is another machine, where a saved notebook is untrusted.
+    """
     port, token = _free_port(), secrets.token_hex(16)
-    home = root.parent / "jupyter-home"
+    home = home or root.parent / "jupyter-home"
     settings = home / "settings"
     for name, body in SETTINGS.items():
         path = settings / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(body))
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+           "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
            "IPYTHONDIR": str(home / "ipython")}
-    log = open(root.parent / "jupyterlab.log", "w")
+    log = open(home.parent / f"jupyterlab-{home.name}.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0", "--allow-root",
-         "--LabApp.extension_manager=readonly",
+         "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True",
          "--LabApp.news_url=", "--LabServerApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -87,7 +95,7 @@ def jupyterlab(root: Path, timeout: float = 60.0) -> Iterator[str]:
 
 @contextmanager
 def chromium(user_data_dir: Path) -> Iterator[object]:
-    """A headless Chromium page (Debian's binary, fresh profile, no background traffic)."""
+    """A headless Chromium page (Debian's binary, fresh profile, no background traffic, no outside host)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

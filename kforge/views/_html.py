@@ -1,0 +1,125 @@
+"""Static HTML renderings of the views: what a saved or shared notebook shows without a kernel.
+
+Plain tables, lists and ``<pre>``, inline styles only, no script and no SVG, so they survive the
+sanitizer of an untrusted notebook and render in nbconvert, nbviewer and GitHub. Colours come from
+JupyterLab's theme variables with light fallbacks.
+"""
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Any, Sequence
+
+FG = "var(--jp-ui-font-color1, #1f2328)"
+MUTED = "var(--jp-ui-font-color2, #656d76)"
+BORDER = "var(--jp-border-color2, #d0d7de)"
+STATUS_COLORS = {
+    "faster": "#1a7f37", "winner": "#1a7f37", "no_gain": "#6e7781", "eager": "#6e7781", "slower": "#bf8700",
+    "wrong_result": "#cf222e", "compile_error": "#8250df", "launch_error": "#bc4c00", "crashed": "#a40e26",
+    "timed_out": "#953800", "pending": "#8c959f", "searching": "#0969da", "not searched": "#8c959f",
+    "finished": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e", "running": "#0969da", "paused": "#bf8700",
+}
+BOX = f"font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: 12.5px; color: {FG}; " \
+      f"border: 1px solid {BORDER}; border-radius: 6px; padding: 8px 12px; margin: 4px 0"
+
+
+def _status(status: str) -> str:
+    color = STATUS_COLORS.get(status, "#6e7781")
+    return f'<span style="color: {color}; font-weight: 600">{escape(status.replace("_", " "))}</span>'
+
+
+def _x(v: float | None) -> str:
+    return "–" if not v else f"{v:.2f}×"
+
+
+def _us(v: float | None) -> str:
+    return "–" if v is None else f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
+
+
+def _box(kind: str, title: str, body: str) -> str:
+    return (f'<div class="kf-static kf-static-{kind}" style="{BOX}"><div style="font-weight: 600; margin-bottom: 6px">'
+            f'{escape(title)}</div>{body}</div>')
+
+
+def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 40) -> str:
+    """The card table, largest share first; a summary line says what is left out."""
+    th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in (
+        ("card", "left"), ("calls", "right"), ("share", "right"), ("eager", "right"), ("best", "right"),
+        ("status", "left"), ("tried", "right"), ("cost", "right")))
+    body = []
+    shown = sorted(rows, key=lambda r: -r["share"])[:limit]
+    for r in shown:
+        mark = "font-weight: 600; " if r["key"] == selected else ""
+        cells = [(escape(r["label"]), "left"), (str(r["calls"]), "right"), (f"{r['share']:.1%}", "right"),
+                 (_us(r["eager_us"]), "right"), (_x(r["speedup"]), "right"), (_status(r["status"]), "left"),
+                 (str(r["candidates"] or "–"), "right"), (f"${r['dollars']:.3f}" if r["dollars"] else "–", "right")]
+        body.append("<tr>" + "".join(f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">'
+                                     f"{c}</td>" for c, a in cells) + "</tr>")
+    searched = sum(1 for r in rows if r["status"] != "not searched")
+    winners = sum(1 for r in rows if r["status"] == "winner")
+    more = f" (largest {limit} shown)" if len(rows) > limit else ""
+    summary = f'<div style="color: {MUTED}; margin-top: 4px">{len(rows)} cards · {searched} searched · ' \
+              f'{winners} with a winner{more}</div>'
+    table = f'<table style="border-collapse: collapse"><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    return _box("card-table", "Operator cards", table + summary)
+
+
+def search_tree(nodes: Sequence[dict[str, Any]], best: Sequence[int], selected: int | None, label: str) -> str:
+    """The search tree as an indented list: each candidate's status and speedup, the best path in bold."""
+    if not nodes:
+        return _box("search-tree", f"Search tree · {label}", f'<div style="color: {MUTED}">No candidates for this card.</div>')
+    kids: dict[Any, list[dict[str, Any]]] = {}
+    known = {n["id"] for n in nodes}
+    for n in nodes:
+        kids.setdefault(n["parent"] if n["parent"] in known else None, []).append(n)
+    on_best, lines = set(best), []
+
+    def walk(parent: Any, depth: int) -> None:
+        for n in kids.get(parent, []):
+            weight = "font-weight: 600; " if n["id"] in on_best else ""
+            mark = " ◀ shown" if n["id"] == selected else ""
+            speed = f" {n['speedup']:.2f}×" if n["speedup"] > 0 else ""
+            lines.append(f'<div style="{weight}padding-left: {depth * 16}px; white-space: nowrap">#{n["id"]} '
+                         f'{_status(n["status"])}{speed} <span style="color: {MUTED}">{escape(n["strategy"])} · '
+                         f'{escape(n["intent"][:80])}</span>{mark}</div>')
+            walk(n["id"], depth + 1)
+    walk(None, 0)
+    note = "bold: the path to the fastest candidate faster than eager" if best else "no candidate beat eager"
+    return _box("search-tree", f"Search tree · {label}", "".join(lines) +
+                f'<div style="color: {MUTED}; margin-top: 4px">{len(nodes)} candidates · {note}</div>')
+
+
+def source_view(detail: dict[str, Any] | None) -> str:
+    """One candidate: verdict, intent and source."""
+    if not detail:
+        return _box("source-view", "Candidate", f'<div style="color: {MUTED}">No candidate selected.</div>')
+    ev = detail.get("evaluation")
+    verdict = (f'<div>{_status(ev["status"])} {escape(ev["message"])}</div>' if ev else
+               f'<div style="color: {MUTED}">not evaluated yet</div>')
+    intent = f'<div style="margin: 4px 0; white-space: pre-wrap">{escape(detail["intent"])}</div>' if detail["intent"] else ""
+    source = (f'<pre style="max-height: 320px; overflow: auto; font-size: 11.5px; border: 1px solid {BORDER}; '
+              f'padding: 6px">{escape(detail["source"])}</pre>')
+    parent = f"parent #{detail['parent_id']}" if detail["parent_id"] is not None else "first candidate"
+    return _box("source-view", f"Candidate #{detail['id']} · {detail['proposer']} · {parent}", verdict + intent + source)
+
+
+def run_progress(state: str, done: int, total: int, cards_done: int, cards_total: int, started: float | None,
+                 ended: float | None, best: dict[str, float], log: Sequence[str], notes: Sequence[str] = ()) -> str:
+    """The run's state, counts, elapsed time and latest events."""
+    elapsed = ((ended or time.time()) - started) if started else None
+    parts = [_status(state), f"{done} evaluated of a budget of {total}", f"{cards_done} / {cards_total} cards"]
+    if elapsed is not None:
+        parts.append(f"{elapsed:.0f} s")
+    chips = " · ".join(f"{escape(k)} {v:.2f}×" for k, v in best.items())
+    body = " · ".join(parts) + (f'<div style="margin-top: 4px">best: {chips}</div>' if chips else "")
+    body += "".join(f'<div style="margin-top: 4px">{escape(n)}</div>' for n in notes)
+    if log:
+        body += f'<pre style="color: {MUTED}; font-size: 11px; margin: 6px 0 0">{escape(chr(10).join(log))}</pre>'
+    return _box("run-progress", "Optimization run", body)
+
+
+def page(title: str, parts: Sequence[str]) -> str:
+    """A standalone HTML page of static renderings (the dashboard's export)."""
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title></head><body style=\"max-width: 1200px; margin: 16px auto; "
+            f"font-family: system-ui, sans-serif\"><h2>{escape(title)}</h2>{''.join(parts)}</body></html>\n")
