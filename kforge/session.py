@@ -266,7 +266,15 @@ class Session:
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
         exported, skipped = self._compiled_winners(all_winners)
         kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
-        return Deployment(kernels, model if scope == "model" else None, skipped).install()
+        kernels, refused = self._rechecked(kernels)
+        return Deployment(kernels, model if scope == "model" else None, skipped + refused).install()
+
+    def _rechecked(self, kernels: list) -> tuple[list, list[tuple[str, str]]]:
+        """The kernels that still match eager when called in this process, on the card's captured
+        examples and fresh inputs (``deploy._recheck``), and a reason for each one refused."""
+        from .deploy._recheck import example_paths_of, refuse_failing
+
+        return refuse_failing(kernels, lambda v: example_paths_of(self.store, v.key))
 
     def _deployable(self, all_winners: bool) -> tuple[list, list[float], list[tuple[str, str]]]:
         """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
@@ -284,7 +292,9 @@ class Session:
             kernel = (v.kernel_us if v is not None else None) or eager / max(k.speedup or 1.0, 1e-9)
             kernels.append(DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup))
             gains.append(card.calls * (eager - kernel))
-        return kernels, gains, skipped
+        kept, refused = self._rechecked(kernels)
+        gains = [g for dk, g in zip(kernels, gains) if dk in kept]
+        return kept, gains, skipped + refused
 
     def _inputs(self) -> tuple[tuple, dict]:
         from .capture import split_batch

@@ -212,3 +212,28 @@ def test_end_to_end_report(tmp_path):
     assert f"{report.dispatch} dispatch" in report.table()
     assert not any(k for k in torch.Tensor.__dict__ if k == "softmax")   # removed again afterwards
     s.close()
+
+
+def test_a_kernel_that_behaves_only_when_judged_is_refused_at_apply_and_load(tmp_path, monkeypatch):
+    """tests/kernels/cpu/attack_detect_runner.c computes correctly where Python is not loaded (the
+    judge's runner) and writes zeros in the user's process: the re-check at apply and at load, which
+    calls the kernel in this process, must refuse it so that the model stays on eager."""
+    monkeypatch.setenv("KFORGE_SCREEN", "off")   # the screen would refuse it first (dlsym); honoured only in tests
+    s, model, card = _winner_session(tmp_path, "attack_detect_runner")
+    x = torch.randn(16, 300)
+    expected = model(x)
+    with pytest.warns(UserWarning, match="refused at apply"):
+        dep = s.apply()
+    try:
+        assert dep.kernels == []
+        assert any("refused at apply" in why and "differently in this process" in why for _, why in dep.skipped)
+        assert torch.equal(model(x), expected)
+    finally:
+        dep.remove()
+    path = s.export(tmp_path / "artifact", all_winners=True)
+    with pytest.warns(UserWarning, match="refused at apply"):
+        loaded = kforge.load(model, path, all_winners=True)
+    try:
+        assert loaded.kernels == [] and torch.equal(model(x), expected)
+    finally:
+        loaded.remove()

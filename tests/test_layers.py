@@ -40,6 +40,7 @@ LEVEL = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 DISPLAY_HOOKS = {
     ("search", "views", "_ipython_display_"),   # OptimizationRun shows its progress view
     ("session", "views", "_ipython_display_"),  # Session shows its dashboard
+    ("session", "views", "dashboard"),          # session.dashboard() returns it
     ("kforge", "magics", "load_ipython_extension"),  # %load_ext kforge
 }
 

@@ -59,12 +59,13 @@ def _kernel(body: str, defines: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def evaluator():
-    os.environ["KFORGE_TEST_API_KEY"] = "sk-do-not-leak"
-    try:
+    """A CPU evaluator with a fake API key in its environment and the static screen off (honoured only
+    under pytest), so that these attack kernels reach the runner; tests/test_screen.py checks the screen."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KFORGE_TEST_API_KEY", "sk-do-not-leak")
+        mp.setenv("KFORGE_SCREEN", "off")
         with Evaluator("cpu", timeout_s=20) as ev:
             yield ev
-    finally:
-        os.environ.pop("KFORGE_TEST_API_KEY", None)
 
 
 def _runners(pid: int) -> list[int]:

@@ -164,7 +164,10 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
             evaluator.close()
     for sig, why in skipped:
         warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=2)
-    dep = Deployment(kernels, model, skipped)
+    from ._recheck import refuse_failing
+
+    kernels, refused = refuse_failing(kernels)   # NB: fresh inputs only: an artifact carries no examples
+    dep = Deployment(kernels, model, skipped + refused)
     return dep.install() if install else dep
 
 

@@ -69,6 +69,7 @@ class DeployedKernel:
         self.fast = fast is not None   # calls go through the C launcher (else through ctypes)
         self.launch = fast if fast is not None else self._launch_py
         self._py_calls = 0
+        self._calls_before = 0   # launches that were checks, not the model's calls (reset_calls)
 
     def _fast_launcher(self) -> Any:
         """The C launcher for this kernel (kforge/deploy/_fastpath.c), or None without one."""
@@ -87,7 +88,15 @@ class DeployedKernel:
 
     @property
     def calls(self) -> int:
+        """Successful launches since the kernel was made (or since ``reset_calls``)."""
+        return self._launches() - self._calls_before
+
+    def _launches(self) -> int:
         return self._py_calls + (self.launch.calls if self.fast else 0)
+
+    def reset_calls(self) -> None:
+        """Count from zero again (the apply-time re-check's launches are not the model's calls)."""
+        self._calls_before = self._launches()
 
     def __call__(self, inputs: tuple) -> list[torch.Tensor]:
         return self.launch(inputs)

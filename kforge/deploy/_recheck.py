@@ -12,7 +12,6 @@ it cannot make a hostile kernel safe, only catch one that computes differently h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -88,11 +87,25 @@ def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
 
 
 def example_paths_of(store, key: str) -> list[tuple[list[str | None], list[str]]]:
-    """The card's captured examples as blob paths (``Store.example_paths`` where it exists)."""
-    if store is None:
-        return []
-    if hasattr(store, "example_paths"):
-        return store.example_paths(key)
-    blobs = Path(store.blobs)
-    return [([str(blobs / f"{d}.pt") if d else None for d in ref["inputs"]],
-             [str(blobs / f"{d}.pt") for d in ref["outputs"]]) for ref in store.example_refs(key)]
+    """The card's captured examples as blob paths (none without a store)."""
+    return [] if store is None else store.example_paths(key)
+
+
+def refuse_failing(kernels: Sequence, examples_of: Callable[[Variant], Sequence] = lambda v: ()
+                   ) -> tuple[list, list[tuple[str, str]]]:
+    """``kernels`` (DeployedKernels) split into those that pass :func:`recheck` here and
+    ``(signature, reason)`` for each refused one; ``examples_of(variant)`` gives a kernel's captured
+    examples. Each refusal is warned about: the operator stays eager."""
+    import warnings
+
+    kept, refused = [], []
+    for dk in kernels:
+        result = recheck(dk, dk.variant, examples_of(dk.variant))
+        dk.reset_calls()
+        if result.ok:
+            kept.append(dk)
+        else:
+            refused.append((dk.variant.signature, f"refused at apply: {result.message}"))
+            warnings.warn(f"kforge: {dk.variant.signature} stays on eager: refused at apply: {result.message}",
+                          stacklevel=3)
+    return kept, refused

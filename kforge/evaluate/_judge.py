@@ -23,6 +23,7 @@ import torch
 from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, compile_source, device_info, param_vector,
                        verify_binary)
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
+from ..timing import measurement_threads
 from ._arena import Arenas, Group, Plan, extent, poison_value
 from ._checks import compare, reference_outputs
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
@@ -556,6 +557,8 @@ def evaluate_job(job: Job) -> Evaluation:
     base = dict(compile_log=built.log, compile_s=built.seconds)
     reason = ""
     for _attempt in range(2):
+        if job.backend == "cpu":
+            _bound_cpu_threads()
         try:
             # NB: the library's bytes are checked against its recorded SHA-256 just before a runner loads it.
             ev = _Trial(job, str(verify_binary(built.path)), base).run()
@@ -567,6 +570,25 @@ def evaluate_job(job: Job) -> Evaluation:
             built = compile_source(job.source, job.backend, job.arch)
     return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}", wall_s=time.perf_counter()
                       - start, **base)
+
+
+_CPU_THREADS: list[int] = []   # the judge's intra-op thread count at start (the ceiling)
+
+
+def _bound_cpu_threads() -> None:
+    """Eager (here) and the candidate (OMP_NUM_THREADS in the runner's environment) both run with no
+    more threads than the cores other processes leave idle, measured now.
+
+    NB: on a shared machine a parallel region with more threads than idle cores waits at its barrier
+    for a preempted thread (milliseconds), so eager read 14 ms for a 20 us softmax under load and a
+    slow candidate was judged faster. The same count on both sides keeps the comparison fair.
+    """
+    if not _CPU_THREADS:
+        _CPU_THREADS.append(torch.get_num_threads())
+    torch.set_num_threads(_CPU_THREADS[0])
+    threads = measurement_threads()
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def judge_main(conn: Any, device: str) -> None:

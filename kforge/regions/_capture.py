@@ -137,7 +137,7 @@ def covered_op_calls(variant: Variant) -> collections.Counter:
 def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: str, store=None,
                  timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False):
     """``op_cards`` plus one card per region variant of the model's graph, shares recomputed so that
-    a region's card replaces the operator calls inside it (shares still sum to 1)."""
+    a region's card replaces the operator calls inside it (shares of one forward sum to at most 1)."""
     from ..capture import Card, Cards
     from ..capture._capture import time_variant
 
@@ -171,9 +171,15 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         for op_key, n in covered_op_calls(variant).items():
             covered[op_key] += n * rec.calls
     op_list = list(op_cards)
+    by_key = {c.key: c for c in op_list}
     uncovered = {c.key: max(c.calls - covered.get(c.key, 0), 0) for c in op_list}
-    total = sum(uncovered[c.key] * c.eager_us for c in op_list) + sum(c.total_us for c in new_cards) or 1.0
-    items = [c.with_share(uncovered[c.key] * c.eager_us / total) for c in op_list]
-    items += [c.with_share(c.total_us / total) for c in new_cards]
-    items.sort(key=lambda c: -c.share)
-    return Cards(tuple(items), op_cards.model_us, op_cards.uncaptured)
+    items = [replace(c, forward_us=c.forward_us * uncovered[c.key] / c.calls if c.calls else 0.0) for c in op_list]
+    # NB: a region is timed alone; its time inside the forward is that, scaled by how the operator
+    # calls it stands for compare inside the forward with alone (1 where none of them was captured).
+    inside = sum(by_key[k].forward_us / by_key[k].calls * n for k, n in covered.items() if k in by_key)
+    alone = sum(by_key[k].eager_us * n for k, n in covered.items() if k in by_key)
+    scale = inside / alone if inside > 0 and alone > 0 else 1.0
+    items += [replace(c, forward_us=c.total_us * scale) for c in new_cards]
+    total = max(op_cards.model_us or 0.0, sum(c.forward_us for c in items)) or 1.0
+    items = sorted((c.with_share(c.forward_us / total) for c in items), key=lambda c: (-c.share, -c.total_us))
+    return replace(op_cards, items=tuple(items))

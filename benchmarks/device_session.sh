@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh tests     GPU tests (kernels, judge attacks, regions, compile,
+#                                                            deploy), the evaluator benchmark, a CLI capture
+#   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
+#                                                            and Inductor, in one run
+#   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry ["wheels"])
+# Logs and JSON land in $OUT; figures go to docs/benchmarks.md with the command that made them.
+set -uo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+case "${1:-}" in
+  tests)
+    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" -x --timeout=200 \
+        tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py \
+        "tests/test_compile.py" "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | tail -40
+    timeout 150 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -30
+    timeout 60 python3 -m kforge.cli capture --example tiny_cnn --device cuda --workdir /tmp/wd_cli --json \
+        > "$OUT/cli_capture.json" 2> "$OUT/cli_capture.err"
+    python3 - "$OUT/cli_capture.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+cards = d.get("cards", [])
+print("cli capture on cuda:", len(cards), "cards; coverage", d.get("coverage"),
+      "; shares sum", round(sum(c.get("share", 0) for c in cards), 3))
+PY
+    ;;
+  regions)
+    timeout 560 python3 benchmarks/regions.py --iterations 4 --layers 2 --deadline 420 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/regions.txt" | tail -60 ;;
+  vision)
+    bash benchmarks/device_e2e.sh vision ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|regions|vision" >&2; exit 2 ;;
+esac
