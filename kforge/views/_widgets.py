@@ -126,7 +126,7 @@ class CardTable(View):
         super().__init__(**kwargs)
         self._cards, self._store = cards, store
         self.searching = _searching(run)
-        self.following = bool(self.searching)
+        self.following = run is not None and not run.done   # NB: also before the run's first card starts
         self.model_us = cards.model_us
         self.refresh()
         if not self.selected_key and self.rows:
