@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noh
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 case "${1:-}" in
   tests)
-    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" -x --timeout=200 \
+    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" --timeout=120 \
         tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py \
         "tests/test_compile.py" "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | tail -40

@@ -67,6 +67,9 @@ def main() -> None:
                          "kernel_cv": e.candidate_spread, "eager_cv": e.eager_spread} for e in twice],
     })
     sp = results["speedup_all"]
+    if not all(e.status.is_correct for e in evals + twice):
+        bad = next(e for e in evals + twice if not e.status.is_correct)
+        raise SystemExit(f"the reference kernel was not judged correct ({bad.summary()}): no rate to report")
     results["speedup_spread_pct"] = 100 * (max(sp) - min(sp)) / statistics.median(sp)
     k = [t["kernel_us"] for t in results["timed_twice"]]
     results["twice_kernel_diff_pct"] = 100 * abs(k[0] - k[1]) / min(k)

@@ -22,8 +22,12 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def evaluator():
-    with Evaluator("cuda", timeout_s=30) as ev:
-        yield ev
+    """A CUDA evaluator with the static screen off (honoured only under pytest), so that the fault and
+    escape kernels below reach the runner; tests/test_screen.py checks the screen."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KFORGE_SCREEN", "off")
+        with Evaluator("cuda", timeout_s=30) as ev:
+            yield ev
 
 
 @pytest.fixture(scope="module")

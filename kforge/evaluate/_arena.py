@@ -220,11 +220,7 @@ class Arenas:
         args = [str(torch.device(self.device).index or 0)]
         for t in (self.inp, self.out):
             shared = t.untyped_storage()._share_cuda_()
-            handle, offset = bytes(shared[1]), int(shared[3])
-            if len(handle) != 64:
-                raise RuntimeError(f"torch gave a {len(handle)}-byte CUDA IPC handle, not a cudaIpcMemHandle_t "
-                                   "(expandable segments?): unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments")
-            args += [handle.hex(), str(offset + t.storage_offset())]
+            args += [_ipc_mem_handle(bytes(shared[1])).hex(), str(int(shared[3]) + t.storage_offset())]
         return args
 
     # ---- typed views over a group
@@ -282,6 +278,23 @@ class Arenas:
         for m in (*self._mem, self._desc, self._times):
             m.close()
         self._mem = []
+
+
+def _ipc_mem_handle(handle: bytes) -> bytes:
+    """The cudaIpcMemHandle_t (64 bytes) inside what torch's ``_share_cuda_`` gives.
+
+    NB: torch >= 2.5 prefixes the handle with a version byte and a kind byte ('c': cudaMalloc
+    memory, 'e': an expandable segment, which a C runner cannot open); older torch gives it bare.
+    """
+    if len(handle) == 64:
+        return handle
+    if len(handle) == 66 and handle[1:2] == b"c":
+        return handle[2:]
+    if len(handle) >= 2 and handle[1:2] == b"e":
+        raise RuntimeError("torch shares this memory as an expandable segment, which the CUDA runner cannot open: "
+                           "unset PYTORCH_CUDA_ALLOC_CONF=expandable_segments for the process that runs kforge")
+    raise RuntimeError(f"torch gave a {len(handle)}-byte CUDA IPC handle kforge does not know (torch "
+                       f"{torch.__version__}): report it with this message")
 
 
 _CUDA_ARENAS: dict[tuple[str, str], torch.Tensor] = {}
