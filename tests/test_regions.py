@@ -2,7 +2,6 @@
 capture -> region card -> builtin search -> verdict -> the kernel running inside the model."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -72,7 +71,8 @@ def test_region_cards_share_the_table_with_op_cards(session):
     assert set(frame.kind) == {"op", "region"} and (regions.op == "region").all()
     assert sorted(regions.ops) == sorted([RMS, GELU, RESIDUAL_RMS, RESIDUAL_RMS])
     assert dict(zip(regions.ops, regions.calls))[GELU] == 2
-    assert math.isclose(frame.share.sum(), 1.0, rel_tol=1e-9)
+    # shares are of the model's forward (measured inside it): the cards of one forward never add past it
+    assert 0.0 < frame.share.sum() <= 1.0 + 1e-9
     # every tanh call is inside the GELU regions: its op card's time now counts in their share
     tanh = frame[frame.op == "tanh"]
     assert len(tanh) == 1 and tanh.share.iloc[0] == 0.0

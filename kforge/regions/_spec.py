@@ -70,6 +70,14 @@ def _positive_inputs(ir: RegionIR) -> set[int]:
 class RegionSpec(OpSpec):
     """The spec of op "region": one per process, every region variant goes through it."""
 
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        # NB: a fused reduction adds in another order than eager's chain; where its terms cancel (a mean
+        # of mixed signs), float32 results differ by ~1e-5 of their own scale. 1e-4 still refuses a
+        # float32 region computed in bf16 or tf32 (~1e-3).
+        if dtype == "float32":
+            return (1e-4, 1e-4)
+        return super().tolerance(dtype)
+
     def ir(self, variant: Variant) -> RegionIR:
         return region_ir(variant)
 
