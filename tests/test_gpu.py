@@ -214,7 +214,8 @@ def test_deploy_under_cuda_graph_and_torch_compile(tmp_path):
         g.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(static_y, model(static_x))
-        compiled = torch.compile(model, fullgraph=True)
+        # NB: plain torch.compile traces the originals (tests/test_compile.py); graph mode is dep.compile()
+        compiled = dep.compile(fullgraph=True)
         torch.testing.assert_close(compiled(x), expected)
         calls = dep.kernels[0].calls
         compiled(x)
