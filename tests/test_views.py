@@ -419,3 +419,10 @@ def test_charts_say_no_data_yet_and_live_charts_redraw_and_carry_a_png(session):
     _add(session.store, key, None, "a\n", Status.FASTER, 1.4)
     chart.redraw()
     assert "no data yet" not in str(chart.chart.to_dict())
+
+
+def test_a_region_card_reads_as_its_operators_not_its_ir(session):
+    (region,) = session.cards.by_op("region")
+    assert short_label(region) == "region[softmax,relu](f32[64,1000])"
+    row = next(r for r in CardTable(session.cards, session.store).rows if r["key"] == region.key)
+    assert row["label"] == short_label(region) and "softmax" in row["signature"]

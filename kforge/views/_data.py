@@ -9,7 +9,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..ops import CardStatus
+from ..ops import CardStatus, get_spec
 
 if TYPE_CHECKING:
     from ..ops import Cards
@@ -78,6 +78,10 @@ def short_label(card: Any, limit: int = 48) -> str:
     """A card as a person reads it, instead of its hex key: ``softmax(f32[64,1000], dim=1)``."""
     try:
         v = card.variant
+        describe = getattr(get_spec(v.op), "describe", None)
+        if describe is not None:  # a region: its operators, then its inputs (its IR is in the signature)
+            sig = describe(v).split(" -> ")[0]
+            return sig if len(sig) <= limit else sig[:limit - 1] + "…"
         parts = [s.short() for s in v.inputs if s is not None]
         parts += [f"{k}={val}" for k, val in v.params if val is not None and val is not False]
         sig = re.sub(r"\{[^}]*\}", "", f"{v.op}(" + ", ".join(parts) + ")")  # strides: in the full signature
