@@ -45,7 +45,7 @@ model, inputs = kforge.example("tiny_transformer")
 session = kforge.Session(model, inputs, device="cpu")
 cards = session.capture(timing_budget_ms=2)''',
     '''run = session.optimize(proposer=Endless(), ops=["softmax", "layer_norm", "gelu"], iterations=200,
-                       strategy="linear", background=True)
+                       policy="linear", background=True)
 session.dashboard()''',
     '''run.wait()
 evaluated = sum(e.kind.value in ("evaluated", "proposer_failed") for e in run.events)
