@@ -152,6 +152,22 @@ def test_capture_end_to_end_builtin_search_verdict_and_the_kernel_in_the_model(s
     calls = {",".join(region_ir(k.variant).ops) + f"/{len(k.variant.outputs)}": k.calls for k in kernels}
     assert calls == {RMS + "/1": 1, GELU + "/1": 2, RESIDUAL_RMS + "/2": 1, RESIDUAL_RMS + "/1": 1}
 
+    # graph mode: Deployment.compile (and so Session.compile, kforge.load(...).compile) runs them too,
+    # with Inductor compiling the rest of the graph
+    for backend in ("eager", "inductor"):
+        dep = Deployment(kernels, None)
+        before = {k.variant.key: k.calls for k in kernels}
+        with dep:
+            torch._dynamo.reset()
+            compiled = dep.compile(model, backend=backend, dynamic=False)
+            with torch.no_grad():
+                got = compiled(x)
+            torch._dynamo.reset()
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert sorted(compiled.kforge_backend.replaced) == sorted(k.variant.signature for k in kernels
+                                                                  for _ in range(calls[",".join(region_ir(k.variant).ops) + f"/{len(k.variant.outputs)}"]))
+        assert all(k.calls > before[k.variant.key] for k in kernels), backend
+
 
 def test_replace_regions_leaves_other_regions_and_nodes_alone():
     from torch._dynamo.backends.common import aot_autograd

@@ -5,8 +5,10 @@ kforge compiles through its own backend: dynamo traces the model exactly as plai
 guards and graph breaks are those of plain compile), then ``replace_calls`` rewrites each FX node
 whose operator and exact signature (read from the node's fake tensors) has a kernel into a call of
 the custom op, and the graph goes to Inductor with the options of the chosen ``mode``. Everything
-else is compiled by Inductor as usual. Region winners plug in as more passes over the same graph
-(``KforgeBackend.passes``).
+else is compiled by Inductor as usual. Region winners need the ATen graph (a region is found in
+the graph capture saw, AOTAutograd's forward): where any kernel is a region's, the backend runs
+AOTAutograd itself, lets the registered ATen passes (``register_aten_pass``; kforge.regions
+registers its own) rewrite the forward graph, and compiles that graph with the chosen compiler.
 """
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
 
 GraphPass = Callable[[torch.fx.GraphModule], Sequence[str]]   # rewrites in place, returns what it replaced
+# Given a compile's kernels, a pass over AOTAutograd's ATen forward graph, or None when none of them needs one.
+AtenPassMaker = Callable[[Sequence[DeployedKernel]], "GraphPass | None"]
+_ATEN_PASS_MAKERS: list[AtenPassMaker] = []
+
+
+def register_aten_pass(maker: AtenPassMaker) -> AtenPassMaker:
+    """Register a maker of ATen-graph passes for graph mode (kforge.regions registers the region pass)."""
+    if maker not in _ATEN_PASS_MAKERS:
+        _ATEN_PASS_MAKERS.append(maker)
+    return maker
 
 
 def _callable_of(node: torch.fx.Node) -> Any:
@@ -145,6 +157,7 @@ class KforgeBackend:
     def __post_init__(self):
         self._inductor = None
         self._other = None
+        self.aten_passes = [p for make in _ATEN_PASS_MAKERS if (p := make(self.kernels)) is not None]
         if self.inner == "inductor":
             # NB: Inductor's own wrapper turns mode/options into config exactly as plain torch.compile does.
             self._inductor = torch._TorchCompileInductorWrapper(self.mode, self.options, self.dynamic)
@@ -157,10 +170,25 @@ class KforgeBackend:
         replaced = replace_calls(gm, self.kernels) if self.enabled else []
         for graph_pass in self.passes if self.enabled else ():
             replaced.extend(graph_pass(gm))
-        self.graphs.append(CompiledGraph(len(gm.graph.nodes), replaced))
-        if self._inductor is None:
-            return self._other(gm, example_inputs)
-        return self._inductor(gm, example_inputs)
+        record = CompiledGraph(len(gm.graph.nodes), replaced)
+        self.graphs.append(record)
+        compiler = self._other if self._inductor is None else self._inductor
+        if not (self.enabled and self.aten_passes):
+            return compiler(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def forward(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Callable:
+            for aten_pass in self.aten_passes:
+                record.replaced.extend(aten_pass(aten_gm))
+            # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
+            # its own AOTAutograd over it again: the graph is already functional, so that is a re-trace).
+            # What Inductor returns then takes its arguments unpacked, which AOTAutograd's runtime
+            # does not do for a forward compiler's result: box it (tests/test_regions.py).
+            compiled = compiler(aten_gm, aten_inputs)
+            return make_boxed_func(compiled) if compiler is self._inductor else compiled
+
+        return aot_autograd(fw_compiler=forward)(gm, example_inputs)
 
     def get_compiler_config(self) -> dict | None:
         return self._inductor.get_compiler_config() if self._inductor is not None else None

@@ -18,6 +18,9 @@ from ._finder import FoundRegion, find_regions  # noqa: E402
 __all__ += ["RegionCapture", "capture_regions", "covered_op_calls", "region_cards", "FoundRegion", "find_regions"]
 
 from ._baseline import inductor_baseline_us  # noqa: E402
-from ._deploy import regions_backend, replace_regions  # noqa: E402
+from ._deploy import region_pass, regions_backend, replace_regions  # noqa: E402
+from ..deploy import register_aten_pass  # noqa: E402
 
-__all__ += ["inductor_baseline_us", "regions_backend", "replace_regions"]
+register_aten_pass(region_pass)  # region winners run in graph mode (Session.compile, kforge.load(...).compile)
+
+__all__ += ["inductor_baseline_us", "region_pass", "regions_backend", "replace_regions"]

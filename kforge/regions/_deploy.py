@@ -3,8 +3,10 @@
 Eager mode cannot run a region kernel: the dispatcher sees one torch call at a time, and a region
 is several. Regions deploy inside torch.compile instead: ``replace_regions`` rewrites an ATen FX
 graph (the finder runs on it, and every region whose variant has a kernel becomes a call of the
-``kforge::run`` custom op, the same op the dispatcher puts into compiled graphs), and
-``regions_backend`` is a torch.compile backend doing that in AOTAutograd's forward compiler.
+``kforge::run`` custom op, the same op the dispatcher puts into compiled graphs). ``region_pass``
+is registered with graph mode (``deploy.register_aten_pass``), so ``Session.compile``,
+``Deployment.compile`` and ``kforge.load(...).compile`` run region winners; ``regions_backend`` is
+the same pass as a torch.compile backend of its own.
 """
 from __future__ import annotations
 
@@ -87,9 +89,20 @@ def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
     def forward(gm: fx.GraphModule, example_inputs):
         replace_regions(gm, table)
         if inner == "inductor":
+            from torch._functorch.aot_autograd import make_boxed_func
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs)
+            return make_boxed_func(compile_fx(gm, example_inputs))  # NB: see deploy/_graph.py
         return gm
 
     return aot_autograd(fw_compiler=forward)
+
+
+def region_pass(kernels: Iterable[Any]):
+    """The ATen pass that puts the region winners among ``kernels`` into a graph (None without any)."""
+    regions = [dk for dk in kernels if dk.variant.op == "region"]
+    if not regions:
+        return None
+    table = {dk.variant.key: dk.run_name for dk in regions}
+    signature = {dk.variant.key: dk.variant.signature for dk in regions}
+    return lambda gm: [signature[key] for key in replace_regions(gm, table)]
