@@ -426,3 +426,16 @@ def test_a_region_card_reads_as_its_operators_not_its_ir(session):
     assert short_label(region) == "region[softmax,relu](f32[64,1000])"
     row = next(r for r in CardTable(session.cards, session.store).rows if r["key"] == region.key)
     assert row["label"] == short_label(region) and "softmax" in row["signature"]
+
+
+def test_charts_read_in_both_themes_and_count_a_region_once(session):
+    """No background of their own (the dark theme showed a white block); the time per operator is
+    the time inside the forward, where the region's card has taken over the calls inside it."""
+    for fn in (charts.speedup_over_iterations, charts.cost_per_card, charts.time_breakdown):
+        spec = fn(session).to_dict()
+        assert spec["config"]["background"] == "transparent", fn.__name__
+    frame = charts.time_breakdown(session).data
+    before = frame[frame["when"] == "before"]
+    assert before["time (µs)"].sum() == pytest.approx(sum(c.forward_us for c in session.cards))
+    timed = set(before[before["time (µs)"] > 0]["op"])
+    assert timed == {c.op for c in session.cards if c.forward_us > 0} and "region" in timed

@@ -4,20 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..ops import Variant
+from ._capture import no_recompile_limit as _no_recompile_limit
 from ._spec import REGION_SPEC, region_ir
-
-
-def _no_recompile_limit():
-    """Dynamo's recompile limits lifted while one region compiles.
-
-    NB: torch.compile of a plain function traces it through one shared wrapper frame whose cache
-    then holds one entry per region; past the limit (8) Inductor gave up on every later region of a
-    model (seen on torch 2.11). The timed call is a CUDA-graph replay, so the guards never count.
-    """
-    cfg = torch._dynamo.config
-    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                         "accumulated_cache_size_limit") if hasattr(cfg, n)]
-    return cfg.patch({n: 1 << 20 for n in names})
 
 
 def inductor_baseline_us(variant: Variant, device: str | None = None, *, budget_ms: float = 100.0) -> float:

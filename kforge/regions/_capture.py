@@ -101,6 +101,21 @@ class _Recorder:
         return aot_autograd(fw_compiler=self.compile)
 
 
+def no_recompile_limit():
+    """Dynamo's recompile limits lifted while kforge compiles for itself (region capture, Inductor
+    baselines).
+
+    NB: past the limit (8 entries for one code object) dynamo runs the frame eagerly without calling
+    the backend: a model whose forward the process had already compiled 8 times gave no regions at
+    all, and Inductor baselines, compiled through one shared wrapper frame on torch 2.11, stopped
+    after the eighth region. Inductor's timed call is a CUDA-graph replay: the guards never count.
+    """
+    cfg = torch._dynamo.config
+    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                         "accumulated_cache_size_limit") if hasattr(cfg, n)]
+    return cfg.patch({n: 1 << 20 for n in names})
+
+
 def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2) -> RegionCapture:
     """Run ``model`` once per batch under a recording torch.compile backend and collect its regions.
 
@@ -112,7 +127,7 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
     rec = _Recorder(examples_per_variant)
     try:
         compiled = torch.compile(model, backend=rec.backend(), dynamic=False, fullgraph=False)
-        with torch.no_grad():
+        with torch.no_grad(), no_recompile_limit():
             for batch in batches:
                 args, kwargs = split_batch(batch)
                 compiled(*args, **kwargs)

@@ -27,11 +27,24 @@ def _labels(session: "Session") -> dict[str, str]:
     return {c.key: short_label(c) for c in session.cards}
 
 
+_INK = "#8c959f"   # NB: a mid grey that reads on JupyterLab's light and dark themes alike
+
+
+def _themed(chart: Any) -> Any:
+    """No background of its own and grey text and rules, so the chart reads in light and dark themes
+    (Vega draws into SVG/canvas and cannot use JupyterLab's CSS variables)."""
+    return (chart.configure(background="transparent")
+            .configure_axis(labelColor=_INK, titleColor=_INK, domainColor=_INK, tickColor=_INK, gridOpacity=0.25)
+            .configure_legend(labelColor=_INK, titleColor=_INK)
+            .configure_title(color=_INK)
+            .configure_view(stroke=_INK, strokeOpacity=0.3))
+
+
 def _no_data(title: str, why: str) -> Any:
     """The chart's place while there is nothing to draw: says so instead of an empty frame."""
     alt, pd = _alt(), require("pandas")
     return alt.Chart(pd.DataFrame({"text": [f"no data yet: {why}"]})).mark_text(
-        fontSize=13, color="#8c959f").encode(text="text:N").properties(title=title, width=420, height=80)
+        fontSize=13, color=_INK).encode(text="text:N").properties(title=title, width=420, height=80)
 
 
 def _int_axis(title: str, largest: int) -> Any:
@@ -54,7 +67,7 @@ def speedup_over_iterations(session: "Session") -> Any:
         rows.append({"card": labels[c.card_key], "iteration": count[c.card_key],
                      "best speedup": best[c.card_key], "status": c.status.value if c.status else "pending"})
     if not rows:
-        return _no_data("Best speedup per card", "no candidate evaluated")
+        return _themed(_no_data("Best speedup per card", "no candidate evaluated"))
     data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status"])
     base = alt.Chart(data).encode(
         x=alt.X("iteration:Q", axis=_int_axis("candidates tried", max(count.values()))),
@@ -63,7 +76,7 @@ def speedup_over_iterations(session: "Session") -> Any:
     eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#8c959f").encode(y="y:Q")
     chart = base.mark_line(interpolate="step-after") + base.mark_circle(size=40).encode(
         tooltip=["card:N", "iteration:Q", alt.Tooltip("best speedup:Q", format=".2f"), "status:N"])
-    return (chart + eager).properties(title="Best speedup per card", width=420, height=240)
+    return _themed((chart + eager).properties(title="Best speedup per card", width=420, height=240))
 
 
 def cost_per_card(session: "Session") -> Any:
@@ -72,7 +85,7 @@ def cost_per_card(session: "Session") -> Any:
     labels = _labels(session)
     calls = session.store.llm_calls()
     if not calls:
-        return _no_data("Cost per card", "no LLM call made")
+        return _themed(_no_data("Cost per card", "no LLM call made"))
     per_card: dict[str, float] = {}
     cumulative, total = [], 0.0
     for i, call in enumerate(calls, 1):
@@ -91,7 +104,7 @@ def cost_per_card(session: "Session") -> Any:
         y=alt.Y("dollars:Q", title="cumulative US dollars"),
         tooltip=["call:Q", alt.Tooltip("dollars:Q", format="$.4f")]).properties(
         title=f"Cumulative cost (${total:.2f})", width=260, height=180)
-    return alt.hconcat(bars, line)
+    return _themed(alt.hconcat(bars, line))
 
 
 def time_breakdown(session: "Session", top: int = 12) -> Any:
@@ -103,22 +116,24 @@ def time_breakdown(session: "Session", top: int = 12) -> Any:
     for card in session.cards:
         r = results.get(card.key)
         speedup = r.speedup if r is not None and r.status.has_winner and r.speedup > 0 else 1.0
-        before[card.op] = before.get(card.op, 0.0) + card.total_us
-        after[card.op] = after.get(card.op, 0.0) + card.total_us / speedup
+        # NB: time inside the forward, where a region's card has taken over the calls inside it
+        spent = card.forward_us if card.forward_us > 0 else card.total_us * (card.share > 0)
+        before[card.op] = before.get(card.op, 0.0) + spent
+        after[card.op] = after.get(card.op, 0.0) + spent / speedup
     ops = sorted(before, key=lambda op: -before[op])[:top]
     rows = [{"op": op, "when": when, "time (µs)": t[op]} for op in ops
             for when, t in (("before", before), ("after", after))]
     data = pd.DataFrame(rows, columns=["op", "when", "time (µs)"])
     saved = sum(before.values()) - sum(after.values())
-    return alt.Chart(data).mark_bar().encode(
+    return _themed(alt.Chart(data).mark_bar().encode(
         y=alt.Y("op:N", sort=ops, title=None),
         yOffset=alt.YOffset("when:N", sort=["before", "after"]),
-        x=alt.X("time (µs):Q", title="time per forward (µs, captured operators)"),
+        x=alt.X("time (µs):Q", title="time per forward (µs, measured inside it)"),
         color=alt.Color("when:N", sort=["before", "after"], title=None,
                         scale=alt.Scale(range=["#8c959f", "#1a7f37"])),
         tooltip=["op:N", "when:N", alt.Tooltip("time (µs):Q", format=".1f")],
     ).properties(title=f"Time per operator, before and after ({saved:.0f} µs saved)", width=420,
-                 height=alt.Step(11))
+                 height=alt.Step(11)))
 
 
 def png(chart: Any, scale: float = 1.0) -> bytes:
