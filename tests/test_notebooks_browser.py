@@ -119,16 +119,30 @@ def _open(lab, name: str):
     return panel
 
 
+def _close_dialog(page) -> None:
+    """A JupyterLab dialog in the way (on a loaded machine, a kernel-connection notice once hid the
+    Run menu for 30 s): print what it said, so a failure shows it, and close it."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.first.is_visible():
+        text = " | ".join(dialog.first.inner_text().split("\n"))
+        print("JupyterLab dialog:", text)
+        assert "died" not in text, f"the kernel died: {text}"
+        page.keyboard.press("Escape")
+        if dialog.count() and dialog.first.is_visible():
+            dialog.first.locator(".jp-Dialog-button.jp-mod-accept, .jp-Dialog-button").last.click()
+
+
 def _run_all_cells(page) -> None:
     """Run > Run All Cells, again until the first cell starts (the kernel may still be connecting)."""
     started = page.locator(".jp-InputArea-prompt", has_text=re.compile(r"\[(\*|\d+)\]")).first
     for _ in range(12):
-        page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        _close_dialog(page)
         try:
+            page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=10_000)
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=10_000)
             started.wait_for(state="attached", timeout=5_000)
             return
-        except Exception:
+        except Exception:  # NB: a dialog came up, or the kernel was still connecting: close, try again
             page.keyboard.press("Escape")
     raise AssertionError("JupyterLab never started running the notebook")
 
