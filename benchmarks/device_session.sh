@@ -13,10 +13,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noh
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 case "${1:-}" in
   tests)
-    timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -o addopts="" --timeout=120 \
+    # NB: -v names each test as it ends, so a run cut off by the timeout still says what failed
+    timeout 420 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=120 \
         tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py \
         "tests/test_compile.py" "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | tail -40
+        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -40
     timeout 150 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -30
     timeout 60 python3 -m kforge.cli capture --example tiny_cnn --device cuda --workdir /tmp/wd_cli --json \
         > "$OUT/cli_capture.json" 2> "$OUT/cli_capture.err"
@@ -29,6 +30,7 @@ print("cli capture on cuda:", len(cards), "cards; coverage", d.get("coverage"),
 PY
     ;;
   regions)
+    ls wheels/*.whl >/dev/null 2>&1 && pip install -q --no-deps wheels/*.whl 2>&1 | tail -2   # diffusers (carry ["wheels"])
     timeout 560 python3 benchmarks/regions.py --iterations 4 --layers 2 --deadline 420 2>&1 | grep -v "^DEBUG" \
         | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
