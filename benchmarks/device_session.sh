@@ -14,7 +14,7 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 case "${1:-}" in
   tests)
     # NB: -v names each test as it ends, so a run cut off by the timeout still says what failed
-    timeout 420 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=120 \
+    timeout 360 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=120 \
         tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py \
         "tests/test_compile.py" "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -40
