@@ -81,10 +81,10 @@ def short_label(card: Any, limit: int = 48) -> str:
         describe = getattr(get_spec(v.op), "describe", None)
         if describe is not None:  # a region: its operators, then its inputs (its IR is in the signature)
             sig = describe(v).split(" -> ")[0]
-            return sig if len(sig) <= limit else sig[:limit - 1] + "…"
-        parts = [s.short() for s in v.inputs if s is not None]
-        parts += [f"{k}={val}" for k, val in v.params if val is not None and val is not False]
-        sig = re.sub(r"\{[^}]*\}", "", f"{v.op}(" + ", ".join(parts) + ")")  # strides: in the full signature
+        else:
+            parts = [s.short() for s in v.inputs if s is not None]
+            parts += [f"{k}={val}" for k, val in v.params if val is not None and val is not False]
+            sig = re.sub(r"\{[^}]*\}", "", f"{v.op}(" + ", ".join(parts) + ")")  # strides: in the full signature
     except Exception:  # a card of another shape: its full signature
         sig = card.signature
     return sig if len(sig) <= limit else sig[:limit - 1] + "…"

@@ -73,7 +73,7 @@ def speedup_over_iterations(session: "Session") -> Any:
         x=alt.X("iteration:Q", axis=_int_axis("candidates tried", max(count.values()))),
         y=alt.Y("best speedup:Q", title="best speedup over eager (×)"),
         color=alt.Color("card:N", title="card"))
-    eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color="#8c959f").encode(y="y:Q")
+    eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color=_INK).encode(y="y:Q")
     chart = base.mark_line(interpolate="step-after") + base.mark_circle(size=40).encode(
         tooltip=["card:N", "iteration:Q", alt.Tooltip("best speedup:Q", format=".2f"), "status:N"])
     return _themed((chart + eager).properties(title="Best speedup per card", width=420, height=240))
