@@ -3,12 +3,12 @@
 #   device run: bash benchmarks/device_e2e.sh vision    (ResNet-50 + SD3.5 VAE decoder)
 #   device run: bash benchmarks/device_e2e.sh language  (Gemma 4 E2B, Qwen 3.5 at 4 layers: the seed stores' depths)
 #   device run: bash benchmarks/device_e2e.sh diagnose  (ResNet-50: where kforge's time goes)
-# The VAE needs diffusers: carry a wheel (here: pip download diffusers importlib_metadata --no-deps -d wheels;
-# run with carry=["wheels"]). Tables print; end_to_end_<model>.json land in $OUT.
+# The VAE needs diffusers: carry a wheel (here: pip download diffusers importlib_metadata --no-deps -d .whl;
+# run with carry=[".whl"]). Tables print; end_to_end_<model>.json land in $OUT.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-ls wheels/*.whl >/dev/null 2>&1 && pip install -q --no-deps wheels/*.whl 2>&1 | tail -2
+ls .whl/*.whl >/dev/null 2>&1 && pip install -q --no-deps .whl/*.whl 2>&1 | tail -2
 E="python3 benchmarks/end_to_end.py"
 case "${1:-}" in
   vision)

@@ -4,7 +4,7 @@
 #                                                            deploy), the evaluator benchmark, a CLI capture
 #   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
 #                                                            and Inductor, in one run
-#   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry ["wheels"])
+#   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
 # Logs and JSON land in $OUT; figures go to docs/benchmarks.md with the command that made them.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
@@ -30,9 +30,11 @@ print("cli capture on cuda:", len(cards), "cards; coverage", d.get("coverage"),
 PY
     ;;
   regions)
-    ls wheels/*.whl >/dev/null 2>&1 && pip install -q --no-deps wheels/*.whl 2>&1 | tail -2   # diffusers (carry ["wheels"])
-    timeout 560 python3 benchmarks/regions.py --iterations 4 --layers 2 --deadline 420 2>&1 | grep -v "^DEBUG" \
-        | tee "$OUT/regions.txt" | tail -60 ;;
+    ls .whl/*.whl >/dev/null 2>&1 && pip install -q --no-deps .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
+    timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
+        | tee "$OUT/regions_gpu_test.txt" | tail -8
+    timeout 420 python3 benchmarks/regions.py --iterations 3 --layers 2 --max-model-regions 5 --deadline 330 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
   *) echo "usage: bash benchmarks/device_session.sh tests|regions|vision" >&2; exit 2 ;;

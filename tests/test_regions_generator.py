@@ -10,7 +10,8 @@ import torch
 from kforge.evaluate._checks import compare
 from kforge.kernels import Kernel, compile_source, param_vector
 from kforge.ops import TensorSig, Unsupported, get_spec
-from kforge.regions import Node, Ref, RegionIR, generate, plan_region, region_variant
+from kforge.regions import Node, Ref, RegionIR, generate, plan_region, region_plan, region_variant
+from kforge.regions._codegen import math_knobs
 from kforge.regions._spec import region_ir
 
 FLOATS = ("float32", "bfloat16", "float16")
@@ -149,13 +150,51 @@ def test_every_cpu_choice_matches_eager(seed, variant):
             assert m.ok, f"{config}: {m.message}"
 
 
+HALF_CASES = [c for c in CASES if math_knobs(region_plan(c[1]))[1]]
+
+
+def test_random_regions_have_16_bit_chains_to_round_or_not():
+    assert len(HALF_CASES) >= 8
+
+
+@pytest.mark.parametrize("seed,variant", HALF_CASES, ids=[f"seed{s}" for s, _ in HALF_CASES])
+def test_float32_through_the_chain_matches_eager(seed, variant):
+    """round=0 (Inductor's numerics: no rounding between nodes but at casts) stays within a 16-bit
+    output's tolerance."""
+    source = generate(variant, "cpu", {"round": 0})
+    assert source != generate(variant, "cpu", {"round": 1})
+    for m in _run(variant, source, seed):
+        assert m.ok, f"{variant.signature}: {m.message}\n{get_spec('region').source(variant)}"
+
+
+def test_math_knobs_are_offered_only_where_they_change_the_kernel():
+    from kforge.kernels import DeviceInfo
+    from kforge.regions._generator import default_config, valid_config
+
+    gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
+    f32 = [v for _, v in CASES if not any(math_knobs(region_plan(v)))]
+    assert f32, "the random regions should include some with no 16-bit node"
+    for v in f32[:5]:
+        base = default_config(v, gpu)
+        assert base.get("fast", 0) == 0 and base.get("round", 1) == 1
+        assert not valid_config(v, {**base, "fast": 1}, gpu)
+        assert not valid_config(v, {**base, "round": 0}, gpu)
+    fast = [v for _, v in CASES if math_knobs(region_plan(v))[0]]
+    assert fast
+    source = generate(fast[0], "cuda", {"fast": 1})
+    assert "kf_tanh_approx" in source or "__expf" in source or "__logf" in source
+    assert "kf_tanh_approx" not in generate(fast[0], "cuda", {"fast": 0}) and "__expf" not in generate(
+        fast[0], "cuda", {"fast": 0})
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
 def test_generated_cuda_source_compiles_for_sm90(index):
     pointwise = [v for _, v in CASES if region_ir(v).reduction is None]
     rows = [v for _, v in CASES if region_ir(v).reduction is not None]
     picks = [pointwise[0], rows[0], rows[1], pointwise[1], rows[2]]
-    configs = [None, None, {"split": 2, "threads": 128, "tpr": 128, "cache": 0, "vec": 1}, {"vec": 1}, {"cache": 1}]
+    configs = [None, None, {"split": 2, "threads": 128, "tpr": 128, "cache": 0, "vec": 1}, {"vec": 1, "fast": 0, "round": 1},
+               {"cache": 1}]
     variant = picks[index]
     source = generate(variant, "cuda", configs[index])
     built = compile_source(source, "cuda", "sm_90")

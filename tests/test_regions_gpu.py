@@ -21,11 +21,11 @@ def _configs(variant, info):
     plan = region_plan(variant)
     base = default_config(variant, info)
     if plan.red is None:
-        tries = [{}, {"vec": 1}, {"waves": 4, "threads": 128}]
+        tries = [{}, {"vec": 1}, {"waves": 4, "threads": 128}, {"fast": 0, "round": 1}, {"fast": 1, "round": 1}]
     else:
         tries = [{}, {"cache": 0}, {"vec": 1, "cache": 0}, {"threads": 128, "tpr": 8, "cache": 1},
                  {"threads": 128, "tpr": 128, "split": 2, "cache": 0, "vec": 1},
-                 {"threads": 64, "tpr": 64, "split": 4, "cache": 0, "vec": 1}]
+                 {"threads": 64, "tpr": 64, "split": 4, "cache": 0, "vec": 1}, {"fast": 0, "round": 1}]
     out = []
     for t in tries:
         c = {**base, **t}

@@ -2,7 +2,7 @@
 
 Every source is screened first (kforge/kernels/_screen.py): a refused one never reaches the
 compiler. Built libraries are stored as ``objects/<sha256 of the binary>.so`` and found through
-``index/<key>.json`` (key: hash of contract, target and source), which records that hash; both
+``index/<key>.json`` (key: hash of contract, header, target and source), which records that hash; both
 are written atomically by the builder. Before a library is returned or loaded its bytes are
 hashed again: a library changed after it was built is deleted, reported and rebuilt (or refused
 by ``load_verified``), so an overwritten cache entry never runs.
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 CONTRACT_VERSION = 1
+# NB: the header's bytes are part of every cache key: a changed helper in kforge.h rebuilds what used it.
+_HEADER_DIGEST = hashlib.sha256((INCLUDE_DIR / "kforge.h").read_bytes()).hexdigest()[:16]
 
 
 class CompileError(RuntimeError):
@@ -195,7 +197,7 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
             raise SourceRejected(f"the source was refused before compiling: {findings[0]}"
                                  + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""),
                                  describe(findings))
-    key = hashlib.sha256(f"{CONTRACT_VERSION}|{backend}|{arch}|{source}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{CONTRACT_VERSION}|{_HEADER_DIGEST}|{backend}|{arch}|{source}".encode()).hexdigest()[:32]
     root = cache_dir()
     (root / "index").mkdir(exist_ok=True)
     (root / "objects").mkdir(exist_ok=True)

@@ -1,7 +1,13 @@
 """One generator for every region: the plan's nodes become one fused kernel (C/OpenMP or CUDA).
 
-Values are computed in float; a node whose dtype is float16/bfloat16 is rounded to it, as eager
-rounds each operator's result, so a fused chain gives eager's numbers, not a more precise version.
+Values are computed in float. Two choices trade eager's exact numbers for speed, each a knob of the
+search (the judge decides whether the result still matches eager within the dtype's tolerance):
+
+- ``round``: 1 rounds every float16/bfloat16 node to its dtype, as eager rounds each operator's
+  result; 0 keeps float32 through the chain and rounds only at casts and outputs (Inductor's way).
+- ``fast`` (CUDA): 1 computes the transcendental functions of float16/bfloat16 nodes with the
+  hardware approximations (``tanh.approx``, ``ex2.approx``, ``rcp.approx``), whose error is far below
+  a 16-bit result's rounding; float32 nodes always use the accurate functions.
 """
 from __future__ import annotations
 
@@ -27,10 +33,35 @@ def _lit(v: Any) -> str:
     return f"{v!r}f" if abs(v) < 3e38 else repr(v)
 
 
-def _expr(node: Node, a: list[str], cuda: bool) -> str:
-    """The operator on float operands ``a`` as a C expression."""
+#: Operators whose CUDA expression has a hardware-approximate form (the ``fast`` knob).
+FAST_OPS = frozenset({"tanh", "exp", "log", "sigmoid", "silu", "gelu"})
+_HALF = ("bfloat16", "float16")
+
+
+def _fast_expr(op: str, x: str, attr: dict) -> str | None:
+    if op == "tanh":
+        return f"kf_tanh_approx({x})"
+    if op == "exp":
+        return f"__expf({x})"
+    if op == "log":
+        return f"__logf({x})"
+    if op == "sigmoid":
+        return f"__frcp_rn(1.f + __expf(-{x}))"
+    if op == "silu":
+        return f"({x} * __frcp_rn(1.f + __expf(-{x})))"
+    if op == "gelu" and attr.get("approximate", "none") == "tanh":
+        return f"(0.5f * {x} * (1.f + kf_tanh_approx(0.7978845608028654f * ({x} + 0.044715f * {x} * {x} * {x}))))"
+    return None
+
+
+def _expr(node: Node, a: list[str], cuda: bool, fast: bool = False) -> str:
+    """The operator on float operands ``a`` as a C expression (``fast``: CUDA approximations)."""
     op, attr = node.op, node.attr
     x = a[0] if a else ""
+    if fast and cuda and op in FAST_OPS:
+        approx = _fast_expr(op, x, attr)
+        if approx is not None:
+            return approx
     unary = {
         "neg": f"(-{x})", "abs": f"fabsf({x})", "exp": f"expf({x})", "log": f"logf({x})", "sqrt": f"sqrtf({x})",
         "rsqrt": f"rsqrtf({x})" if cuda else f"(1.f / sqrtf({x}))", "tanh": f"tanhf({x})",
@@ -84,20 +115,45 @@ def _round(dtype: str, name: str) -> str:
     return ""
 
 
-def node_lines(plan: Plan, nodes: Sequence[int], cuda: bool, red_value: str | None = None) -> list[str]:
-    """``float tN = ...;`` for each node (inputs are ``aI``); the reduction's value is ``red_value``."""
+def node_lines(plan: Plan, nodes: Sequence[int], cuda: bool, red_value: str | None = None, *,
+               fast: bool = False, round_each: bool = True) -> list[str]:
+    """``float tN = ...;`` for each node (inputs are ``aI``); the reduction's value is ``red_value``.
+
+    ``round_each`` and ``fast`` are the knobs of the module docstring."""
     lines = []
     for n in nodes:
         node = plan.ir.nodes[n]
+        half = plan.node_dtypes[n] in _HALF
         if n == plan.red:
             expr = red_value
         else:
             ops = []
             for r in node.args:
                 ops.append(f"a{r.value}" if r.kind == "i" else f"t{r.value}" if r.kind == "n" else _lit(r.value))
-            expr = _expr(node, ops, cuda)
-        lines.append(f"float t{n} = {expr};" + _round(plan.node_dtypes[n], f"t{n}"))
+            expr = _expr(node, ops, cuda, fast=fast and half)
+        rounded = round_each or node.op == "cast"
+        lines.append(f"float t{n} = {expr};" + (_round(plan.node_dtypes[n], f"t{n}") if rounded else ""))
     return lines
+
+
+def math_choices(c: Config) -> dict[str, bool]:
+    """The ``fast``/``round`` knobs of a config as node_lines keywords (defaults: eager's numbers)."""
+    return {"fast": bool(int(c.get("fast", 0))), "round_each": bool(int(c.get("round", 1)))}
+
+
+def math_knobs(plan: Plan) -> tuple[bool, bool]:
+    """(``fast`` offered, ``round`` offered) for this plan: where they change the kernel, and only
+    when every output is 16-bit (a float32 output is held to 1e-4, which a 16-bit intermediate
+    computed another way than eager's misses by its own rounding)."""
+    if any(s.dtype not in _HALF for s in plan.outputs):
+        return False, False
+    emitted = set(plan.full) | set(plan.phase1) | set(plan.row)
+    half = [n for n in sorted(emitted) if plan.node_dtypes[n] in _HALF and n != plan.red]
+    fast = any(plan.ir.nodes[n].op in FAST_OPS and _fast_expr(plan.ir.nodes[n].op, "x", plan.ir.nodes[n].attr)
+               for n in half)
+    rounds = any(plan.ir.nodes[n].op != "cast" for n in half) or (
+        plan.red is not None and plan.red in emitted and plan.node_dtypes[plan.red] in _HALF)
+    return fast, rounds
 
 
 def inputs_of(plan: Plan, nodes: Sequence[int]) -> list[int]:

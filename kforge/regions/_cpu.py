@@ -1,8 +1,8 @@
 """C/OpenMP region kernels: one pass over the outputs, or one row per iteration with two phases."""
 from __future__ import annotations
 
-from ._codegen import (Config, _C_TYPES, finish_stats, flat_offset, inputs_of, node_lines, red_operand, red_value,
-                       row_out_offset, split_offsets, stats_code)
+from ._codegen import (Config, _C_TYPES, finish_stats, flat_offset, inputs_of, math_choices, node_lines, red_operand,
+                       red_value, row_out_offset, split_offsets, stats_code)
 from ._plan import Plan
 
 _PRELUDE = r"""#include "kforge.h"
@@ -61,7 +61,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     for (long c0 = 0; c0 < total; c0 += {chunk}L) {{
         const long c1 = c0 + {chunk}L < total ? c0 + {chunk}L : total;
         {simd}for (long i = c0; i < c1; ++i) {{
-{_indent(loads + node_lines(plan, plan.full, False) + stores, 12)}
+{_indent(loads + node_lines(plan, plan.full, False, **math_choices(c)) + stores, 12)}
         }}
     }}
     return 0;
@@ -90,7 +90,7 @@ def _reduction(plan: Plan, c: Config) -> str:
     p1 = loads(inputs_of(plan, phase1) + ([] if plan.ir.nodes[plan.red].args[0].kind == "n" else
                                             [plan.ir.nodes[plan.red].args[0].value]))
     p1 = sorted(set(p1), key=p1.index)
-    p1 += node_lines(plan, phase1, False)
+    p1 += node_lines(plan, phase1, False, **math_choices(c))
     if cache:
         p1.append(f"rowc[j] = {p};")
     p1.append(f"st_add(&st, {p});")
@@ -99,13 +99,13 @@ def _reduction(plan: Plan, c: Config) -> str:
     in2 = inputs_of(plan, [n for n in ph2_nodes if n != plan.red])
     if norm and not cache and plan.ir.nodes[plan.red].args[0].kind == "i":
         in2 = sorted(set(in2) | {plan.ir.nodes[plan.red].args[0].value})
-    p2 = loads(in2) + node_lines(plan, ph2_nodes, False, value)
+    p2 = loads(in2) + node_lines(plan, ph2_nodes, False, value, **math_choices(c))
     p2 += [f"st_{s.dtype}(out{o}, {split_offsets(plan, s.shape, s.stride)[0]} + {split_offsets(plan, s.shape, s.stride)[1]}, t{plan.ir.outputs[o]});"
            for o, s in enumerate(plan.outputs) if not plan.out_is_row[o]]
     rowl = []
     if plan.row:
         rowl = ["const long j = 0;"] + loads(inputs_of(plan, [n for n in plan.row if n != plan.red]))
-        rowl += node_lines(plan, plan.row, False, red_value(plan, "0.f"))
+        rowl += node_lines(plan, plan.row, False, red_value(plan, "0.f"), **math_choices(c))
         rowl += [f"st_{s.dtype}(out{o}, {row_out_offset(plan, o)}, t{plan.ir.outputs[o]});"
                  for o, s in enumerate(plan.outputs) if plan.out_is_row[o]]
     has_full = any(not r for r in plan.out_is_row)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ._codegen import (Config, _CU_TYPES, finish_stats, flat_offset, inputs_of, node_lines, red_operand, red_value,
-                       row_out_offset, split_offsets, stats_code)
+from ._codegen import (Config, _CU_TYPES, finish_stats, flat_offset, inputs_of, math_choices, node_lines, red_operand,
+                       red_value, row_out_offset, split_offsets, stats_code)
 from ._plan import Plan
 
 _PRELUDE = r"""#include "kforge.h"
@@ -135,7 +135,7 @@ def _pointwise(plan: Plan, c: Config, sm_count: int) -> str:
     total = plan.numel
     ins = inputs_of(plan, plan.full)
     loads, aligned = _group_loads(plan, ins, vec, lambda sh, st, var: flat_offset(plan, sh, st, var))
-    comp = [f"const float a{i} = va{i}[l];" for i in ins] + node_lines(plan, plan.full, True)
+    comp = [f"const float a{i} = va{i}[l];" for i in ins] + node_lines(plan, plan.full, True, **math_choices(c))
     comp += [f"vo{o}[l] = t{plan.ir.outputs[o]};" for o in range(len(plan.outputs))]
     stores = []
     for o, s in enumerate(plan.outputs):
@@ -216,7 +216,7 @@ def _reduction(plan: Plan, c: Config) -> str:
     cached_inputs = sorted(set(in1) | set(in2)) if cache else in1
     l1, al1 = group_loads(cached_inputs, "a")
     comp1 = [f"const float a{i} = va{i}[l];" for i in cached_inputs]
-    comp1 += node_lines(plan, plan.phase1, True)
+    comp1 += node_lines(plan, plan.phase1, True, **math_choices(c))
     comp1.append(f"st_add(&st, {p});")
     if cache:
         l1 += [f"for (int l = 0; l < V; ++l) ca{i}[it][l] = va{i}[l];" for i in cached_inputs]
@@ -228,7 +228,7 @@ def _reduction(plan: Plan, c: Config) -> str:
     else:
         l2, al2 = group_loads(in2, "a")
     ph2_nodes = [n for n in ph2 if not (cache and n in plan.phase1 and n not in full)]
-    comp2 = [f"const float a{i} = va{i}[l];" for i in in2] + node_lines(plan, ph2_nodes, True, value)
+    comp2 = [f"const float a{i} = va{i}[l];" for i in in2] + node_lines(plan, ph2_nodes, True, value, **math_choices(c))
     full_outs = [o for o in range(len(plan.outputs)) if not plan.out_is_row[o]]
     comp2 += [f"vo{o}[l] = t{plan.ir.outputs[o]};" for o in full_outs]
     st2, al3 = [], ""
@@ -245,7 +245,7 @@ def _reduction(plan: Plan, c: Config) -> str:
         for i in inputs_of(plan, [n for n in plan.row if n != plan.red]):
             s = plan.inputs[i]
             rowl.append(f"const float a{i} = to_f(in{i}[{off_of(s.shape, s.stride, 'j')}]);")
-        rowl += node_lines(plan, plan.row, True, red_value(plan, "0.f"))
+        rowl += node_lines(plan, plan.row, True, red_value(plan, "0.f"), **math_choices(c))
         rowl += [f"out{o}[{row_out_offset(plan, o)}] = from_f<O{o}>(t{plan.ir.outputs[o]});"
                  for o in range(len(plan.outputs)) if plan.out_is_row[o]]
     aligned = al1 + al2 + al3

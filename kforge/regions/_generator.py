@@ -6,6 +6,7 @@ from typing import Any
 
 from ..kernels import DeviceInfo
 from ..ops import Unsupported, Variant
+from ._codegen import math_knobs
 from ._cpu import render_cpu
 from ._cuda import max_vec, render_cuda
 from ._plan import Plan, plan_region
@@ -37,14 +38,22 @@ def _is(variant: Variant, reduction: bool) -> bool:
     return plan is not None and (plan.red is not None) == reduction
 
 
+def _math_default(plan: Plan) -> Config:
+    # NB: on CUDA a 16-bit chain starts with Inductor's numerics (float32 through the chain, hardware
+    # approximations): per element, eager's rounding of every node and the accurate tanhf/expf cost
+    # more instructions than the bytes take to move. The judge still holds it to the dtype's tolerance.
+    fast, rounds = math_knobs(plan)
+    return {"fast": int(fast), "round": 0 if rounds else 1}
+
+
 def default_config(variant: Variant, device: DeviceInfo) -> Config:
     plan = region_plan(variant)
     if device.backend == "cpu":
-        return {"chunk": 1024, "simd": 1} if plan.red is None else {"cache": 1 if plan.cols <= 16384 else 0,
-                                                                    "rows_per_task": 1}
+        return ({"chunk": 1024, "simd": 1, "round": 1} if plan.red is None
+                else {"cache": 1 if plan.cols <= 16384 else 0, "rows_per_task": 1, "round": 1})
     vec = max_vec(plan)
     if plan.red is None:
-        return {"threads": 256, "vec": vec, "waves": 0}
+        return {"threads": 256, "vec": vec, "waves": 0, **_math_default(plan)}
     cols = plan.cols
     # NB: rows per thread group sized so that a row is one pass of vec-wide loads where it can be.
     tpr = 32
@@ -57,13 +66,18 @@ def default_config(variant: Variant, device: DeviceInfo) -> Config:
         split *= 2
     items = -(-cols // (split * tpr * vec))
     return {"threads": threads, "tpr": tpr, "vec": vec, "split": split,
-            "cache": 1 if split == 1 and items * vec <= 32 else 0}
+            "cache": 1 if split == 1 and items * vec <= 32 else 0, **_math_default(plan)}
 
 
 def valid_config(variant: Variant, c: Config, device: DeviceInfo) -> bool:
     plan = _plan_cached(variant)
     if plan is None:
         return False
+    fast, rounds = math_knobs(plan)
+    if int(c.get("fast", 0)) and (device.backend == "cpu" or not fast):
+        return False
+    if not int(c.get("round", 1)) and not rounds:
+        return False  # the same kernel as round=1
     if device.backend == "cpu":
         return not (plan.red is not None and c.get("cache") and plan.cols > 16384)
     vec = int(c.get("vec", 1))
@@ -105,20 +119,21 @@ def register_strategies() -> None:
     register(Strategy(
         "region.cpu.fused", "region", "cpu", 1,
         "the whole pointwise chain in one OpenMP SIMD pass, broadcasting by index, values rounded per node "
-        "as eager rounds them",
-        {"chunk": (256, 1024, 4096), "simd": (0, 1)}, lambda v, d: _is(v, False), default_config,
+        "as eager rounds them (round=1) or only at casts and outputs (round=0)",
+        {"chunk": (256, 1024, 4096), "simd": (0, 1), "round": (1, 0)}, lambda v, d: _is(v, False), default_config,
         render("cpu"), valid_fn=valid_config))
     register(Strategy(
         "region.cpu.rows", "region", "cpu", 1,
         "one row per OpenMP iteration: prologue and statistics in one pass, epilogue in a second, the "
         "reduction's operand kept in a row buffer when it fits",
-        {"cache": (0, 1), "rows_per_task": (1, 4, 16)}, lambda v, d: _is(v, True), default_config,
+        {"cache": (0, 1), "rows_per_task": (1, 4, 16), "round": (1, 0)}, lambda v, d: _is(v, True), default_config,
         render("cpu"), valid_fn=valid_config))
     register(Strategy(
         "region.cuda.fused", "region", "cuda", 1,
         "the whole pointwise chain in one grid-stride pass, 16-byte vectors for operands contiguous "
-        "along the last dim, one load per vector for operands broadcast along it",
-        {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (0, 4, 16)},
+        "along the last dim, one load per vector for operands broadcast along it; 16-bit chains in float32 "
+        "with hardware tanh/exp (fast=1, round=0) or with eager's per-node rounding and libm (fast=0, round=1)",
+        {"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (0, 4, 16), "fast": (0, 1), "round": (1, 0)},
         lambda v, d: _is(v, False), default_config, render("cuda"), valid_fn=valid_config))
     register(Strategy(
         "region.cuda.rows", "region", "cuda", 1,
@@ -126,5 +141,5 @@ def register_strategies() -> None:
         "pass, the row held in registers for the epilogue when it fits, or split over several blocks "
         "with partial statistics (Welford / online max-sum) merged through the workspace",
         {"threads": (64, 128, 256, 512, 1024), "tpr": (4, 8, 16, 32, 64, 128, 256, 512, 1024),
-         "vec": (1, 2, 4, 8), "split": (1, 2, 4, 8, 16, 32), "cache": (0, 1)},
+         "vec": (1, 2, 4, 8), "split": (1, 2, 4, 8, 16, 32), "cache": (0, 1), "fast": (0, 1), "round": (1, 0)},
         lambda v, d: _is(v, True), default_config, render("cuda"), valid_fn=valid_config))
