@@ -8,7 +8,7 @@
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-ls .whl/*.whl >/dev/null 2>&1 && pip install -q --no-deps .whl/*.whl 2>&1 | tail -2
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
 E="python3 benchmarks/end_to_end.py"
 case "${1:-}" in
   vision)

@@ -30,7 +30,7 @@ print("cli capture on cuda:", len(cards), "cards; coverage", d.get("coverage"),
 PY
     ;;
   regions)
-    ls .whl/*.whl >/dev/null 2>&1 && pip install -q --no-deps .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
     timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
         | tee "$OUT/regions_gpu_test.txt" | tail -8
     timeout 420 python3 benchmarks/regions.py --iterations 3 --layers 2 --max-model-regions 5 --deadline 330 2>&1 \

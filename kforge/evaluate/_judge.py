@@ -274,7 +274,7 @@ class _Trial:
         _sync(device)
 
         self.start_runner()
-        rtt_us, floor_us = self.calibrate(k)
+        rtt_us, floor_us = self.calibrate(k)  # floor_us: (fixed cost of a batch, cost per launch)
         self.phase = "load"
         frame, _ = self.ask(Op.LOAD)
         if frame.status in (Code.LOAD, Code.NO_ENTRY):
@@ -368,11 +368,13 @@ class _Trial:
                           roofline_fraction=roofline, checks=tuple(checks), sandbox=self.sandbox.describe(),
                           **self.base)
 
-    def clocks_agree(self, reported: float, wall: float, cpu: float, k: int, floor_us: float) -> bool:
+    def clocks_agree(self, reported: float, wall: float, cpu: float, k: int,
+                     floor_us: tuple[float, float] = (0.0, 0.0)) -> bool:
         """Whether the runner's summed per-call times fit the judge's own measurements of the batch.
 
         CUDA: the judge's wall clock (covering a device-wide synchronise) against the reported
-        event times, floored by the host cost of k empty launches. CPU: the wall clock, or, when
+        event times plus the host cost of a batch of k empty launches, measured before the candidate
+        was loaded. CPU: the wall clock, or, when
         the machine is busy (the runner preempted between calls), the runner's CPU time as the
         kernel accounts it, which a candidate cannot fake either: its threads cannot have run
         more than ``cores x reported`` while being timed.
@@ -381,7 +383,9 @@ class _Trial:
             return False
         slack = _CLOCK_SLACK_US[self.job.backend] + k * _CLOCK_SLACK_PER_CALL_US[self.job.backend]
         if self.cuda:
-            return wall <= max(reported, k * floor_us) * _CLOCK_RATIO + slack
+            # NB: each call costs its launch and its kernel: additive, not the larger of the two (with
+            # max(), an honest kernel near the launch floor, or big sets timed two at a time, failed).
+            return wall <= (reported + floor_us[0] + k * floor_us[1]) * _CLOCK_RATIO + slack
         if wall <= reported * _CLOCK_RATIO + slack:
             return True
         return cpu <= reported * _CORES * _CLOCK_RATIO + slack
@@ -390,16 +394,28 @@ class _Trial:
         self.phase = "start-up"
         self.runner, self.sandbox = _start_runner(self.job, self.so_path, self.arenas)
 
-    def calibrate(self, k: int) -> tuple[float, float]:
-        """Before the candidate is loaded: the smallest round trip, and the host floor per launch."""
+    def calibrate(self, k: int) -> tuple[float, tuple[float, float]]:
+        """Before the candidate is loaded: the smallest round trip, and the host floor of a batch
+        (fixed part, per launch)."""
         self.phase = "calibration"
         rtts = [self.ask(Op.PING, n)[1] * 1e6 for n in range(20)]
         rtt = min(rtts)
-        floor = 0.0
-        if self.cuda:
-            walls = [self.ask(Op.FLOOR, k)[1] * 1e6 for _ in range(3)]
-            floor = max(min(walls) - rtt, 0.0) / k
-        return rtt, floor
+        if not self.cuda:
+            return rtt, (0.0, 0.0)
+
+        def batch_wall(n: int) -> float:
+            walls = []
+            for _ in range(3):
+                # NB: after the judge's own GPU work, as every timed batch is: the device switches
+                # from the judge's context to the runner's, and that cost is part of the floor.
+                torch.empty(1 << 16, device=self.device).fill_(1.0)
+                _sync(self.device)
+                walls.append(self.ask(Op.FLOOR, n)[1] * 1e6 - rtt)
+            return max(min(walls), 0.0)
+
+        one, many = batch_wall(1), batch_wall(max(k, 2))
+        per = max(many - one, 0.0) / (max(k, 2) - 1)
+        return rtt, (max(one - per, 0.0), per)
 
     def fresh_batch(self, group: Group, pool: _Pool, batch: int) -> tuple[list, list]:
         """Fresh input values and fresh poison in every set of ``group``: (input views, values written)."""
