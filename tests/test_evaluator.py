@@ -176,7 +176,7 @@ def test_phases_are_reported_and_a_cards_inputs_are_made_once():
     assert first.status.is_correct and second.status.is_correct, (first.summary(), second.summary())
     assert wrong.status is Status.WRONG_RESULT                           # the card's sets judge every candidate
     names = [n for n, _ in first.phases]
-    for phase in ("compile", "inputs", "reference", "arena", "runner start", "validation run", "validation checks",
+    for phase in ("compile (wait)", "inputs", "reference", "arena", "runner start", "validation run", "validation checks",
                   "timing: candidate", "timing: eager", "timing: checks", "close"):
         assert phase in names
     assert all(s >= 0 for _, s in first.phases)

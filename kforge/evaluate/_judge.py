@@ -9,28 +9,31 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import hashlib
 import math
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, compile_source, device_info, param_vector,
-                       verify_binary)
+from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, cache_dir, compile_source, device_info,
+                       param_vector, verify_binary)
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
 from ..timing import BusyWindow, Timing
 from ._arena import Arenas, Group, Plan, extent, poison_value
 from ._checks import compare, reference_outputs
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
 from ._result import Evaluation, Status
-from ._runner import RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout, runner_binary
+from ._runner import LIBRARY_NAME, RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout, runner_binary
 
 _READY_TIMEOUT_S = 60.0
 _WIDE_SCALE = 30.0            # random set with large magnitudes (softmax logits of +-90)
@@ -257,11 +260,10 @@ def _card_sets(job: Job, spec, variant: Variant, phases: _Phases) -> _CardSets:
 class _Trial:
     """One attempt at evaluating one candidate with one fresh runner."""
 
-    def __init__(self, job: Job, so_path: str, base: dict, phases: _Phases):
+    def __init__(self, job: Job, phases: _Phases):
         self.job = job
         self.phases = phases
-        self.so_path = so_path
-        self.base = base
+        self.base: dict = {}
         self.device = job.device
         self.cuda = job.backend == "cuda"
         self.variant = Variant.from_json(job.variant).on(job.device)
@@ -349,32 +351,46 @@ class _Trial:
         return frame.t, wall * 1e6, cpu_us
 
     # ---- the evaluation
-    def run(self) -> Evaluation:
+    def run(self, library: Path, base: dict) -> Evaluation:
+        """The verdict on ``library`` (verified); prepares and starts whatever was not done ahead."""
+        self.base = base
         try:
+            if self.arenas is None:
+                self.prepare()
+            if self.runner is None:
+                self.start()
+            self.install(library)
             return self._run()
         except _Verdict as v:
             return v.evaluation
         finally:
-            with self.phases("close"):
-                if self.runner is not None:
-                    self.runner.close(graceful=True)
-                    self.runner.remove_private_dir()
-                if self.arenas is not None:
-                    self.arenas.close()
+            self.close()
 
-    def _run(self) -> Evaluation:
+    def close(self) -> None:
+        with self.phases("close"):
+            self.stop_runner()
+            if self.arenas is not None:
+                self.arenas.close()
+                self.arenas = None
+
+    def stop_runner(self) -> None:
+        if self.runner is not None:
+            self.runner.close(graceful=True)
+            self.runner.remove_private_dir()
+            self.runner = None
+
+    def prepare(self) -> None:
+        """Everything that needs no library: the card's sets, the shared memory, the poison."""
         job, spec, device, variant, phases = self.job, self.spec, self.device, self.variant, self.phases
         self.card = card = _card_sets(job, spec, variant, phases)
         # NB: a fresh draw order per evaluation of the card: no two candidates see one timed set.
         self.gen.manual_seed((job.seed ^ 0x5EED) + 7919 * card.uses)
-        sets = card.sets
         with phases("arena"):
             plan = Plan(variant.inputs, variant.outputs)
-            val = plan.add_group(2 * len(sets))
-            k = timing_sets(plan.set_bytes, device)
-            timed = plan.add_group(k)
+            self.val = val = plan.add_group(2 * len(card.sets))
+            self.timed = plan.add_group(timing_sets(plan.set_bytes, device))
             self.arenas = arenas = Arenas(plan, device, param_vector(variant), self.gen)
-            for s, (_, raw) in enumerate(sets):
+            for s, (_, raw) in enumerate(card.sets):
                 for i, t in enumerate(raw):
                     if t is not None:
                         arenas.inputs(val, i)[2 * s:2 * s + 2].copy_(t.unsqueeze(0).expand(2, *t.shape))
@@ -383,13 +399,30 @@ class _Trial:
                                     True)
                 view[0::2].fill_(poison_value(torch_dtype(sig.dtype), 0))
                 view[1::2].fill_(poison_value(torch_dtype(sig.dtype), 1))
-            refs = [[r.to(device) for r in rs] for rs in card.refs]   # NB: a fresh copy on a GPU
+            self.refs = [[r.to(device) for r in rs] for rs in card.refs]   # NB: a fresh copy on a GPU
             _sync(device)
 
-        with phases("runner start"):
-            self.start_runner()
-        with phases("calibration"):
-            rtt_us, floor_us = self.calibrate(k)
+    def start(self) -> None:
+        """A fresh runner over the arenas, calibrated; no candidate is loaded yet."""
+        with self.phases("runner start"):
+            self.phase = "start-up"
+            self.runner, self.sandbox = _start_runner(self.job, self.arenas)
+        with self.phases("calibration"):
+            self.rtt_us, self.floor_us = self.calibrate(self.timed.count)
+
+    def install(self, library: Path) -> None:
+        """The library's bytes, checked against its name (its SHA-256) as they are copied, into the
+        runner's private folder, where the runner loads them: what loads is what was checked."""
+        with self.phases("load"):
+            data = library.read_bytes()
+            if hashlib.sha256(data).hexdigest() != library.stem:
+                raise KernelIntegrityError(f"{library} changed after it was checked")
+            fd = os.open(self.runner.library_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o500)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+
+    def _run(self) -> Evaluation:
+        phases, device, val, sets = self.phases, self.device, self.val, self.card.sets
         self.phase = "load"
         with phases("load"):
             frame, _ = self.ask(Op.LOAD)
@@ -404,11 +437,11 @@ class _Trial:
             self.run_layouts(val, "validation")
             _sync(device)
         with phases("validation checks"):
-            checks = self.validate(val, sets, refs)
+            checks = self.validate(val, sets, self.refs)
 
         # ---- timing: fresh checked sets each batch, eager in this process, clocks cross-checked
         self.phase = "timing"
-        return self.time_batches(timed, rtt_us, floor_us, checks)
+        return self.time_batches(self.timed, self.rtt_us, self.floor_us, checks)
 
     def validate(self, val: Group, sets: list, refs: list) -> list[str]:
         """Every validation set's inputs, canaries and both runs' outputs; the checks that held."""
@@ -532,10 +565,6 @@ class _Trial:
             return True
         return cpu <= reported * _CORES * _CLOCK_RATIO + slack
 
-    def start_runner(self) -> None:
-        self.phase = "start-up"
-        self.runner, self.sandbox = _start_runner(self.job, self.so_path, self.arenas)
-
     def calibrate(self, k: int) -> tuple[float, float]:
         """Before the candidate is loaded: the smallest round trip, and the host floor per launch."""
         self.phase = "calibration"
@@ -633,11 +662,24 @@ def _checked_runner(backend: str):
         raise _Infra(str(exc)) from None
 
 
-def _start_runner(job: Job, so_path: str, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
-    """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there."""
+def _runs_dir() -> Path:
+    """Where runners' private folders go: beside the kernel cache, on a file system the runner binary
+    already executes from (a library in a ``noexec`` /tmp would not load)."""
+    path = cache_dir().parent / "runs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
+    """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there.
+
+    It will load its library from ``runner.library_path`` in its private folder, which the judge
+    writes only once the candidate is compiled and checked: a runner can start during the compile.
+    """
     cuda = job.backend == "cuda"
     binary, _ = _checked_runner(job.backend)
-    private = tempfile.mkdtemp(prefix="kforge-runner-")
+    private = tempfile.mkdtemp(prefix="kforge-runner-", dir=_runs_dir())
+    so_path = os.path.join(private, LIBRARY_NAME)
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
     cpu_s = int(job.timeout_s) + 5
@@ -681,7 +723,7 @@ def runner_sandbox(device: str = "cpu") -> Sandbox:
     job = Job(0, {}, "", "cuda" if device.startswith("cuda") else "cpu", device, "", timeout_s=30.0)
     arenas = Arenas(plan, device, [], torch.Generator().manual_seed(0))
     try:
-        runner, sandbox = _start_runner(job, "/nonexistent", arenas)
+        runner, sandbox = _start_runner(job, arenas)
     except _Infra as exc:
         raise RuntimeError(f"the {job.backend} runner does not start on this machine: {exc}") from None
     finally:
@@ -691,23 +733,67 @@ def runner_sandbox(device: str = "cpu") -> Sandbox:
     return sandbox
 
 
+class _Compile(threading.Thread):
+    """The candidate's compile, in the background while the judge prepares what needs no library."""
+
+    def __init__(self, job: Job):
+        super().__init__(name="kforge-compile", daemon=True)
+        self.job = job
+        self.built = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.built = compile_source(self.job.source, self.job.backend, self.job.arch)
+        except BaseException as exc:  # NB: re-raised in the judge's thread by result()
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.built
+
+
 def evaluate_job(job: Job) -> Evaluation:
-    """The verdict on one job; never raises for a bad candidate. Infra trouble is retried once."""
+    """The verdict on one job; never raises for a bad candidate. Infra trouble is retried once.
+
+    While the candidate compiles, the judge makes the card's sets (first time only) and the shared
+    memory, and on CUDA starts and calibrates the runner too (its CUDA context takes a while). On
+    the CPU the runner starts after the compile: its thread count is measured over the compile.
+    """
     start = time.perf_counter()
     phases = _Phases()
     cpu = job.backend == "cpu"
     if cpu:
         _reset_cpu_threads()
+    trial = _Trial(job, phases)
+    compiling = _Compile(job)
     # NB: the cores other processes keep busy are measured over the compile (the judge's own CPU and
     # the compiler's are taken out), topped up to _THREADS_WINDOW_S when the compile was a cache hit.
     with BusyWindow() as busy:
+        compiling.start()
         try:
-            with phases("compile"):
-                built = compile_source(job.source, job.backend, job.arch)
+            if cpu:   # NB: one thread beside the compiler: a parallel region would wait for a preempted thread
+                torch.set_num_threads(1)
+            trial.prepare()
+            if not cpu:
+                _start_ahead(trial)
+        except BaseException:
+            compiling.join()
+            trial.close()
+            raise
+        try:
+            with phases("compile (wait)"):
+                built = compiling.result()
         except CompileError as exc:
+            trial.close()
             status = Status.REJECTED if isinstance(exc, SourceRejected) else Status.COMPILE_ERROR
             return Evaluation(status, str(exc), compile_log=exc.log, wall_s=time.perf_counter() - start,
                               phases=phases.items())
+        except BaseException:
+            trial.close()
+            raise
         if cpu:
             with phases("threads"):
                 time.sleep(max(0.0, _THREADS_WINDOW_S - (time.perf_counter() - start)))
@@ -717,8 +803,9 @@ def evaluate_job(job: Job) -> Evaluation:
         if cpu:
             _bound_cpu_threads(busy)
         try:
-            # NB: the library's bytes are checked against its recorded SHA-256 just before a runner loads it.
-            ev = _Trial(job, str(verify_binary(built.path)), base, phases).run()
+            # NB: the library's bytes are checked against its recorded SHA-256 here, and again as
+            # they are copied to where the runner loads them.
+            ev = trial.run(verify_binary(built.path), base)
             return replace(ev, wall_s=time.perf_counter() - start, phases=phases.items())
         except _Infra as exc:
             reason = str(exc)
@@ -727,9 +814,19 @@ def evaluate_job(job: Job) -> Evaluation:
                     time.sleep(_THREADS_WINDOW_S)
         except KernelIntegrityError as exc:   # the cached library changed after it was built: build it again
             reason = str(exc)
+            trial.close()
             built = compile_source(job.source, job.backend, job.arch)
+        trial = _Trial(job, phases)
     return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}", wall_s=time.perf_counter()
                       - start, phases=phases.items(), **base)
+
+
+def _start_ahead(trial: _Trial) -> None:
+    """Start the runner during the compile; if that fails it is started again, after, as usual."""
+    try:
+        trial.start()
+    except (_Infra, _Verdict):
+        trial.stop_runner()
 
 
 _CPU_THREADS: list[int] = []   # the judge's intra-op thread count at start (the ceiling)
