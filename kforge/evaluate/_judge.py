@@ -43,6 +43,11 @@ _MAX_BATCHES = 50
 # counted batches at least, after one warm-up batch. NB: 6 on the CPU so that the settled time (the
 # lower quartile, kforge.timing.settled_us) is the second lowest and one busy stretch cannot move it.
 _MIN_BATCHES = {"cpu": 6, "cuda": 2}
+# NB: on the CPU a timed batch of the candidate lasts about this long (K >= 2 sets): on a shared
+# machine a batch shorter than a scheduler time slice is often not preempted at all, and the
+# settled time (a low quantile of the batches) picks those; fresh values and checks on every set,
+# not the number of sets, are what defeat caches on the CPU (the judge has just written the inputs).
+_CPU_BATCH_S = 0.002
 _THREADS_WINDOW_S = 0.1       # the least time over which the judge measures the cores others keep busy
 _CARD_CACHE = 4               # cards whose validation sets, references and timing pool the judge keeps
 _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
@@ -479,8 +484,11 @@ class _Trial:
         val = arenas.plan.groups[0]
         least = _MIN_BATCHES[job.backend]
         # NB: as many of the allocated sets as let the minimum number of batches fit the budget.
-        per_call_s = self.card.eager_s + float(arenas.times[val.first:val.first + val.count].median()) / 1e6
+        cand_call_s = float(arenas.times[val.first:val.first + val.count].median()) / 1e6
+        per_call_s = self.card.eager_s + cand_call_s
         fit = int(job.budget_ms / 1e3 / (least + 1) / max(per_call_s, 1e-7))
+        if not self.cuda:
+            fit = min(fit, int(_CPU_BATCH_S / max(cand_call_s, 1e-7)))
         k = max(2, min(timed.count, fit))
         timed = replace(timed, count=k)
         with phases("timing: fresh sets"):
