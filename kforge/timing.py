@@ -173,27 +173,6 @@ def cpu_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _cpu_busy_fraction(window_s: float) -> float | None:
-    """Fraction of all cores busy over ``window_s`` (Linux /proc/stat), None where unknown."""
-    def snapshot() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields), idle
-
-    a = snapshot()
-    if a is None:
-        return None
-    time.sleep(window_s)
-    b = snapshot()
-    if b is None or b[0] == a[0]:
-        return None
-    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
-
-
 def _own_cpu_s() -> float:
     """CPU seconds this process and its reaped children have used."""
     t = os.times()
@@ -237,11 +216,21 @@ class BusyWindow:
 
     def threads(self, threads: int | None = None) -> int:
         """``threads`` (torch's intra-op count by default) bounded by the cores others left idle."""
-        threads = torch.get_num_threads() if threads is None else threads
-        if self.busy_fraction is None:
-            return threads
-        idle = int(round((1.0 - self.busy_fraction) * (os.cpu_count() or 1)))
-        return max(1, min(threads, idle))
+        return _bounded_threads(torch.get_num_threads() if threads is None else threads, self.busy_fraction)
+
+
+def _bounded_threads(threads: int, busy_fraction: float | None) -> int:
+    if busy_fraction is None:
+        return threads
+    idle = int(round((1.0 - busy_fraction) * (os.cpu_count() or 1)))
+    return max(1, min(threads, idle))
+
+
+def _cpu_busy_fraction(window_s: float) -> float | None:
+    """Fraction of all cores other processes kept busy over ``window_s``, None where unknown."""
+    with BusyWindow() as window:
+        time.sleep(window_s)
+    return window.busy_fraction
 
 
 def measurement_threads(window_s: float = 0.1) -> int:
@@ -253,13 +242,7 @@ def measurement_threads(window_s: float = 0.1) -> int:
     thread its core back (milliseconds), and a 90 us convolution reads as 20 ms. With no more
     threads than idle cores, nothing waits at the barrier.
     """
-    threads = torch.get_num_threads()
-    cores = os.cpu_count() or 1
-    busy = _cpu_busy_fraction(window_s)
-    if busy is None:
-        return threads
-    idle = int(round((1.0 - busy) * cores))
-    return max(1, min(threads, idle))
+    return _bounded_threads(torch.get_num_threads(), _cpu_busy_fraction(window_s))
 
 
 def bench_many(fns: Sequence[Callable[[], object]], *, device: str = "cpu", warmup: int = 3,
