@@ -1,10 +1,12 @@
 """How fast and how steady the evaluator is: compile time per candidate, evaluations per minute,
-and the run-to-run spread of one kernel timed twice.
+the run-to-run spread of one kernel timed twice, and where an evaluation's time goes.
 
     python benchmarks/evaluator.py --device cuda     # on the H200 (device tool)
     python benchmarks/evaluator.py --device cpu
 
-Writes JSON to $OUT/evaluator_<device>.json when OUT is set and prints a table last.
+Writes JSON to $OUT/evaluator_<device>.json when OUT is set (or to --json) and prints the
+per-phase table last: the judge's wall time in each phase of an evaluation, median over the
+rated evaluations (an evaluator without phases, e.g. an older checkout, prints none).
 """
 from __future__ import annotations
 
@@ -28,13 +30,12 @@ from kforge.kernels import compile_source, device_info  # noqa: E402
 KERNELS = Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compiles", type=int, default=6)
     ap.add_argument("--evaluations", type=int, default=10)
+    ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     device = args.device
     backend = "cuda" if device.startswith("cuda") else "cpu"
@@ -73,8 +74,13 @@ def main() -> None:
     results["speedup_spread_pct"] = 100 * (max(sp) - min(sp)) / statistics.median(sp)
     k = [t["kernel_us"] for t in results["timed_twice"]]
     results["twice_kernel_diff_pct"] = 100 * abs(k[0] - k[1]) / min(k)
+    results["phases_s"] = phase_medians([getattr(e, "phases", ()) for e in evals])
+    results["wall_s_all"] = [e.wall_s for e in evals]
+    results["loadavg"] = os.getloadavg()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], f"evaluator_{backend}.json").write_text(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
     print(f"\n== evaluator benchmark on {results['device']}")
     print(f"compile per candidate (cold, median of {len(compile_s)}): {results['compile_median_s']:.2f} s "
           f"(min {min(compile_s):.2f}, max {max(compile_s):.2f})")
@@ -88,6 +94,23 @@ def main() -> None:
     print(f"eager (timed in the judge, a user's normal threads): {statistics.median(results['eager_us_all']):.2f} us")
     print(f"runner sandbox: {results['sandbox'] or 'n/a'}")
     print(f"checks: {results['checks']}")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in results['loadavg'])}")
+    phases = results["phases_s"]
+    if phases:
+        wall = statistics.median(results["wall_s_all"])
+        print(f"\n== where an evaluation's time goes (judge's wall clock, median of {len(evals)}; "
+              f"evaluation median {wall * 1e3:.1f} ms)")
+        print(f"{'phase':<22}{'ms':>9}{'share':>8}")
+        for name, sec in phases.items():
+            print(f"{name:<22}{sec * 1e3:>9.1f}{100 * sec / wall:>7.1f}%")
+
+
+def phase_medians(per_eval: list) -> dict[str, float]:
+    """{phase: median seconds over the evaluations} in the order the phases first ran (0 where one skipped it)."""
+    names: list[str] = []
+    for phases in per_eval:
+        names += [n for n, _ in phases if n not in names]
+    return {n: statistics.median(dict(p).get(n, 0.0) for p in per_eval) for n in names}
 
 
 if __name__ == "__main__":

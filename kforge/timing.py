@@ -33,6 +33,10 @@ OUTLIER_SIGMAS = 5.0
 NOISY_SPREAD = 0.5
 NOISY_OUTLIERS = 0.25
 ROUNDS_AGREE = 0.10
+# The settled time of a set of repetitions is their lower quartile: load (other processes, an
+# interrupt, a preempted thread) only ever adds time, so the low end is where the work itself
+# shows; a busy stretch must slow more than three repetitions in four to move it.
+SETTLED_QUANTILE = 0.25
 
 Clock = Callable[[], int]
 
@@ -49,6 +53,7 @@ class Timing:
     rounds: int = 1            # rounds of repetitions run until two agreed
     noisy: bool = False        # too noisy to trust: show it with a warning, do not decide on it
     threads: int | None = None  # CPU: torch intra-op threads while timing (None: as the process had them)
+    settled_us: float = 0.0    # lower quartile of the repetitions (see settled_us())
 
     @property
     def robust_spread(self) -> float:
@@ -70,7 +75,7 @@ class Timing:
         robust = 1.4826 * mad / median if median else 0.0
         noisy = (robust > NOISY_SPREAD or outliers > NOISY_OUTLIERS * len(samples) or not converged)
         return cls(median, mean, min(samples), stdev / mean if mean else 0.0, len(samples), mad, outliers, rounds,
-                   noisy, threads)
+                   noisy, threads, settled_us(samples))
 
     def describe(self) -> str:
         """One line: median, spread, and why it is not to be trusted when it is not."""
@@ -79,6 +84,14 @@ class Timing:
             text += f", {self.outliers} outliers"
         text += ")"
         return text + (" NOISY" if self.noisy else "")
+
+
+def settled_us(samples_us: Sequence[float]) -> float:
+    """The lower quartile (nearest rank) of ``samples_us``: the time a measurement settles to once the
+    load that only adds time is left out. Of 4 samples the lowest; of 5-8 the second lowest; of 9-12
+    the third. One busy stretch that slows fewer than three samples in four cannot move it."""
+    ordered = sorted(samples_us)
+    return ordered[int((len(ordered) - 1) * SETTLED_QUANTILE)]
 
 
 def _flush_buffer(device: str) -> torch.Tensor:
@@ -160,25 +173,64 @@ def cpu_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _cpu_busy_fraction(window_s: float) -> float | None:
-    """Fraction of all cores busy over ``window_s`` (Linux /proc/stat), None where unknown."""
-    def snapshot() -> tuple[int, int] | None:
+def _own_cpu_s() -> float:
+    """CPU seconds this process and its reaped children have used."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class BusyWindow:
+    """How many cores other processes kept busy while a block ran (Linux /proc/stat).
+
+    This process's own CPU time and its reaped children's (a compiler it waited for) are taken
+    out, so the block may be real work, not a sleep: the judge measures over a candidate's compile.
+    """
+
+    def __init__(self) -> None:
+        self._start: tuple[int, int] | None = None
+        self.busy_fraction: float | None = None   # others' share of all cores over the block; None: unknown
+
+    @staticmethod
+    def _snapshot() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
                 fields = [int(v) for v in f.readline().split()[1:]]
         except (OSError, ValueError):
             return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields), idle
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)
 
-    a = snapshot()
-    if a is None:
-        return None
-    time.sleep(window_s)
-    b = snapshot()
-    if b is None or b[0] == a[0]:
-        return None
-    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+    def __enter__(self) -> "BusyWindow":
+        self._own = _own_cpu_s()
+        self._start = self._snapshot()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        end = self._snapshot()
+        if self._start is None or end is None or end[0] <= self._start[0]:
+            return
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        total_s = (end[0] - self._start[0]) / hz
+        busy_s = total_s - (end[1] - self._start[1]) / hz
+        others_s = max(0.0, busy_s - (_own_cpu_s() - self._own))
+        self.busy_fraction = min(1.0, others_s / total_s)
+
+    def threads(self, threads: int | None = None) -> int:
+        """``threads`` (torch's intra-op count by default) bounded by the cores others left idle."""
+        return _bounded_threads(torch.get_num_threads() if threads is None else threads, self.busy_fraction)
+
+
+def _bounded_threads(threads: int, busy_fraction: float | None) -> int:
+    if busy_fraction is None:
+        return threads
+    idle = int(round((1.0 - busy_fraction) * (os.cpu_count() or 1)))
+    return max(1, min(threads, idle))
+
+
+def _cpu_busy_fraction(window_s: float) -> float | None:
+    """Fraction of all cores other processes kept busy over ``window_s``, None where unknown."""
+    with BusyWindow() as window:
+        time.sleep(window_s)
+    return window.busy_fraction
 
 
 def measurement_threads(window_s: float = 0.1) -> int:
@@ -190,13 +242,7 @@ def measurement_threads(window_s: float = 0.1) -> int:
     thread its core back (milliseconds), and a 90 us convolution reads as 20 ms. With no more
     threads than idle cores, nothing waits at the barrier.
     """
-    threads = torch.get_num_threads()
-    cores = os.cpu_count() or 1
-    busy = _cpu_busy_fraction(window_s)
-    if busy is None:
-        return threads
-    idle = int(round((1.0 - busy) * cores))
-    return max(1, min(threads, idle))
+    return _bounded_threads(torch.get_num_threads(), _cpu_busy_fraction(window_s))
 
 
 def bench_many(fns: Sequence[Callable[[], object]], *, device: str = "cpu", warmup: int = 3,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kforge.capture import Card
-from kforge.evaluate import Evaluator, Status, bench_pair
+from kforge.evaluate import Evaluation, Evaluator, Status, bench_pair
 from kforge.kernels import CompileError, Kernel, compile_source, param_vector
 from kforge.ops import get_spec
 from kernel_files import kernel_source
@@ -133,3 +133,53 @@ def test_in_process_launch_matches_eager():
     cand, eager = bench_pair(lambda: kernel.launch([x], [y], param_vector(SOFTMAX.variant)),
                              lambda: x.softmax(-1), device="cpu", reps=20)
     assert cand.reps == eager.reps == 20 and cand.median_us > 0
+
+
+def _float64_verdict(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> bool:
+    o, r = out.double(), ref.double()
+    if not bool(torch.isfinite(o).all()):
+        return False
+    return bool(((o - r).abs() <= rtol * r.abs() + atol * r.abs().max()).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_quick_comparison_agrees_with_float64(dtype):
+    from kforge.evaluate._checks import compare
+
+    spec = get_spec("softmax")
+    rtol, atol = spec.tolerance(str(dtype).replace("torch.", ""))
+    gen = torch.Generator().manual_seed(3)
+    ref = torch.randn(4096, generator=gen).to(dtype)
+    for scale in (0.0, 0.3, 0.9, 1.0, 1.1, 3.0):   # errors around the bound, on both sides of it
+        noise = (torch.rand(4096, generator=gen) * 2 - 1).double() * (rtol * ref.double().abs()
+                                                                       + atol * ref.double().abs().max())
+        out = (ref.double() + scale * noise).to(dtype)
+        m = compare(spec, out, ref, "out")
+        assert m.ok == _float64_verdict(out, ref, rtol, atol), (dtype, scale, m.message)
+        if m.ok:
+            assert m.max_abs == pytest.approx(float((out.double() - ref.double()).abs().max()), rel=1e-5, abs=1e-30)
+    unwritten = ref.clone()
+    unwritten[17] = float("nan")
+    assert not compare(spec, unwritten, ref, "out", stats=False).ok
+    with_inf = ref.clone()
+    with_inf[3] = float("inf")
+    assert compare(spec, with_inf.clone(), with_inf, "out").ok            # eager's Inf reproduced
+    assert not compare(spec, ref, with_inf, "out").ok                     # and required
+
+
+def test_phases_are_reported_and_a_cards_inputs_are_made_once():
+    card = Card.for_call("softmax", torch.randn(16, 512), -1)
+    with Evaluator("cpu", timeout_s=20) as ev:
+        first = ev.evaluate(card, kernel_source("cpu", "softmax_rows"))
+        wrong = ev.evaluate(card, kernel_source("cpu", "softmax_wrong"))
+        second = ev.evaluate(card, kernel_source("cpu", "softmax_rows") + "\n// another candidate\n")
+    assert first.status.is_correct and second.status.is_correct, (first.summary(), second.summary())
+    assert wrong.status is Status.WRONG_RESULT                           # the card's sets judge every candidate
+    names = [n for n, _ in first.phases]
+    for phase in ("compile (wait)", "inputs", "reference", "arena", "runner start", "validation run", "validation checks",
+                  "timing: candidate", "timing: eager", "timing: checks", "close"):
+        assert phase in names
+    assert all(s >= 0 for _, s in first.phases)
+    later = dict(second.phases)
+    assert "inputs" not in later and "reference" not in later and "timing: checks" in later
+    assert Evaluation.from_json(first.to_json()).phases == first.phases

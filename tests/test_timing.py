@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kforge import timing
 from kforge.timing import Timing, beyond_bandwidth_floor, bench, bandwidth_floor_us
 
 
@@ -46,3 +47,32 @@ def test_timing_is_a_leaf_module():
     assert not any(n.level for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert not {m for m in imported if m.split(".")[0] not in {"__future__", "contextlib", "os", "statistics", "time",
                                                                "dataclasses", "typing", "torch"}}
+
+
+def test_the_settled_time_ignores_a_busy_stretch_but_not_the_work():
+    quiet = [100.0, 101.0, 99.0, 102.0, 100.5, 98.5]
+    assert timing.settled_us(quiet) == 99.0                       # the second lowest of 6
+    busy = quiet[:2] + [600.0, 900.0, 400.0] + quiet[5:]          # three batches slowed 4-9x
+    assert timing.settled_us(busy) == 100.0
+    assert timing.settled_us([250.0] * 5 + [1.0]) == 250.0       # one lucky or faked batch does not set it
+    assert timing.Timing.of(busy).settled_us == timing.settled_us(busy)
+
+
+def test_busy_window_takes_out_this_process_and_its_children(monkeypatch):
+    stats = iter([(1000, 400), (1200, 450)])                      # 2 s of all cores, 1.5 s of it busy
+    own = iter([10.0, 11.0])                                      # 1 s of it was this process
+    monkeypatch.setattr(timing.BusyWindow, "_snapshot", staticmethod(lambda: next(stats)))
+    monkeypatch.setattr(timing, "_own_cpu_s", lambda: next(own))
+    monkeypatch.setattr(timing.os, "sysconf", lambda name: 100)
+    with timing.BusyWindow() as busy:
+        pass
+    assert busy.busy_fraction == pytest.approx(0.25)
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 4)
+    assert busy.threads(8) == 3 and busy.threads(2) == 2
+
+
+def test_busy_window_without_proc_stat_leaves_the_threads(monkeypatch):
+    monkeypatch.setattr(timing.BusyWindow, "_snapshot", staticmethod(lambda: None))
+    with timing.BusyWindow() as busy:
+        pass
+    assert busy.busy_fraction is None and busy.threads(5) == 5

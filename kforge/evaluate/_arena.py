@@ -205,7 +205,15 @@ class Arenas:
             self._mem = [_Memfd("kforge-inputs", plan.in_bytes), _Memfd("kforge-outputs", out_total)]
             self.inp, self.out = self._mem[0].tensor, self._mem[1].tensor
         self.pattern = self.pattern.to(device)
-        self.out.view(-1, PAGE).copy_(self.pattern.expand(self.out.numel() // PAGE, PAGE))
+        self._expected: dict[int, torch.Tensor] = {}
+        # NB: the pattern goes only where canaries_broken() looks (guard, canary page, canary zone);
+        # every output's own extent is poisoned before any call, so writing it twice would be waste.
+        for g in plan.groups:
+            for o, sig in enumerate(plan.outputs):
+                rows, expected, end = self._slots(g, o)
+                rows[:, :2 * PAGE].copy_(expected[:2 * PAGE].expand(g.count, 2 * PAGE))
+                rows[:, end:].copy_(expected[end:].expand(g.count, expected.numel() - end))
+        self.out[plan.out_bytes:plan.out_bytes + PAGE].copy_(self.pattern)
 
     # ---- what a runner is given
     def runner_fds(self) -> tuple[int, int, int, int]:
@@ -254,16 +262,22 @@ class Arenas:
                               group.count, flat=True)
             view.fill_(poison_value(torch_dtype(sig.dtype), round_))
 
+    def _slots(self, group: Group, o: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Output ``o``'s slots in ``group`` as rows, the pattern they hold outside the output, and where
+        the output ends in a slot."""
+        sig = self.plan.outputs[o]
+        slot_start = group.out_base + self.plan.out_offsets[o] - 2 * PAGE
+        slot = self.plan.out_slot[o]
+        rows = self.out.as_strided((group.count, slot), (group.out_stride, 1), slot_start)
+        if slot not in self._expected:
+            self._expected[slot] = self.pattern.repeat(slot // PAGE)
+        return rows, self._expected[slot], 2 * PAGE + extent(sig) * _itemsize(sig)
+
     def canaries_broken(self, group: Group) -> dict[int, int]:
         """{set index: first output whose canaries changed} for the sets of ``group`` (empty: intact)."""
         first_bad = torch.full((group.count,), -1, dtype=torch.int64, device=self.out.device)
         for o in reversed(range(len(self.plan.outputs))):
-            sig = self.plan.outputs[o]
-            slot_start = group.out_base + self.plan.out_offsets[o] - 2 * PAGE
-            slot = self.plan.out_slot[o]
-            rows = self.out.as_strided((group.count, slot), (group.out_stride, 1), slot_start)
-            expected = self.pattern.repeat(slot // PAGE)
-            end = 2 * PAGE + extent(sig) * _itemsize(sig)
+            rows, expected, end = self._slots(group, o)
             bad = (rows[:, :2 * PAGE] != expected[:2 * PAGE]).any(dim=1) | (rows[:, end:] != expected[end:]).any(dim=1)
             first_bad = torch.where(bad, torch.full_like(first_bad, o), first_bad)
         if group is self.plan.groups[-1]:

@@ -59,6 +59,7 @@ class Evaluation:
     checks: tuple[str, ...] = field(default=())
     wall_s: float = 0.0
     sandbox: str = ""                        # what held in the runner (docs/security.md)
+    phases: tuple[tuple[str, float], ...] = field(default=())  # (phase, judge's seconds) in order, for benchmarks
 
     @property
     def score(self) -> float:
@@ -69,6 +70,7 @@ class Evaluation:
         d = asdict(self)
         d["status"] = self.status.value
         d["checks"] = list(self.checks)
+        d["phases"] = [list(p) for p in self.phases]
         return d
 
     @classmethod
@@ -76,6 +78,7 @@ class Evaluation:
         d = dict(d)
         d["status"] = Status(d["status"])
         d["checks"] = tuple(d.get("checks", ()))
+        d["phases"] = tuple((str(name), float(s)) for name, s in d.get("phases", ()))
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 

@@ -26,6 +26,7 @@ from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check
 
 RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
 LOG_TAIL_BYTES = 8192
+LIBRARY_NAME = "kernel.so"   # in the runner's private folder: the judge copies the checked library there
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 _BUILT: dict[str, tuple[Path, str]] = {}
 
@@ -134,6 +135,7 @@ class RunnerProcess:
     def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str):
         self.private_dir = private_dir
         self.log_path = os.path.join(private_dir, "output.log")
+        self.library_path = os.path.join(private_dir, LIBRARY_NAME)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = parent
         self._seq = 0
