@@ -2,6 +2,8 @@
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh tests     GPU tests (kernels, judge attacks, regions, compile,
 #                                                            deploy), the evaluator benchmark, a CLI capture
+#   device run: bash benchmarks/device_session.sh judge     GPU tests of the evaluator, its throughput with the
+#                                                            phase table, the hand-written regions
 #   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
 #                                                            and Inductor, in one run
 #   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
@@ -29,6 +31,15 @@ print("cli capture on cuda:", len(cards), "cards; coverage", d.get("coverage"),
       "; shares sum", round(sum(c.get("share", 0) for c in cards), 3))
 PY
     ;;
+  judge)
+    # the evaluator after a change to the judge: GPU tests, its throughput with the phase table, and the
+    # hand-written regions (the clock cross-check on large sets)
+    timeout 330 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=120 \
+        tests/test_gpu.py tests/test_gpu_attacks.py tests/test_compile.py "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -30
+    timeout 110 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -25
+    timeout 140 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 100 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/regions_hand.txt" | tail -16 ;;
   regions)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
     timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
@@ -37,5 +48,5 @@ PY
         | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|regions|vision" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|regions|vision" >&2; exit 2 ;;
 esac
