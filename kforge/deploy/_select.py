@@ -37,9 +37,9 @@ class DispatchCost:
 
 # NB: only where the probe kernel cannot be built or run (no compiler on a machine that loads an
 # artifact, a torch function mode around apply): CUDA, the H200 with the old Python path
-# (2026-11-30: eager 9.2 us, dispatched 18.7, miss 11.8); CPU, the 2-core Xeon of docs/benchmarks.md.
+# (2026-11-30: eager 9.2 us, dispatched 18.7, miss 11.8); CPU, the 2-core AMD EPYC of docs/benchmarks.md.
 FALLBACK = {"cuda": DispatchCost(9.5, 2.5, "fallback: H200, old Python path"),
-            "cpu": DispatchCost(2.0, 0.5, "fallback: 2-core Xeon, C path")}
+            "cpu": DispatchCost(2.0, 0.5, "fallback: 2-core AMD EPYC, C path")}
 
 # The probe: softmax over the rows of a tiny float32 matrix, computed in one plain loop (the
 # device's work is negligible, so the rows measure the host's).
