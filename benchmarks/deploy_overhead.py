@@ -8,6 +8,9 @@ hit is measured through both paths (the C dispatch front and launcher, and the p
 with a ctypes launch, as with KFORGE_FASTPATH=0), and once more with a kernel whose kf_launch
 returns at once: that row is kforge's own machinery (guard, allocation, launch call) with no
 kernel launch at all. Rounds interleave every row, so drift hits all alike.
+
+Then the dispatch cost that ``apply()``, ``export()`` and ``kforge.load()`` filter winners with, as
+they measure it in the user's process (``kforge.deploy.measure_dispatch_cost``), through each path.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kforge.deploy import DeployedKernel, Deployment  # noqa: E402
+from kforge.deploy import DeployedKernel, Deployment, measure_dispatch_cost  # noqa: E402
+from kforge.deploy._select import FALLBACK  # noqa: E402
 from kforge.deploy._fast import unavailable_reason  # noqa: E402
 from kforge.kernels import Kernel, compile_source, device_info  # noqa: E402
 from kforge.ops import get_spec  # noqa: E402
@@ -117,6 +121,28 @@ def main() -> None:
     print(f"torch.empty_strided alone:                    {us['alloc']:6.2f} us")
     print(f"kernel calls: C {deps['c'].kernels[0].calls}, Python {deps['python'].kernels[0].calls}")
     print("operators without a winner are not patched: they cost exactly eager")
+    print_measured_costs(device, fast)
+
+
+def print_measured_costs(device: str, fast: bool) -> None:
+    """The cost apply()/load() use, measured as they measure it, through each dispatch path."""
+    print(f"\n== dispatch cost as apply()/export()/load() measure it on {device} (extra host us per call "
+          "over eager; probe: softmax (3, 7))")
+    paths = [("1", "C front and launcher")] if fast else []
+    paths.append(("0", "Python guard and ctypes"))
+    for flag, name in paths:
+        os.environ["KFORGE_FASTPATH"] = flag
+        try:
+            start = time.perf_counter()
+            cost = measure_dispatch_cost(device)
+            took = time.perf_counter() - start
+        finally:
+            del os.environ["KFORGE_FASTPATH"]
+        print(f"{name + ':':45s}hit {cost.hit_us:6.2f} us, miss {cost.miss_us:6.2f} us  "
+              f"({cost.source}; measured in {took:.2f} s)")
+    old = FALLBACK["cuda" if device.startswith("cuda") else "cpu"]
+    print(f"{'fallback when it cannot be measured:':45s}hit {old.hit_us:6.2f} us, miss {old.miss_us:6.2f} us  "
+          f"({old.source})")
 
 
 if __name__ == "__main__":

@@ -10,18 +10,21 @@ from .examples import example
 from .session import Session
 
 
-def load(model, path, *, device=None, revalidate=None, all_winners=False):
+def load(model, path, *, device=None, revalidate=None, all_winners=False, dispatch_cost=None):
     """Install the kernels exported to ``path`` into ``model`` (no LLM, no search, no store).
 
     Returns a Deployment (``remove()`` undoes it); ``.compile(model, mode=...)`` on it returns the model
     compiled by torch.compile with the kernels inside its graphs. Kernels built for another GPU architecture or
     torch version are rebuilt and re-validated against eager first; failures stay on eager. An
     operator's kernels are left out when dispatching it costs this host more than they save
-    (listed in ``Deployment.skipped``); ``all_winners=True`` installs them anyway.
+    (listed in ``Deployment.skipped``); ``all_winners=True`` installs them anyway. That cost is
+    measured in this process; ``dispatch_cost=kforge.deploy.DispatchCost(hit_us, miss_us)`` or
+    ``KFORGE_DISPATCH_COST=hit_us,miss_us`` gives it instead.
     """
     from .deploy import load_artifact
 
-    return load_artifact(model, path, device=device, revalidate=revalidate, all_winners=all_winners)
+    return load_artifact(model, path, device=device, revalidate=revalidate, all_winners=all_winners,
+                         dispatch_cost=dispatch_cost)
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext kforge``: registers the ``%kforge`` magics (IPython stays optional)."""

@@ -13,7 +13,7 @@ from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
     from .evaluate import Evaluator
-    from .deploy import Deployment
+    from .deploy import Deployment, DispatchCost
     from .deploy._report import EndToEnd
     from .search import OptimizationRun, Results
 
@@ -221,9 +221,10 @@ class Session:
 
     # ------------------------------------------------------------------ deploy
 
-    def _compiled_winners(self, all_winners: bool = True) -> tuple[list, list[tuple[str, str]]]:
+    def _compiled_winners(self, all_winners: bool = True, dispatch_cost: DispatchCost | None = None
+                          ) -> tuple[list, list[tuple[str, str]]]:
         from .deploy import ExportedKernel
-        from .deploy._select import DISPATCH_COST, Winner, select_winners
+        from .deploy._select import Winner, dispatch_cost as cost_here, select_winners
         from .kernels import backend_of, compile_source
 
         backend = backend_of(self.device)
@@ -233,8 +234,8 @@ class Session:
                           verdicts[key].kernel_us or card.eager_us / max(verdicts[key].speedup, 1e-9))
                    for key, (card, cand) in found.items()]
         skipped: list[tuple[str, str]] = []
-        if not all_winners:
-            winners, skipped = select_winners(self.cards, winners, DISPATCH_COST[backend])
+        if not all_winners and winners:
+            winners, skipped = select_winners(self.cards, winners, cost_here(self.device, dispatch_cost))
         op_calls: dict[str, int] = {}
         for card in self.cards:
             op_calls[card.op] = op_calls.get(card.op, 0) + card.calls
@@ -247,14 +248,17 @@ class Session:
                                       op_calls=op_calls[w.card.op]))
         return out, skipped
 
-    def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False) -> "Deployment":
+    def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False,
+              dispatch_cost: DispatchCost | None = None) -> "Deployment":
         """Make the model run the winners: exact-signature calls use the kernel, all else eager.
 
         Returns a Deployment: ``remove()`` undoes it, and ``with session.apply(): ...`` scopes it.
         With scope="model" (default) the kernels are active only inside this model's forward;
         scope="process" activates them for every torch call in the process. An operator's winners
         are left out when their saving per forward is below what dispatching that operator costs
-        the host (see ``Deployment.skipped``); ``all_winners=True`` installs every winner.
+        the host (see ``Deployment.skipped``); ``all_winners=True`` installs every winner. That cost
+        is measured once in this process (``kforge.deploy.measure_dispatch_cost``);
+        ``dispatch_cost=DispatchCost(hit_us, miss_us)`` or ``KFORGE_DISPATCH_COST=hit_us,miss_us`` gives it.
         """
         from .deploy import DeployedKernel, Deployment
         from .kernels import load_verified
@@ -264,7 +268,7 @@ class Session:
         model = model if model is not None else self.model
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
-        exported, skipped = self._compiled_winners(all_winners)
+        exported, skipped = self._compiled_winners(all_winners, dispatch_cost)
         kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
         kernels, refused = self._rechecked(kernels)
         return Deployment(kernels, model if scope == "model" else None, skipped + refused).install()
@@ -351,15 +355,16 @@ class Session:
         return measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
                        guard=guard, backend=compile_backend, compare=compare, skipped=skipped)
 
-    def export(self, path: str | Path, *, all_winners: bool = False) -> Path:
+    def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs.
 
         Like ``apply()``, an operator's winners are left out when dispatching it costs the host
-        more than they save; ``all_winners=True`` exports every winner.
+        more than they save (``dispatch_cost`` as in ``apply``); ``all_winners=True`` exports every
+        winner.
         """
         from .deploy import export_artifact
 
-        return export_artifact(path, self._compiled_winners(all_winners)[0], self.device)
+        return export_artifact(path, self._compiled_winners(all_winners, dispatch_cost)[0], self.device)
 
     def close(self) -> None:
         """Stop the evaluator's worker process and close the store (the session is then done)."""

@@ -20,3 +20,16 @@ def _kernel_cache(tmp_path_factory):
     if "KFORGE_CACHE" not in os.environ:
         os.environ["KFORGE_CACHE"] = str(tmp_path_factory.mktemp("kforge-cache"))
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_dispatch_cost():
+    """apply/export/load do not filter winners by a measured dispatch cost in tests (whether a
+    winner survives would depend on this machine's load); the tests of the filter give costs."""
+    before = os.environ.get("KFORGE_DISPATCH_COST")
+    os.environ["KFORGE_DISPATCH_COST"] = "0,0"
+    yield
+    if before is None:
+        os.environ.pop("KFORGE_DISPATCH_COST", None)
+    else:
+        os.environ["KFORGE_DISPATCH_COST"] = before

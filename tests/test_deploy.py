@@ -23,9 +23,10 @@ class Softmax(nn.Module):
         return torch.tanh(x).softmax(-1) * 2.0
 
 
-def _winner_session(tmp_path, source_name="softmax_rows"):
+def _winner_session(tmp_path, source_name="softmax_rows", eager_us=None):
     """A session whose softmax card has a validated winner (the verdict is set directly: timing on a
-    shared CPU is not what these tests are about)."""
+    shared CPU is not what these tests are about; its kernel time is 1 us, its eager time
+    ``eager_us`` or the captured one)."""
     torch.manual_seed(0)
     model = Softmax()
     s = kforge.Session(model, torch.randn(16, 300), device="cpu", workdir=tmp_path / "wd")
@@ -37,7 +38,7 @@ def _winner_session(tmp_path, source_name="softmax_rows"):
     cid = s.store.add_candidate(card.key, None, "test", src, intent="hand-written")
     s.store.set_evaluation(cid, ev)
     s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=1.5, kernel_us=1.0,
-                                              eager_us=card.eager_us, candidates=1))
+                                              eager_us=eager_us or card.eager_us, candidates=1))
     return s, model, card
 
 
@@ -237,3 +238,59 @@ def test_a_kernel_that_behaves_only_when_judged_is_refused_at_apply_and_load(tmp
         assert loaded.kernels == [] and torch.equal(model(x), expected)
     finally:
         loaded.remove()
+
+
+# ----------------------------------------------------------------------------- the dispatch-cost filter
+
+
+def test_apply_leaves_out_a_winner_that_saves_less_than_dispatch_costs(tmp_path):
+    from kforge.deploy import DispatchCost
+
+    s, model, card = _winner_session(tmp_path, eager_us=101.0)   # saves 100 us per call (kernel: 1 us)
+    calls = card.calls
+    dear = DispatchCost(hit_us=150.0, miss_us=0.0)
+    dep = s.apply(dispatch_cost=dear)
+    try:
+        assert dep.kernels == [] and "softmax" not in torch.Tensor.__dict__   # nothing patched
+        (sig, why), = dep.skipped
+        assert sig == card.signature
+        assert why == (f"saves {100.0 * calls:.1f} us per forward but dispatching softmax costs about "
+                       f"{150.0 * calls:.1f} us ({calls} calls); apply(all_winners=True) installs it anyway")
+    finally:
+        dep.remove()
+    with s.apply(all_winners=True, dispatch_cost=dear) as dep:
+        assert len(dep.kernels) == 1 and dep.skipped == []
+    with s.apply(dispatch_cost=DispatchCost(hit_us=50.0, miss_us=0.0)) as dep:
+        assert len(dep.kernels) == 1 and dep.skipped == []
+        model(torch.randn(16, 300))
+        assert dep.kernels[0].calls == 1
+    # export filters the same way; load filters again with the cost it is given
+    assert json.loads((s.export(tmp_path / "none", dispatch_cost=dear) / "manifest.json").read_text())["kernels"] == []
+    path = s.export(tmp_path / "one", dispatch_cost=DispatchCost(50.0, 0.0))
+    with pytest.warns(UserWarning, match="stays on eager"):
+        dep = kforge.load(model, path, dispatch_cost=dear)
+    assert dep.kernels == [] and "costs about" in dep.skipped[0][1]
+    dep.remove()
+    s.close()
+
+
+def test_apply_filters_with_the_cost_measured_in_this_process(tmp_path, monkeypatch):
+    """With no cost given, the CPU backend filters too, with the cost measured here: a winner that
+    saves nothing is left out, with that cost in its reason; one that saves a second is installed."""
+    from kforge.deploy import measure_dispatch_cost
+
+    monkeypatch.delenv("KFORGE_DISPATCH_COST")
+    s, model, card = _winner_session(tmp_path, eager_us=1.0)   # eager 1 us, kernel 1 us: saves nothing
+    cost = measure_dispatch_cost("cpu")   # cached: the figure apply() uses below
+    assert cost.source.startswith("measured on cpu")
+    dep = s.apply()
+    try:
+        assert dep.kernels == []
+        assert f"costs about {cost.hit_us * card.calls:.1f} us ({card.calls} calls)" in dep.skipped[0][1]
+    finally:
+        dep.remove()
+    s.close()
+    s, model, card = _winner_session(tmp_path / "big", eager_us=1e6)
+    with s.apply() as dep:
+        assert len(dep.kernels) == 1 and dep.skipped == []
+    s.close()

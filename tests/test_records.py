@@ -238,19 +238,17 @@ def test_search_policy_keyword_and_its_deprecated_name(tmp_path):
 
 
 def test_export_and_load_leave_out_winners_that_cost_more_than_they_save(tmp_path, monkeypatch):
-    from kforge.deploy import _select
-
     s = _session(tmp_path)
     _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
     s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
     full = s.export(tmp_path / "all", all_winners=True)
-    monkeypatch.setitem(_select.DISPATCH_COST, "cpu", _select.DispatchCost(hit_us=1e6, miss_us=1e6))
+    monkeypatch.setenv("KFORGE_DISPATCH_COST", "1e6,1e6")   # the environment's cost, as a deployment gives it
     filtered = json.loads((s.export(tmp_path / "some") / "manifest.json").read_text())
     assert filtered["kernels"] == []                   # apply() would skip it: so does export()
     model = Softmax()
     with pytest.warns(UserWarning, match="stays on eager"):
         dep = kforge.load(model, full)                  # exported with every winner: load filters
-    assert dep.kernels == [] and dep.skipped and "costs the host" in dep.skipped[0][1]
+    assert dep.kernels == [] and dep.skipped and "dispatching softmax costs about" in dep.skipped[0][1]
     dep.remove()
     dep = kforge.load(model, full, all_winners=True)
     assert len(dep.kernels) == 1

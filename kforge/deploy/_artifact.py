@@ -23,6 +23,7 @@ from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info,
 from ..ops import Card, Variant
 from ._deployment import Deployment
 from ._launch import DeployedKernel
+from ._select import DispatchCost, Winner, dispatch_cost, select_winners
 
 FORMAT = "kforge-artifact"
 FORMAT_VERSION = 1
@@ -114,13 +115,15 @@ def read_manifest(path: str | Path) -> dict:
 
 
 def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
-                  install: bool = True, all_winners: bool = False) -> Deployment:
+                  install: bool = True, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
+                  ) -> Deployment:
     """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store.
 
     ``revalidate``: None (default) re-validates only when the artifact was built for another
     target (architecture, backend or torch version); True always; False never. As in
     ``Session.apply``, an operator's kernels are left out when dispatching it costs this host more
-    than they save (``all_winners=True`` installs them anyway).
+    than they save (``all_winners=True`` installs them anyway), the cost measured in this process
+    unless ``dispatch_cost`` or ``KFORGE_DISPATCH_COST`` gives it.
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -133,7 +136,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                             f"{here['backend']}: export it again from a session on this backend")
     check = (not same_target) if revalidate is None else revalidate
     kernels: list[DeployedKernel] = []
-    entries, skipped = _worth_dispatching(manifest["kernels"], here["backend"], all_winners)
+    entries, skipped = _worth_dispatching(manifest["kernels"], here_device, all_winners, dispatch_cost)
     evaluator = None
     try:
         for e in entries:
@@ -171,11 +174,9 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
     return dep.install() if install else dep
 
 
-def _worth_dispatching(entries: list[dict], backend: str, all_winners: bool
+def _worth_dispatching(entries: list[dict], device: str, all_winners: bool, cost: DispatchCost | None
                        ) -> tuple[list[dict], list[tuple[str, str]]]:
     """The dispatch-cost filter of ``Session.apply`` on a manifest's kernels (those that carry timings)."""
-    from ._select import DISPATCH_COST, Winner, select_winners
-
     timed = [e for e in entries if e.get("calls") and e.get("eager_us") and e.get("kernel_us")]
     if all_winners or not timed:
         return entries, []
@@ -188,7 +189,7 @@ def _worth_dispatching(entries: list[dict], backend: str, all_winners: bool
     for e, card in zip(timed, cards):
         op_calls[card.op] = max(op_calls.get(card.op, 0), e.get("op_calls") or 0)
     kept, skipped = select_winners(cards + _unseen_calls(cards, op_calls), list(winners.values()),
-                                   DISPATCH_COST[backend])
+                                   dispatch_cost(device, cost))
     keep = {id(w) for w in kept}
     chosen = [e for i, e in enumerate(timed) if id(winners[i]) in keep]
     return [e for e in entries if e not in timed] + chosen, skipped
