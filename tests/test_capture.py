@@ -352,7 +352,7 @@ def _busy_cores(n: int) -> list[subprocess.Popen]:
 
 # How far a card's share may move between two captures of the same model on a busy machine, in
 # fractions of the forward. benchmarks/share_stability.py measured at worst 8.9 points over 20 pairs
-# of captures of each built-in example, both cores spinning under a load average of 9-12
+# of captures of each built-in example, both cores spinning under a load average of 9-14
 # (docs/benchmarks.md); the bound is about twice that. It catches what issue 15 saw (isolated
 # times standing in for shares: cards at 50-300% of the forward), not a drift of a few points.
 SHARE_TOLERANCE = 0.20
