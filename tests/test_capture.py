@@ -350,10 +350,17 @@ def _busy_cores(n: int) -> list[subprocess.Popen]:
     return procs
 
 
+# How far a card's share may move between two captures of the same model on a busy machine, in
+# fractions of the forward. benchmarks/share_stability.py measured at worst 8.9 points over 20 pairs
+# of captures of each built-in example, both cores spinning under a load average of 9-14
+# (docs/benchmarks.md); the bound is about twice that. It catches what issue 15 saw (isolated
+# times standing in for shares: cards at 50-300% of the forward), not a drift of a few points.
+SHARE_TOLERANCE = 0.20
+
+
 def test_shares_hold_on_a_busy_machine(tmp_path):
-    """Both cores kept busy by other processes: two captures of each example find the same cards, and
-    the shares of one forward never add up past it. (How far shares drift between captures is a
-    measurement, not a test: benchmarks/share_stability.py, figures in docs/benchmarks.md.)"""
+    """Both cores kept busy by other processes: two captures of each example find the same cards,
+    their shares agree within SHARE_TOLERANCE, and the shares of one forward never add up past it."""
     import os
 
     busy: list[subprocess.Popen] = []
@@ -361,12 +368,18 @@ def test_shares_hold_on_a_busy_machine(tmp_path):
         busy += _busy_cores(os.cpu_count() or 2)
         for name in ("tiny_cnn", "tiny_transformer"):
             model, x = kforge.example(name)
-            runs = [capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=5.0) for _ in range(2)]
+            runs = [capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=20.0) for _ in range(2)]
             for cards in runs:
                 assert 0.0 < cards.coverage <= 1.0
                 assert sum(c.share for c in cards) <= 1.0 + 1e-9
                 assert all(c.forward_us > 0 and c.eager_us > 0 for c in cards)
-            assert {c.key for c in runs[0]} == {c.key for c in runs[1]}
+            first, second = ({c.key: c.share for c in cards} for cards in runs)
+            assert first.keys() == second.keys()
+            drift = {k: abs(first[k] - second[k]) for k in first}
+            worst = max(drift, key=drift.get)
+            assert drift[worst] <= SHARE_TOLERANCE, (
+                f"{name}: {runs[0][worst].signature} took {first[worst]:.1%} of the forward in one capture and "
+                f"{second[worst]:.1%} in the next")
     finally:
         for p in busy:
             p.kill()
@@ -399,19 +412,47 @@ def _steady():
 
 
 def test_a_noisy_measurement_is_flagged_not_reported_as_a_fact(tmp_path):
+    # NB: a zero budget times exactly six forwards, so the injected clock's readings, and the verdict,
+    # are the same on every run whatever the machine's load.
     model, x = kforge.example("tiny_cnn")
-    noisy = capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=2.0, clock=_clock(_lognormal()))
+    noisy = capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=0.0, clock=_clock(_lognormal()))
     assert noisy.noisy and all(c.noisy for c in noisy)
     assert noisy.model_noisy
     assert "too noisy to trust" in noisy.table()
     assert noisy.to_frame()["noisy"].all()
-    steady = capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=2.0, clock=_clock(_steady()))
+    steady = capture_cards(model, [x], device="cpu", store=None, timing_budget_ms=0.0, clock=_clock(_steady()))
     assert not steady.noisy and not steady.model_noisy
     assert "too noisy" not in steady.table()
     # the flag survives the store
     s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
     s.store.save_cards(noisy)
     assert all(c.noisy for c in s.store.load_cards())
+
+
+class _TwoOps(nn.Module):
+    def forward(self, x):
+        return F.softmax(F.relu(x), dim=-1)
+
+
+def _shifting(shift: bool):
+    """Clock intervals for _TwoOps captured with a zero budget (exactly 6 timed forwards): per forward a
+    plain forward, relu, softmax. With ``shift``, from the fourth forward on relu takes 1.5x as long
+    and softmax 2/3 as long: each op's spread stays modest, but its share moves by 20 points."""
+    for i in range(6):
+        slow = shift and i >= 3
+        yield from (1000, 1000, 1000, 1500 if slow else 1000, 1000, 1000 if slow else 1500)
+    while True:
+        yield 1000
+
+
+def test_a_share_that_moves_within_one_capture_is_flagged():
+    x = torch.randn(4, 8)
+    moved = capture_cards(_TwoOps(), [x], device="cpu", store=None, timing_budget_ms=0.0, clock=_clock(_shifting(True)))
+    assert {c.op for c in moved.noisy} == {"relu", "softmax"}
+    assert moved.by_op("relu")[0].share == pytest.approx(0.5)
+    held = capture_cards(_TwoOps(), [x], device="cpu", store=None, timing_budget_ms=0.0, clock=_clock(_shifting(False)))
+    assert not held.noisy
+    assert held.by_op("relu")[0].share == pytest.approx(0.4)
 
 
 def test_cpu_measurements_use_no_more_threads_than_idle_cores(monkeypatch):

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import collections
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..timing import NOISY_SPREAD, Clock, Timing, bench, cpu_threads, measurement_threads
+from ..timing import Clock, Timing, bench, cpu_threads, measurement_threads
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
 from ..store import Store, iter_tensors
 from ..ops import Card, Cards
@@ -170,7 +169,8 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
     """Run ``model`` on each batch under the recorder, then measure each variant twice.
 
     Share: the variant's time inside the model's own warm forwards (where it happens), over the
-    forward's time. Eager time: one call replayed in isolation the way candidates are timed (the
+    forward's time, both the mean over the forwards of a window (on the CPU 50 x
+    ``timing_budget_ms``; on CUDA 5 x). Eager time: one call replayed in isolation the way candidates are timed (the
     baseline of speedups). On the CPU both run with no more threads than the idle cores
     (``kforge.timing.measurement_threads``). ``clock``: a nanosecond clock for CPU timings (tests).
     """
@@ -214,23 +214,20 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
         clock = time.thread_time_ns
     cards = []
     with cpu_threads(threads):
-        in_forward, model_timing = _attribute(model, batches, limits, device, timing_budget_ms, clock)
+        window_ms = timing_budget_ms * (_CPU_WINDOW_BUDGETS if device == "cpu" else _CUDA_WINDOW_BUDGETS)
+        attribution = _attribute(model, batches, limits, device, window_ms, clock)
         for key, r in records.items():
             timing = time_variant(r.variant, store, key, device, timing_budget_ms, threads=threads, clock=clock)
             if store is not None:
                 for idx, (ins, outs) in enumerate(r.examples):
                     store.save_example(key, idx, ins, outs)
-            forward_us, forward_spread = in_forward.get(key, (0.0, 0.0))
-            noisy = timing.noisy or forward_spread > NOISY_SPREAD
-            cards.append(Card(r.variant, r.calls, timing.median_us, 0.0, _vendor(r.variant.op, device),
-                              len(r.examples), timing.robust_spread, noisy, forward_us))
-    model_us = model_timing.median_us
-    # NB: the parts of one forward cannot sum past the whole; when the medians of the parts (taken
-    # over several forwards) add up to more than the median forward, the parts are the whole.
-    total = max(model_us, sum(c.forward_us for c in cards)) or 1.0
-    cards = sorted((c.with_share(c.forward_us / total) for c in cards), key=lambda c: (-c.share, -c.total_us))
-    return Cards(tuple(cards), model_us, tuple(sorted(uncaptured.items())), threads=threads,
-                 model_noisy=model_timing.noisy, outside=tuple(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))))
+            noisy = timing.noisy or attribution.noisy.get(key, False)
+            cards.append(Card(r.variant, r.calls, timing.median_us, attribution.share.get(key, 0.0),
+                              _vendor(r.variant.op, device), len(r.examples), timing.robust_spread, noisy,
+                              attribution.forward_us.get(key, 0.0)))
+    cards.sort(key=lambda c: (-c.share, -c.total_us))
+    return Cards(tuple(cards), attribution.model.mean_us, tuple(sorted(uncaptured.items())), threads=threads,
+                 model_noisy=attribution.model.noisy, outside=tuple(sorted(outside.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 # What eager dispatches to on the CPU, for the operators that call a vendor library on CUDA.
@@ -289,18 +286,57 @@ class _CallTimer:
         return dict(out)
 
 
-def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, device: str, budget_ms: float,
-               clock: Clock | None, min_forwards: int = 5, max_forwards: int = 21,
-               ) -> tuple[dict[str, tuple[float, float]], Timing]:
-    """Time each variant where it happens: inside the model's own warm forwards.
+# NB: on a shared CPU the machine's speed changes over hundreds of milliseconds (other processes,
+# other virtual machines on the host), and not by the same factor for every operator; shares are
+# stable only when the forwards are timed over a window long enough to average those states out
+# (benchmarks/share_stability.py). On the CPU the window is this many timing budgets (1 s at the
+# session's default 20 ms); on CUDA, where events are steady, 5.
+_CPU_WINDOW_BUDGETS = 50
+_CUDA_WINDOW_BUDGETS = 5
+# A card whose share in the first half of the window differs from its share in the second half by
+# more than this (a fraction of the forward) is noisy: another capture could differ as much.
+SHARE_HALVES_AGREE = 0.10
 
-    Returns per variant key (median over forwards of its time inside one forward, robust spread)
-    and the timing of the plain forward. Plain forwards alternate with recorded ones, so both see
-    the same machine: a busy moment slows both, not one.
+
+@dataclass(frozen=True)
+class _Attribution:
+    """What the timed forwards say: per variant key its time inside one forward, its share of the
+    forward and whether that is too noisy to trust; and the plain forward's timing."""
+
+    forward_us: dict[str, float]
+    share: dict[str, float]
+    noisy: dict[str, bool]
+    model: Timing
+
+
+def _shares(per_forward: Sequence[dict[str, float]], plain_us: Sequence[float],
+            ) -> tuple[dict[str, Timing], Timing, dict[str, float]]:
+    """Per-key and plain-forward timings of these forwards, and each key's share of the forward.
+
+    NB: the mean of the repetitions, outliers left out (``Timing.mean_us``), not the median: the time
+    a machine spends in slow and fast states mixes into a mean in proportion, while a median jumps
+    from one state to the other. The parts of one forward cannot sum past the whole; when the
+    parts' means add up to more than the forward's (noise), the parts are the whole.
+    """
+    keys = sorted({k for f in per_forward for k in f})
+    parts = {k: Timing.of([f.get(k, 0.0) for f in per_forward]) for k in keys}
+    model = Timing.of(plain_us)
+    total = max(model.mean_us, sum(t.mean_us for t in parts.values())) or 1.0
+    return parts, model, {k: t.mean_us / total for k, t in parts.items()}
+
+
+def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, device: str, window_ms: float,
+               clock: Clock | None, min_forwards: int = 6, max_forwards: int = 1000) -> _Attribution:
+    """Time each variant where it happens: inside the model's own warm forwards, for ``window_ms``.
+
+    Plain forwards alternate with recorded ones, so both see the same machine: a busy moment slows
+    both, not one. A card is noisy when its time varies too much between forwards
+    (``Timing.noisy``) or when the two halves of the window give it shares further apart than
+    ``SHARE_HALVES_AGREE``.
     """
     per_forward: list[dict[str, float]] = []
     plain_us: list[float] = []
-    deadline = time.monotonic() + budget_ms * 5 / 1e3
+    deadline = time.monotonic() + window_ms / 1e3
     with torch.no_grad():
         while len(per_forward) < max_forwards and (len(per_forward) < min_forwards or time.monotonic() < deadline):
             whole = _CallTimer(device, clock)
@@ -318,14 +354,14 @@ def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, d
                 for key, us in timer.per_key_us().items():
                     totals[key] += us
             per_forward.append(totals)
-    keys = {k for f in per_forward for k in f}
-    out = {}
-    for key in keys:
-        values = [f.get(key, 0.0) for f in per_forward]
-        median = statistics.median(values)
-        mad = statistics.median(abs(v - median) for v in values)
-        out[key] = (median, 1.4826 * mad / median if median else 0.0)
-    return out, Timing.of(plain_us, threads=torch.get_num_threads() if device == "cpu" else None)
+    parts, plain, share = _shares(per_forward, plain_us)
+    half = len(per_forward) // 2
+    *_, first = _shares(per_forward[:half], plain_us[:half])
+    *_, second = _shares(per_forward[half:], plain_us[half:])
+    noisy = {k: t.noisy or abs(first.get(k, 0.0) - second.get(k, 0.0)) > SHARE_HALVES_AGREE
+             for k, t in parts.items()}
+    threads = torch.get_num_threads() if device == "cpu" else None
+    return _Attribution({k: t.mean_us for k, t in parts.items()}, share, noisy, replace(plain, threads=threads))
 
 
 def time_variant(variant: Variant, store: Store | None, key: str, device: str, budget_ms: float, *,
