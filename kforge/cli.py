@@ -106,6 +106,8 @@ def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
                          "dollar limit")
     if args.max_cards is not None and args.max_cards < 1:
         raise UsageError(f"--max-cards must be at least 1 (got {args.max_cards})")
+    if args.cluster is not None:
+        _check_cluster(args.cluster)
     if not args.ops:
         return None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -116,6 +118,16 @@ def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(f"--ops: kforge has no operator {op!r}; {hint}known: {', '.join(known)}")
     return ops
+
+
+def _check_cluster(spec: str) -> None:
+    """``ray`` or ``ray:ADDRESS``, with Ray importable, before anything runs."""
+    from .cluster import RayCluster
+
+    try:
+        RayCluster.from_spec(spec)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--cluster {spec}: {exc}") from None
 
 
 def _make_proposer(name: str):
@@ -283,9 +295,13 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     try:
         run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
                                dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
-                               max_cards=args.max_cards, background=True, on_event=progress)
+                               max_cards=args.max_cards, background=True, on_event=progress, cluster=args.cluster)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    except RuntimeError as exc:
+        if args.cluster is None:
+            raise
+        raise UsageError(f"--cluster {args.cluster}: {exc}") from None
     interrupted = _wait(run)
     seconds = time.monotonic() - started
     results = session.results
@@ -417,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=None, help="comma-separated operators to optimize (default: all native)")
     p.add_argument("--include-vendor", action="store_true", help="also search cuBLAS/cuDNN/flash-backed operators")
     p.add_argument("--max-cards", type=int, default=None, help="optimize at most this many cards")
+    p.add_argument("--cluster", default=None, metavar="ray[:ADDRESS]",
+                   help="judge on a Ray cluster's GPUs (or CPU core groups): 'ray' finds or starts one, "
+                        "'ray:ADDRESS' connects to that one; needs pip install \"kforge[ray]\"")
     p.add_argument("--export", default=None, help="write the winners to this artifact directory")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     p.add_argument("--limit", type=int, default=None)

@@ -148,11 +148,12 @@ class RayCluster:
 
     @classmethod
     def from_spec(cls, spec: str) -> "RayCluster":
-        """``"ray"`` (find or start a cluster) or ``"ray:ADDRESS"`` (connect to that one)."""
+        """``"ray"`` (find or start a cluster) or ``"ray:ADDRESS"`` (connect to that one); Ray must import."""
         kind, _, address = spec.partition(":")
         if kind != "ray":
             raise ValueError(f"cluster={spec!r}: kforge runs on Ray clusters only; write 'ray' or 'ray:ADDRESS' "
                              "(e.g. 'ray:auto', 'ray:ray://head:10001')")
+        _ray()
         return cls(address=address or None)
 
     def evaluators(self, backend: str, *, timeout_s: float = 60.0, random_sets: int = 3,
