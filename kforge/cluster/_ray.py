@@ -19,6 +19,7 @@ from ..evaluate import Evaluation, Evaluator, Status
 from ..kernels import compile_source
 
 _PLACE_TIMEOUT_S = 300.0
+_CALLS = 16     # calls an actor serves at once: evaluations (one judged at a time) and compiles
 
 
 def _ray() -> Any:
@@ -97,24 +98,12 @@ class EvaluatorWorker:
         """The frozen verdict on ``source`` for ``variant``, as a local evaluator gives it."""
         return self.evaluator.evaluate_variant(variant, source, self._local(examples, blobs_ref), seed=seed)
 
+    def compile(self, source: str) -> None:
+        """Compile into this node's cache (for its architecture) while another call is being judged."""
+        compile_source(source, self.evaluator.backend, self.evaluator.arch)
+
     def close(self) -> None:
         self.evaluator.close()
-
-
-def _compile(source: str, backend: str, arch: str) -> None:
-    """A Ray task: compile into the node's cache so the actor's judge finds the binary there."""
-    compile_source(source, backend, arch)
-
-
-_compile_task: Any = None
-
-
-def _compile_remote() -> Any:
-    global _compile_task
-    if _compile_task is None:
-        # NB: no CPU reserved: the actors may hold every core, and compiles are bounded by proposals in flight.
-        _compile_task = _ray().remote(num_cpus=0, max_retries=0)(_compile)
-    return _compile_task
 
 
 @dataclass
@@ -187,8 +176,9 @@ class RayCluster:
                 raise RuntimeError(f"the Ray cluster has fewer than {self.cores_per_worker} CPUs: lower "
                                    "cores_per_worker")
         n = min(n, self.workers) if self.workers else n
-        # NB: no restarts: an actor that dies stays dead, and its evaluations go to the others.
-        remote = ray.remote(max_restarts=0, max_task_retries=0, **resources)(self.worker_class)
+        # NB: no restarts: an actor that dies stays dead, and its evaluations go to the others. Calls run
+        # in threads (compiles beside an evaluation); the evaluator's own lock serialises the judging.
+        remote = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=_CALLS, **resources)(self.worker_class)
         handles = [remote.remote(backend, **options) for _ in range(n)]
         try:
             infos = ray.get([h.info.remote() for h in handles], timeout=_PLACE_TIMEOUT_S)
@@ -293,13 +283,14 @@ class RayEvaluator:
             return ev
 
     def build(self, source: str) -> None:
-        """Compile as a Ray task on the actor's node, into the cache its judge reads."""
-        ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        """Compile on the actor that will judge ``source``, into its node's cache, beside its evaluation.
 
-        task = _compile_remote().options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.actor.info.node_id, soft=True))
-        ray.get(task.remote(source, self.backend, self.arch))
+        NB: an actor call, not a plain Ray task: a task needs a worker process, and Ray stops idle
+        workers beyond the node's CPU count after a second, so each compile paid a Python start
+        (6-7 s on the loaded 2-core machine, measured).
+        """
+        ray = _ray()
+        ray.get(self.actor.handle.compile.remote(source))
 
     def close(self) -> None:
         """The actors belong to the cluster: ``RayCluster.close`` stops them."""
