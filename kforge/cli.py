@@ -106,8 +106,6 @@ def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
                          "dollar limit")
     if args.max_cards is not None and args.max_cards < 1:
         raise UsageError(f"--max-cards must be at least 1 (got {args.max_cards})")
-    if args.cluster is not None:
-        _check_cluster(args.cluster)
     if not args.ops:
         return None
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -120,12 +118,14 @@ def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
     return ops
 
 
-def _check_cluster(spec: str) -> None:
-    """``ray`` or ``ray:ADDRESS``, with Ray importable, before anything runs."""
+def _cluster(spec: str | None):
+    """The Ray cluster of ``--cluster ray[:ADDRESS]`` (Ray importable), before anything runs; None without it."""
     from .cluster import RayCluster
 
+    if spec is None:
+        return None
     try:
-        RayCluster.from_spec(spec)
+        return RayCluster.from_spec(spec)
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--cluster {spec}: {exc}") from None
 
@@ -267,6 +267,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     resume = getattr(args, "resume", False)
     ops = _check_optimize_args(args)
     proposer = _make_proposer(args.proposer)
+    cluster = _cluster(args.cluster)
     _check_cache()
     session = _session(args)
     if session.store.readonly:
@@ -295,14 +296,17 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     try:
         run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
                                dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
-                               max_cards=args.max_cards, background=True, on_event=progress, cluster=args.cluster)
+                               max_cards=args.max_cards, background=True, on_event=progress, cluster=cluster)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except RuntimeError as exc:
-        if args.cluster is None:
+        if cluster is None:
             raise
+        cluster.close()
         raise UsageError(f"--cluster {args.cluster}: {exc}") from None
     interrupted = _wait(run)
+    if cluster is not None and run.done:
+        cluster.close()     # the actors are not needed to print or export the results
     seconds = time.monotonic() - started
     results = session.results
     # NB: a card whose proposer never produced a candidate (a layout or dtype it does not cover):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from pathlib import Path
+import time
 
 import pytest
 
@@ -155,6 +155,24 @@ def test_an_actor_killed_mid_evaluation_loses_nothing_and_blames_no_one(ray_loca
     finally:
         cluster.close()
         s.close()
+
+
+def test_command_line_optimizes_on_the_cluster(ray_local, tmp_path, capsys):
+    import json
+
+    workdir = tmp_path / "cli"
+    rc = cli.main(["optimize", "--example", "tiny_transformer", "--device", "cpu", "--ops", "gelu", "--iterations", "2",
+                   "--cluster", "ray", "--json", "--workdir", str(workdir)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["summary"]["state"] == "finished" and out["summary"]["evaluations"] == 2, out["summary"]
+    s = kforge.Session.open(workdir)
+    (key,) = {c.card_key for c in s.store.candidates()}
+    assert s.store.get_meta(f"hardware:{key}").startswith("cpu: ")   # judged by the cluster's actors
+    deadline = time.monotonic() + 60                                    # Ray frees a killed actor's core soon after
+    while ray_local.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_local.available_resources().get("CPU", 0) == 2           # the CLI gave the actors back
+    s.close()
 
 
 def test_cards_are_judged_on_one_hardware_only(tmp_path):
