@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -89,18 +90,20 @@ def test_a_search_on_ray_gives_what_a_local_search_gives(ray_local, tmp_path):
 
 
 class PaidBuiltin:
-    """The built-in library, billed like an LLM (so proposals take the LLM path: a pool in the driver; one at a time, so none repeats another)."""
+    """The built-in library billed like an LLM, so proposals take the LLM path (a pool in the driver)."""
 
     name = "paid-builtin"
 
     def __init__(self, dollars: float):
         self.inner, self.dollars, self.calls = BuiltinProposer(), dollars, 0
+        self._lock = threading.Lock()
 
     def propose(self, request):
         from dataclasses import replace
 
         p = self.inner.propose(request)
-        self.calls += 1
+        with self._lock:        # the two cards' pools call at once
+            self.calls += 1
         usage = replace(p.usage, model="paid", input_tokens=1000, output_tokens=100, dollars=self.dollars)
         return Proposal(p.source, p.intent, usage=usage, prompt=f"prompt {self.calls}", response="response",
                         strategy=p.strategy, config=p.config)
@@ -125,6 +128,7 @@ def test_an_actor_killed_mid_evaluation_loses_nothing_and_blames_no_one(ray_loca
     proposer = PaidBuiltin(dollars=0.25)
     cluster = RayCluster(workers=2, worker_class=DiesOnce)
     try:
+        # parallel=1: each proposal sees the last, so the built-in library never repeats itself
         run = s.optimize(proposer=proposer, iterations=ITERATIONS, ops=OPS, parallel=1, cluster=cluster)
         assert run.state is RunState.FINISHED, run.error
         assert died.exists(), "no actor was killed: the test proves nothing"
