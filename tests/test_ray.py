@@ -29,13 +29,14 @@ ITERATIONS = 3
 def ray_local():
     """A local Ray cluster with two CPUs: room for two evaluator actors of one core each."""
     ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "kforge[ray]" to run the cluster tests')
-    for attempt in range(3):
+    attempts = 5
+    for attempt in range(attempts):
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
             break
-        except Exception as exc:  # NB: Ray gives its raylet 30 s to start; a loaded machine can miss that
+        except Exception as exc:  # NB: Ray gives its raylet a fixed 30 s to start; a loaded machine can miss that
             ray.shutdown()
-            if attempt == 2 or "timed out during startup" not in str(exc):
+            if attempt == attempts - 1 or "timed out during startup" not in str(exc):
                 raise
     try:
         yield ray
