@@ -118,6 +118,18 @@ def _check_optimize_args(args: argparse.Namespace) -> list[str] | None:
     return ops
 
 
+def _cluster(spec: str | None):
+    """The Ray cluster of ``--cluster ray[:ADDRESS]`` (Ray importable), before anything runs; None without it."""
+    from .cluster import RayCluster
+
+    if spec is None:
+        return None
+    try:
+        return RayCluster.from_spec(spec)
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--cluster {spec}: {exc}") from None
+
+
 def _make_proposer(name: str):
     from .proposers import make_proposer
     from .proposers._base import ProposerError
@@ -255,6 +267,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     resume = getattr(args, "resume", False)
     ops = _check_optimize_args(args)
     proposer = _make_proposer(args.proposer)
+    cluster = _cluster(args.cluster)
     _check_cache()
     session = _session(args)
     if session.store.readonly:
@@ -283,10 +296,17 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     try:
         run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
                                dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
-                               max_cards=args.max_cards, background=True, on_event=progress)
+                               max_cards=args.max_cards, background=True, on_event=progress, cluster=cluster)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    except RuntimeError as exc:
+        if cluster is None:
+            raise
+        cluster.close()
+        raise UsageError(f"--cluster {args.cluster}: {exc}") from None
     interrupted = _wait(run)
+    if cluster is not None and run.done:
+        cluster.close()     # the actors are not needed to print or export the results
     seconds = time.monotonic() - started
     results = session.results
     # NB: a card whose proposer never produced a candidate (a layout or dtype it does not cover):
@@ -417,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=None, help="comma-separated operators to optimize (default: all native)")
     p.add_argument("--include-vendor", action="store_true", help="also search cuBLAS/cuDNN/flash-backed operators")
     p.add_argument("--max-cards", type=int, default=None, help="optimize at most this many cards")
+    p.add_argument("--cluster", default=None, metavar="ray[:ADDRESS]",
+                   help="judge on a Ray cluster's GPUs (or CPU core groups): 'ray' finds or starts one, "
+                        "'ray:ADDRESS' connects to that one; needs pip install \"kforge[ray]\"")
     p.add_argument("--export", default=None, help="write the winners to this artifact directory")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     p.add_argument("--limit", type=int, default=None)

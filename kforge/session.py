@@ -63,6 +63,8 @@ class Session:
         self._cards: Cards | None = None
         self._evaluator = None
         self._extra_evaluators: dict[str, Evaluator] = {}
+        self._cluster: Any = None        # a RayCluster this session started (cluster="ray..."), closed with it
+        self._cluster_spec: Any = None
         self.run: OptimizationRun | None = None
         if model is not None:
             self._claim_workdir(model)
@@ -139,7 +141,7 @@ class Session:
                  dollars: float | None = None, seconds_per_card: float | None = None, parallel: int = 4,
                  ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
                  max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
-                 devices: Sequence[str] | None = None, on_event: Callable | None = None,
+                 devices: Sequence[str] | None = None, cluster: Any = None, on_event: Callable | None = None,
                  strategy: Any = None) -> "OptimizationRun":
         """Search for faster kernels for the planned cards.
 
@@ -152,7 +154,9 @@ class Session:
         run's pause(), resume(), stop() and wait(). Re-running continues the same trees.
         ``parallel``: proposals (LLM calls) or compiles in flight at once. ``devices`` (e.g.
         ["cuda:0", "cuda:1"]) gives one evaluator per device; cards are then searched
-        concurrently, one per device.
+        concurrently, one per device. ``cluster``: "ray", "ray:ADDRESS" or a ``kforge.cluster.RayCluster``
+        judges on a Ray cluster's actors (one per GPU, or per CPU core group) instead; proposals and
+        the store stay in this process (needs ``pip install "kforge[ray]"``).
         """
         from .kernels import device_info
         from .proposers import make_proposer
@@ -177,7 +181,10 @@ class Session:
                                                        or "the session has no cards"))
         budget = Budget(iterations=iterations, dollars=dollars, seconds_per_card=seconds_per_card,
                         parallel=parallel, confirm=confirm)
-        run = OptimizationRun(store=self.store, evaluator=self._evaluators(devices), proposer=prop,
+        if cluster is not None and devices:
+            raise ValueError("pass devices= (this machine's devices) or cluster= (a Ray cluster's), not both")
+        evaluators = self._evaluators(devices) if cluster is None else self._cluster_evaluators(cluster)
+        run = OptimizationRun(store=self.store, evaluator=evaluators, proposer=prop,
                               policy=make_policy(policy), planned=chosen, device=info, budget=budget,
                               seed=seed, on_event=on_event)
         self.run = run
@@ -202,6 +209,19 @@ class Session:
                 self._extra_evaluators[key] = Evaluator(d)
             out.append(self._extra_evaluators[key])
         return out
+
+    def _cluster_evaluators(self, cluster: Any) -> list:
+        """One evaluator per actor of a Ray cluster; a cluster named by a string is the session's to close."""
+        from .cluster import RayCluster
+        from .kernels import backend_of
+
+        if not isinstance(cluster, RayCluster):
+            if self._cluster is None or self._cluster_spec != cluster:
+                if self._cluster is not None:
+                    self._cluster.close()
+                self._cluster, self._cluster_spec = RayCluster.from_spec(str(cluster)), cluster
+            cluster = self._cluster
+        return cluster.evaluators(backend_of(self.device))
 
     @property
     def results(self) -> "Results":
@@ -374,6 +394,9 @@ class Session:
         for ev in self._extra_evaluators.values():
             ev.close()
         self._extra_evaluators.clear()
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
         self.store.close()
 
     def dashboard(self) -> Any:

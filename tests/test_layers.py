@@ -27,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"store"},
     {"capture"},
     {"search"},
+    {"cluster"},                           # evaluator actors on a Ray cluster (the search's evaluators)
     {"deploy"},
     {"regions"},                           # graph capture, finder, region spec and generator, graph deploy
     {"session"},

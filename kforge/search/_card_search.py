@@ -152,9 +152,13 @@ class CardSearch:
                                        proposal_or_error.response, card_key=self.card.key, error=error)
 
     def build(self, source: str) -> None:
-        """Compile into the shared cache, so compiles overlap with evaluations."""
+        """Compile into the evaluator's cache, so compiles overlap with evaluations."""
         try:
-            compile_source(source, self.evaluator.backend, self.evaluator.arch)
+            remote = getattr(self.evaluator, "build", None)  # NB: a cluster's evaluator compiles on its node
+            if remote is not None:
+                remote(source)
+            else:
+                compile_source(source, self.evaluator.backend, self.evaluator.arch)
         except Exception:  # the evaluator reports compile errors with their log
             pass
 

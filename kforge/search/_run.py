@@ -72,6 +72,7 @@ class OptimizationRun:
         self.seed = seed
         self.events: list[Event] = []
         self.error: BaseException | None = None
+        self.left_out: list[tuple[str, str]] = []   # (card key, why): planned cards no evaluator could judge
         self.state = RunState.PENDING
         self._subscribers: list[Callable[[Event], None]] = [on_event] if on_event else []
         self._resume = threading.Event()
@@ -172,7 +173,9 @@ class OptimizationRun:
                     with lock:
                         if not queue or self._stop.is_set() or self._over_dollars():
                             return
-                        pc = queue.pop(0)
+                        pc = self._take(queue, evaluator)
+                        if pc is None:
+                            return
                     try:
                         search = InlineSearch if proposes_inline(self.proposer) else PooledSearch
                         search(self, pc.card, evaluator).run()
@@ -190,6 +193,9 @@ class OptimizationRun:
                     t.join()
             if errors:
                 raise errors[0]
+            if not self._stop.is_set() and not self._over_dollars():
+                self.left_out = [(pc.card.key, f"judged on {self.store.get_meta('hardware:' + pc.card.key)}, which "
+                                  "no evaluator of this run has") for pc in queue]
             if self._over_dollars():
                 self._emit(EventKind.BUDGET_REACHED, message=f"dollar budget ${self.budget.dollars:.2f} reached")
             self.state = RunState.STOPPED if self._stop.is_set() else RunState.FINISHED
@@ -198,7 +204,25 @@ class OptimizationRun:
             self.state = RunState.FAILED
             self._emit(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         finally:
-            self._emit(EventKind.RUN_FINISHED, message=self.state.value)
+            self._emit(EventKind.RUN_FINISHED, message=self.state.value, left_out=list(self.left_out))
+
+    def _take(self, queue: list[PlannedCard], evaluator: Evaluator) -> PlannedCard | None:
+        """The first planned card this evaluator may judge, taken from the queue.
+
+        An evaluator that names its ``hardware`` (a cluster's) judges only cards never judged on
+        other hardware, and pins the card it takes to its own, in the store: a card's timings are
+        never compared across GPUs, in this run or on resume.
+        """
+        hardware = getattr(evaluator, "hardware", None)
+        for i, pc in enumerate(queue):
+            if hardware is None:
+                return queue.pop(i)
+            judged_on = self.store.get_meta(f"hardware:{pc.card.key}")
+            if judged_on in (None, hardware):
+                if judged_on is None:
+                    self.store.set_meta(f"hardware:{pc.card.key}", hardware)
+                return queue.pop(i)
+        return None
 
     def _over_dollars(self) -> bool:
         return self.budget.dollars is not None and self.dollars >= self.budget.dollars
