@@ -4,6 +4,8 @@
 #                                                            deploy), the evaluator benchmark, a CLI capture
 #   device run: bash benchmarks/device_session.sh judge     GPU tests of the evaluator, its throughput with the
 #                                                            phase table, the hand-written regions
+#   device run: bash benchmarks/device_session.sh final     graph-mode tests, the measured dispatch cost, ResNet-50
+#                                                            and the SD3.5 VAE end to end (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
 #                                                            and Inductor, in one run
 #   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
@@ -40,6 +42,16 @@ PY
     timeout 110 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -25
     timeout 140 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 100 2>&1 | grep -v "^DEBUG" \
         | tee "$OUT/regions_hand.txt" | tail -16 ;;
+  final)
+    # what a session's last call needs: graph-mode tests, the measured dispatch cost, the vision end to end
+    timeout 100 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_compile.py \
+        "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 | tee "$OUT/compile_tests.txt" | tail -6
+    timeout 60 python3 benchmarks/deploy_overhead.py --device cuda 2>&1 | tee "$OUT/deploy_overhead.txt" | tail -8
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    timeout 180 python3 benchmarks/end_to_end.py resnet50 --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/e2e_resnet50.txt" | tail -22
+    timeout 190 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/e2e_vae.txt" | tail -22 ;;
   regions)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
     timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
@@ -48,5 +60,5 @@ PY
         | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|regions|vision" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision" >&2; exit 2 ;;
 esac
