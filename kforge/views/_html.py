@@ -19,6 +19,7 @@ STATUS_COLORS = {
     "timed_out": "#953800", "pending": "#8c959f", "searching": "#0969da", "not searched": "#8c959f",
     "finished": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e", "running": "#0969da", "paused": "#bf8700",
 }
+SOURCE_LINES = 40
 BOX = f"font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: 12.5px; color: {FG}; " \
       f"border: 1px solid {BORDER}; border-radius: 6px; padding: 8px 12px; margin: 4px 0"
 
@@ -97,8 +98,12 @@ def source_view(detail: dict[str, Any] | None) -> str:
     verdict = (f'<div>{_status(ev["status"])} {escape(ev["message"])}</div>' if ev else
                f'<div style="color: {MUTED}">not evaluated yet</div>')
     intent = f'<div style="margin: 4px 0; white-space: pre-wrap">{escape(detail["intent"])}</div>' if detail["intent"] else ""
-    source = (f'<pre style="max-height: 320px; overflow: auto; font-size: 11.5px; border: 1px solid {BORDER}; '
-              f'padding: 6px">{escape(detail["source"])}</pre>')
+    # NB: an untrusted notebook's sanitizer drops max-height and overflow, so a long source is cut here
+    lines = detail["source"].splitlines()
+    more = (f'<div style="color: {MUTED}">… {len(lines) - SOURCE_LINES} more lines</div>'
+            if len(lines) > SOURCE_LINES else "")
+    source = (f'<pre style="font-size: 11.5px; border: 1px solid {BORDER}; padding: 6px; margin: 4px 0 0">'
+              f'{escape(chr(10).join(lines[:SOURCE_LINES]))}</pre>{more}')
     parent = f"parent #{detail['parent_id']}" if detail["parent_id"] is not None else "first candidate"
     return _box("source-view", f"Candidate #{detail['id']} · {detail['proposer']} · {parent}", verdict + intent + source)
 
