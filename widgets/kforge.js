@@ -571,7 +571,7 @@ function renderSourceView(model, root) {
 const OVER = ["stopped", "finished", "failed"];
 
 async function control(model, action) {
-  const st = model.get("state");
+  const st = model.get("state");   // the run's, not what a click expects
   if (OVER.includes(st) || model.get("ended_at")) {
     throw new Error(`${action}: the run has already ${OVER.includes(st) ? st : "ended"}; there is nothing left to ${action}`);
   }
@@ -611,14 +611,17 @@ function renderRunProgress(model, root) {
   const notes = h("div", { class: "kf-notes" });
   const log = h("pre", { class: "kf-log kf-run-log" });
   const optimistic = { pause: "pausing", resume: "running", stop: "stopping" };
+  // NB: what a click expects is shown at once but kept out of the model: a local model.set would
+  // go to the kernel with the next save_changes (dismissing an error) and overwrite the run's state.
+  let expected = null;
+  const stateNow = () => expected || model.get("state");
   const button = (action, label) => h("button", {
     class: "kf-btn", "data-action": action,
     onclick: () => {
-      const before = model.get("state");
-      model.set("state", optimistic[action]);   // at once; the run's events confirm it
+      expected = optimistic[action];   // the run's next state replaces it
       draw();
-      control(model, action).then((st) => { if (st && ["paused", "stopped", "finished", "failed"].includes(st)) model.set("state", st); draw(); },
-        (err) => { model.set("state", before); model.set("error", String(err.message || err)); draw(); });
+      control(model, action).then((st) => { if (st && ["paused", "stopped", "finished", "failed"].includes(st)) expected = st; draw(); },
+        (err) => { expected = null; model.set("error", String(err.message || err)); draw(); });
     },
   }, label);
   const buttons = { pause: button("pause", "Pause"), resume: button("resume", "Resume"), stop: button("stop", "Stop") };
@@ -639,7 +642,7 @@ function renderRunProgress(model, root) {
     timing.textContent = parts.join(" · ");
   };
   const draw = () => {
-    const st = model.get("state");
+    const st = stateNow();
     const done = model.get("done");
     const total = Math.max(1, model.get("total"));
     state.replaceChildren(pill(st === "running" ? "searching" : st));
@@ -664,6 +667,7 @@ function renderRunProgress(model, root) {
     if (!over && model.get("started_at") && ticker === null) ticker = setInterval(drawTiming, 1000);
     if ((over || !root.isConnected) && ticker !== null && model.get("ended_at")) { clearInterval(ticker); ticker = null; }
   };
+  model.on("change:state", () => { expected = null; });
   for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log", "notes",
     "started_at", "ended_at", "control_url"]) {
     model.on(`change:${name}`, draw);
