@@ -171,6 +171,11 @@ def _shots(page, target, name: str) -> None:
         for width in (1440, 1024):
             page.set_viewport_size({"width": width, "height": 1400})
             page.wait_for_function(f"() => window.innerWidth === {width}")
+            # NB: a viewport taller than the output, so that the picture is the whole output, not a scrolled part
+            tall = min(4000, int(target.bounding_box()["height"]) + 400)
+            if tall > 1400:
+                page.set_viewport_size({"width": width, "height": tall})
+                page.wait_for_function(f"() => window.innerHeight === {tall}")
             target.scroll_into_view_if_needed()
             page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             target.screenshot(path=str(SHOTS / f"{name}-{'dark' if theme == DARK else 'light'}-{width}.png"))

@@ -321,7 +321,9 @@ function renderSearchTree(model, root) {
     empty.style.display = nodes.length ? "none" : "";
     const { pos, width, depth } = layoutTree(nodes);
     const px = (id) => { const p = pos.get(id); return [p.x * TREE_DX + TREE_DX, p.y * TREE_DY + 28]; };
-    const w = Math.max((width + 1) * TREE_DX, 420), hgt = Math.max((depth + 1) * TREE_DY + 30, 340);
+    // at least the box itself: a small tree is drawn at full size, not shrunk into a fixed minimum
+    const bw = box.clientWidth || 420, bh = box.clientHeight || 340;
+    const w = Math.max((width + 1) * TREE_DX, bw), hgt = Math.max((depth + 1) * TREE_DY + 30, bh);
     extent = [((width + 1) * TREE_DX - w) / 2, 0, w, hgt];
     setView(view || autoView(pos, selected));
     gEdges.replaceChildren();
