@@ -81,6 +81,7 @@ class KernelWatch:
     def __init__(self, shell: Any):
         self.busy = True            # NB: made by a cell, which is running now
         self._views: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()   # a run's thread forgets its views while a cell starts or ends
         shell.events.register("pre_run_cell", self._pre)
         shell.events.register("post_run_cell", self._post)
 
@@ -99,15 +100,19 @@ class KernelWatch:
         return cls._watches[shell]
 
     def watch(self, view: Any) -> None:
-        self._views.add(view)
+        with self._lock:
+            self._views.add(view)
         view.kernel_busy = self.busy
 
     def forget(self, view: Any) -> None:
-        self._views.discard(view)
+        with self._lock:
+            self._views.discard(view)
 
     def _set(self, busy: bool) -> None:
         self.busy = busy
-        for view in list(self._views):
+        with self._lock:
+            views = list(self._views)
+        for view in views:
             view.kernel_busy = busy
 
     def _pre(self, *_: Any) -> None:

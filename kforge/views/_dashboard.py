@@ -39,6 +39,7 @@ class Dashboard:
         ipywidgets.dlink((self.tree, "selected_id"), (self.source, "candidate_id"))
         self.progress: RunProgress | None = None
         self.snapshot = SnapshotDisplay(self._repr_mimebundle_)
+        self._watch = None
         if run is not None:
             self.progress = RunProgress(run)
             self.pump.sinks.insert(0, self.progress.apply)
