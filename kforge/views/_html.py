@@ -43,19 +43,23 @@ def _box(kind: str, title: str, body: str) -> str:
 
 
 def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 40) -> str:
-    """The card table, largest share first; a summary line says what is left out."""
-    th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in (
-        ("card", "left"), ("calls", "right"), ("share", "right"), ("eager", "right"), ("best", "right"),
-        ("status", "left"), ("tried", "right"), ("cost", "right")))
+    """The card table, largest share first; a summary line says what is left out.
+
+    NB: an untrusted notebook's sanitizer may drop overflow styles, so the table must fit: the card's
+    label wraps, and the columns a reader needs most come first (a narrow output cuts the last)."""
+    columns = (("card", "left"), ("best", "right"), ("status", "left"), ("share", "right"), ("tried", "right"),
+               ("eager", "right"), ("calls", "right"), ("cost", "right"))
+    th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in columns)
     body = []
     shown = sorted(rows, key=lambda r: -r["share"])[:limit]
     for r in shown:
         mark = "font-weight: 600; " if r["key"] == selected else ""
-        cells = [(escape(r["label"]), "left"), (str(r["calls"]), "right"), (f"{r['share']:.1%}", "right"),
-                 (_us(r["eager_us"]), "right"), (_x(r["speedup"]), "right"), (_status(r["status"]), "left"),
-                 (str(r["candidates"] or "–"), "right"), (f"${r['dollars']:.3f}" if r["dollars"] else "–", "right")]
-        body.append("<tr>" + "".join(f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">'
-                                     f"{c}</td>" for c, a in cells) + "</tr>")
+        cells = [_x(r["speedup"]), _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–"),
+                 _us(r["eager_us"]), str(r["calls"]), f"${r['dollars']:.3f}" if r["dollars"] else "–"]
+        label = f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{escape(r["label"])}</td>'
+        body.append("<tr>" + label + "".join(
+            f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">{c}</td>'
+            for c, (_, a) in zip(cells, columns[1:])) + "</tr>")
     searched = sum(1 for r in rows if r["status"] != "not searched")
     winners = sum(1 for r in rows if r["status"] == "winner")
     more = f" (largest {limit} shown)" if len(rows) > limit else ""
