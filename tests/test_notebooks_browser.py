@@ -85,8 +85,11 @@ class Watch:
         if url.hostname != "127.0.0.1":
             self.problems.append(f"request leaves 127.0.0.1: {request.url}")
 
-    def check(self) -> None:
+    def check(self, expected: str | None = None) -> None:
+        """No problem seen since the last check; ``expected``: a pattern of problems the test caused."""
         problems, self.problems[:] = list(self.problems), []
+        if expected is not None:
+            problems = [p for p in problems if not re.search(expected, p)]
         assert not problems, "\n".join(problems)
 
 
@@ -168,11 +171,37 @@ def _shots(page, target, name: str) -> None:
         for width in (1440, 1024):
             page.set_viewport_size({"width": width, "height": 1400})
             page.wait_for_function(f"() => window.innerWidth === {width}")
+            # NB: a viewport taller than the output, so that the picture is the whole output, not a scrolled part
+            tall = min(4000, int(target.bounding_box()["height"]) + 400)
+            if tall > 1400:
+                page.set_viewport_size({"width": width, "height": tall})
+                page.wait_for_function(f"() => window.innerHeight === {tall}")
             target.scroll_into_view_if_needed()
             page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             target.screenshot(path=str(SHOTS / f"{name}-{'dark' if theme == DARK else 'light'}-{width}.png"))
     _theme(page, LIGHT)
     page.set_viewport_size({"width": 1440, "height": 1500})
+
+
+def _wait_output(page, cell: int, text: str, timeout: float = 60_000) -> None:
+    """Until an output of cell ``cell`` (in the notebook's model) holds ``text`` in its HTML: a display
+    update has landed (JupyterLab then renders that output anew)."""
+    page.wait_for_function(
+        """([i, text]) => {
+             const outputs = window.jupyterapp.shell.currentWidget.content.model.cells.get(i).outputs;
+             for (let k = 0; k < outputs.length; k++) {
+               const html = outputs.get(k).data["text/html"];
+               if (html && String(html).includes(text)) return true;
+             }
+             return false;
+           }""", arg=[cell, text], timeout=timeout)
+
+
+def _png_height(data: str) -> int:
+    """The height of a base64 PNG, from its header."""
+    import base64
+
+    return int.from_bytes(base64.b64decode(data[:64])[20:24], "big")
 
 
 def _count(progress) -> int:
@@ -198,26 +227,61 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
     assert "*" in waiting.inner_text(), "the cell running run.wait() is still busy"
     paused_at = _count(progress)
 
-    # selection while the kernel is busy: a row shows its tree, a node its candidate
+    # a control channel this browser cannot reach (as with a kernel on another machine): the button
+    # says at once that the busy kernel cannot pass the click on, and what to do (no 4 s timeout)
+    channel = re.compile(r"http://127\.0\.0\.1:\d+/[0-9a-f]{32}/\w+$")
+    page.route(channel, lambda route: route.abort())
+    progress.locator("button[data-action='resume']").click()
+    banner = progress.locator(".kf-error-text")
+    banner.filter(has_text=re.compile(".")).wait_for(timeout=10_000)
+    said = banner.inner_text()
+    assert "not reachable from this browser" in said and "the kernel is running a cell" in said, said
+    assert "interrupt the running cell" in said and "within" not in said, said
+    assert progress.locator(".kf-pill[data-status='paused']").count() == 1, "the run did not move"
+    progress.locator(".kf-error button.kf-link").click()
+    page.unroute(channel)
+    lab.watch.check(expected=r"Failed to load resource|net::ERR_FAILED")
+
+    # selection while the kernel is busy: a row shows its tree (pinned), Follow search goes back
     first_key = table.locator("tbody tr.kf-selected").get_attribute("data-key")
+    searching = table.locator("tbody tr[data-key]").filter(
+        has=page.locator(".kf-pill[data-status='searching']")).get_attribute("data-key")
+    assert first_key == searching, "the table follows the search"
     rows = table.locator("tbody tr[data-key]")
     target = next(k for k in rows.evaluate_all("els => els.map(e => e.dataset.key)") if k != first_key)
     table.locator(f"tbody tr[data-key='{target}']").click()
     table.locator(f"tbody tr.kf-selected[data-key='{target}']").wait_for(timeout=10_000)
     table.locator(".kf-badge[data-follow='off']").wait_for(timeout=10_000)
-    table.locator(f"tbody tr[data-key='{first_key}']").click()   # back to a searched card
+    tree.locator(".kf-empty:visible").wait_for(timeout=10_000)   # that card has no candidates
+    table.locator("button[data-action='follow']").click()
+    table.locator(".kf-badge[data-follow='on']").wait_for(timeout=10_000)
+    table.locator(f"tbody tr.kf-selected[data-key='{searching}']").wait_for(timeout=10_000)
     node = tree.locator(".kf-node[data-id]").first
+    node.wait_for(timeout=10_000)
     node_id = node.get_attribute("data-id")
     node.locator("circle").last.click()
     source.locator(".kf-title", has_text=f"Candidate #{node_id}").wait_for(timeout=10_000)
     source.locator(".kf-code .kf-src").first.wait_for(timeout=10_000)
+    tree.locator(f".kf-node-selected[data-id='{node_id}']").wait_for(timeout=10_000)
 
-    # Resume: the run goes on (more evaluations than when paused)
+    # Resume: the run goes on (more evaluations than when paused); the pinned node stays selected
     progress.locator("button[data-action='resume']").click()
     progress.locator(".kf-pill[data-status='searching']").wait_for(timeout=60_000)
-    page.wait_for_function("([el, n]) => parseInt(el.textContent) > n",
-                           arg=[progress.locator(".kf-header .kf-muted").first.element_handle(), paused_at],
-                           timeout=120_000)
+    count = progress.locator(".kf-header .kf-muted").first.element_handle()
+    page.wait_for_function("([el, n]) => parseInt(el.textContent) > n", arg=[count, paused_at], timeout=120_000)
+    assert tree.locator(".kf-node-selected").get_attribute("data-id") == node_id, "a pinned node stays"
+    # Follow newest: the tree and the source move to each new candidate as it comes
+    tree.locator("button[data-action='follow']").click()
+    tree.locator(".kf-badge[data-follow='on']").wait_for(timeout=10_000)
+    newest = "el => Math.max(...[...el.querySelectorAll('.kf-node[data-id]')].map(n => +n.dataset.id))"
+    followed = max(int(node_id), tree.evaluate(newest))
+    page.wait_for_function(
+        f"([el, n]) => {{ const top = ({newest})(el); const sel = el.querySelector('.kf-node-selected');"
+        " return top > n && sel && +sel.dataset.id === top; }", arg=[tree.element_handle(), followed], timeout=120_000)
+    shown = tree.locator(".kf-node-selected").get_attribute("data-id")
+    source.locator(".kf-title", has_text=re.compile(rf"Candidate #(\d+)")).wait_for(timeout=10_000)
+    page.wait_for_function("([el, id]) => +el.querySelector('.kf-title').textContent.replace(/\\D/g, '') >= id",
+                           arg=[source.element_handle(), int(shown)], timeout=30_000)
     _shots(page, panel.locator(".jp-Cell").nth(1), "dashboard-live")
 
     # Stop: the run ends, run.wait() returns, and the view's count is the run's evaluations
@@ -227,7 +291,11 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
     out.wait_for(timeout=60_000)
     state, evaluated = re.search(r"RUN (\w+) (\d+)", out.inner_text()).groups()
     assert state == "stopped" and _count(progress) == int(evaluated) > paused_at
-    assert progress.locator(".kf-bar[data-state='stopped']").count() == 1, "a stopped run's bar is its own"
+    # the run's end sends the dashboard's output again (its static snapshot), which JupyterLab renders anew
+    _wait_output(page, 1, ">stopped<")
+    progress.locator(".kf-pill[data-status='stopped']").wait_for(timeout=30_000)
+    assert _count(progress) == int(evaluated), "the view rendered anew shows the same count"
+    progress.locator(".kf-bar[data-state='stopped']").wait_for(timeout=30_000)   # a stopped run's bar is its own
     assert panel.locator(".kf-error:visible").count() == 0
     lab.watch.check()
 
@@ -241,6 +309,9 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     progress = panel.locator(".kf-run-progress").first
     progress.locator(".kf-pill[data-status='finished']").wait_for(timeout=300_000)
     _wait_idle_after_run(page)
+    _wait_output(page, 6, ">finished<")   # the views rendered anew from the run's last output
+    progress.locator(".kf-pill[data-status='finished']").wait_for(timeout=30_000)
+    table.locator("tbody tr").nth(9).wait_for(state="attached", timeout=30_000)
     assert panel.locator(".jp-OutputArea-output", has_text="outputs match eager").count() == 1
     assert panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
         has_text="Traceback").count() == 0
@@ -256,6 +327,26 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     assert table.locator("tbody tr[data-key] .kf-pill[data-status='not searched']").count() == \
         table.locator("tbody tr[data-key]").count() > 0
     table.locator(".kf-filters select[title='status']").select_option("")
+    # the op and vendor filters: the rows left are those of that op / vendor, and the vendors partition the table
+    cards = table.locator("tbody tr[data-key]")
+    every = cards.evaluate_all("els => els.map(e => [e.dataset.key, e.dataset.op, e.dataset.vendor])")
+    ops = [o for o in table.locator("select[title='operator'] option").evaluate_all("els => els.map(e => e.value)") if o]
+    op = max(ops, key=lambda o: sum(r[1] == o for r in every))
+    table.locator("select[title='operator']").select_option(op)
+    assert sorted(cards.evaluate_all("els => els.map(e => e.dataset.key)")) == sorted(k for k, o, _ in every if o == op)
+    assert table.locator(".kf-header .kf-muted").first.inner_text().endswith(f"{sum(r[1] == op for r in every)} shown")
+    table.locator("select[title='operator']").select_option("")
+    vendors = table.locator("select[title='vendor library'] option").evaluate_all("els => els.map(e => e.value)")
+    assert "-" in vendors and len(vendors) >= 3, "no vendor, and at least one vendor library"
+    seen = []
+    for vendor in vendors[1:]:
+        table.locator("select[title='vendor library']").select_option(vendor)
+        got = cards.evaluate_all("els => els.map(e => [e.dataset.key, e.dataset.vendor])")
+        assert got and all(v == vendor for _, v in got), f"vendor {vendor}: {got}"
+        seen += [k for k, _ in got]
+    assert sorted(seen) == sorted(k for k, _, _ in every), "each card under exactly one vendor choice"
+    table.locator("select[title='vendor library']").select_option("")
+    assert cards.count() == len(every)
     table.locator(".kf-input").fill("softmax")
     assert table.locator("tbody tr[data-key]").count() >= 1
     assert all("softmax" in t for t in table.locator("tbody tr[data-key] td:first-child").all_inner_texts())
@@ -295,6 +386,9 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     svg.hover()
     page.mouse.wheel(0, -400)
     page.wait_for_function("([el, v]) => el.getAttribute('viewBox') !== v", arg=[svg.element_handle(), before])
+    zoomed = svg.get_attribute("viewBox")
+    tree.locator(".kf-header button", has_text="Fit").click()
+    page.wait_for_function("([el, v]) => el.getAttribute('viewBox') !== v", arg=[svg.element_handle(), zoomed])
     assert panel.locator(".kf-error:visible").count() == 0, "no error banner in any view"
     _shots(page, panel.locator(".jp-Cell").nth(6), "quickstart-dashboard")
     # at 1024 px the important columns are all in view, not clipped
@@ -318,6 +412,15 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     widgets = [b for b in bundles if "application/vnd.jupyter.widget-view+json" in b]
     assert widgets and all("text/html" in b or "image/png" in b for b in widgets), \
         "every view and chart carries a static snapshot"
+    # the views shown as the run started hold its last state, not the first
+    evaluated = _count(progress)
+    first = [o.get("data", {}) for o in saved["cells"][6]["outputs"]]
+    html = "".join(next(b["text/html"] for b in first if "application/vnd.jupyter.widget-view+json" in b))
+    run_part = html[:html.index("kf-static-card-table")]
+    assert ">finished<" in run_part and f"{evaluated} evaluated" in run_part, run_part
+    chart = "".join(next(b["image/png"] for o in saved["cells"][8]["outputs"] for b in [o.get("data", {})]
+                         if "image/png" in b))
+    assert _png_height(chart) > 150, "the live chart's picture is the run's last drawing, not 'no data yet'"
     other = lab.base / "elsewhere"
     other.mkdir()
     nb = dict(saved)
@@ -337,6 +440,10 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
         out.get_by_text("Optimization run").first.wait_for(timeout=30_000)
         assert out.get_by_text("Search tree").count() >= 1 and out.get_by_text("model not found").count() == 0
         assert out.locator(".jp-RenderedImage img").count() >= 2, "the charts as pictures"
+        dashboard = out.locator(".jp-Cell").nth(6)
+        snapshot = dashboard.locator(".kf-static-run-progress")
+        assert "finished" in snapshot.inner_text() and f"{evaluated} evaluated" in snapshot.inner_text(), \
+            "the dashboard shown at the run's start says how it ended"
         _shots(page, out.locator(".jp-Cell").nth(6), "quickstart-reopened")
         lab.watch.check()
         # NB: leave that server's page before it stops, or its reconnect attempts reach the next test

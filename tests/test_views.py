@@ -439,3 +439,88 @@ def test_charts_read_in_both_themes_and_count_a_region_once(session):
     assert before["time (µs)"].sum() == pytest.approx(sum(c.forward_us for c in session.cards))
     timed = set(before[before["time (µs)"] > 0]["op"])
     assert timed == {c.op for c in session.cards if c.forward_us > 0} and "region" in timed
+
+
+def _recording_shell(monkeypatch):
+    """IPython's shell with its display messages recorded as (data, display id, update)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    sent = []
+
+    def publish(data, metadata=None, *, transient=None, update=False, **_):
+        sent.append((data, (transient or {}).get("display_id"), update))
+
+    monkeypatch.setattr(shell.display_pub, "publish", publish)
+    return shell, sent
+
+
+def test_views_shown_as_a_run_starts_end_with_its_last_state(session, monkeypatch):
+    from IPython.display import display
+
+    _shell, sent = _recording_shell(monkeypatch)
+    base = kernel_source("cpu", "softmax_rows")
+    proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(4)], free=1)
+    run = session.optimize(proposer=proposer, iterations=4, ops=["softmax"], policy="linear", background=True)
+    d = dashboard(session)
+    chart = charts.live(charts.speedup_over_iterations, session)
+    alone = progress(run)
+    for view in (d, chart, alone):
+        display(view)
+    shown = [(data, display_id) for data, display_id, update in sent if not update]
+    assert len(shown) == 3 and all(display_id for _, display_id in shown), "each shown under a display id"
+    assert "finished" not in shown[0][0]["text/html"]
+    proposer.gate.set()
+    run.wait(120)
+    last = {display_id: data for data, display_id, update in sent if update}   # the last update of each
+    assert set(last) == {display_id for _, display_id in shown}, "every output is sent again by the run's end"
+    evaluated = sum(e.kind in (EventKind.EVALUATED, EventKind.PROPOSER_FAILED) for e in run.events)
+    for data in (last[shown[0][1]], last[shown[2][1]]):
+        assert "application/vnd.jupyter.widget-view+json" in data, "the live view stays"
+        assert "finished" in data["text/html"] and f"{evaluated} evaluated" in data["text/html"]
+    assert last[shown[1][1]]["image/png"] != shown[1][0]["image/png"], "the chart's picture is drawn again"
+    # the kernel never moves the selection (the front end follows the search), yet the snapshot shows
+    # the card searched and its best candidate, as the front end does
+    label = short_label(session.cards[_softmax_key(session)])
+    html = last[shown[0][1]]["text/html"]
+    assert f"Search tree · {label}" in html.replace("&#x27;", "'") and "Candidate #" in html
+
+
+def test_a_snapshot_is_sent_again_at_a_card_end_at_most_once_a_minute(monkeypatch):
+    from kforge.views._snapshot import SnapshotDisplay
+
+    _shell, sent = _recording_shell(monkeypatch)
+    states = iter(range(100))
+    snap = SnapshotDisplay(lambda: {"text/plain": f"state {next(states)}"}, min_interval=60.0)
+    snap.apply([Event(EventKind.RUN_FINISHED, None, None)])
+    assert sent == [], "nothing shown yet: nothing to update"
+    snap.show()
+    for kind in (EventKind.CARD_FINISHED, EventKind.EVALUATED, EventKind.CARD_FINISHED):
+        snap.apply([Event(kind, "k", None)])
+    assert len(sent) == 1, "card ends within a minute of the display send nothing"
+    snap._last -= 61
+    snap.apply([Event(EventKind.CARD_FINISHED, "k", None)])
+    snap.apply([Event(EventKind.RUN_FINISHED, None, None)])
+    assert [(data["text/plain"], update) for data, _, update in sent] == [
+        ("state 0", False), ("state 1", True), ("state 2", True)]
+    assert {display_id for _, display_id, _ in sent} == {snap.display_id}
+
+
+def test_views_know_at_once_when_a_cell_holds_the_kernel(session):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    base = kernel_source("cpu", "softmax_rows")
+    proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(4)], free=0)
+    run = session.optimize(proposer=proposer, iterations=4, ops=["softmax"], policy="linear", background=True)
+    d = dashboard(session)
+    cell = SimpleNamespace(raw_cell="", store_history=False, silent=False, shell_futures=True, cell_id=None)
+    shell.events.trigger("post_run_cell", SimpleNamespace(info=cell, success=True))
+    assert not d.progress.kernel_busy and not d.source.kernel_busy
+    shell.events.trigger("pre_run_cell", cell)
+    assert d.progress.kernel_busy and d.source.kernel_busy, "the front end says at once that a request would wait"
+    run.stop()
+    proposer.gate.set()
+    run.wait(120)
+    shell.events.trigger("post_run_cell", SimpleNamespace(info=cell, success=True))
+    assert d.progress.kernel_busy, "a finished run's views are no longer told"

@@ -132,7 +132,7 @@ function renderCardTable(model, root) {
   const input = h("input", { class: "kf-input", type: "search", placeholder: "filter: op, shape, key…",
     value: model.get("filter_text"), oninput: (ev) => { model.set("filter_text", ev.target.value); model.save_changes(); } });
   filters.append(selects, input);
-  let op = "", vendor = "";
+  const setFilter = (name, v) => { model.set(name, v); model.save_changes(); };
   let visible = [];
 
   const choose = (key, byUser) => {
@@ -143,18 +143,19 @@ function renderCardTable(model, root) {
   const drawFilters = () => {
     const rows = model.get("rows");
     const uniq = (f) => [...new Set(rows.map(f).filter(Boolean))].sort();
-    const status = model.get("filter_status");
     selects.replaceChildren(
-      select([["", "any status"], ...uniq((r) => r.status).map((v) => [v, v])], status,
-        (v) => { model.set("filter_status", v); model.save_changes(); }, "status"),
-      select([["", "any op"], ...uniq((r) => r.op).map((v) => [v, v])], op, (v) => { op = v; draw(); }, "operator"),
-      select([["", "any vendor"], ["-", "no vendor"], ...uniq((r) => r.vendor).map((v) => [v, v])], vendor,
-        (v) => { vendor = v; draw(); }, "vendor library"));
+      select([["", "any status"], ...uniq((r) => r.status).map((v) => [v, v])], model.get("filter_status"),
+        (v) => setFilter("filter_status", v), "status"),
+      select([["", "any op"], ...uniq((r) => r.op).map((v) => [v, v])], model.get("filter_op"),
+        (v) => setFilter("filter_op", v), "operator"),
+      select([["", "any vendor"], ["-", "no vendor"], ...uniq((r) => r.vendor).map((v) => [v, v])], model.get("filter_vendor"),
+        (v) => setFilter("filter_vendor", v), "vendor library"));
   };
   const draw = () => {
     const sortBy = model.get("sort_by");
     const desc = model.get("sort_desc");
     const status = model.get("filter_status");
+    const op = model.get("filter_op"), vendor = model.get("filter_vendor");
     const text = model.get("filter_text").trim().toLowerCase();
     const all = model.get("rows");
     const rows = all.filter((r) => (!status || r.status === status) && (!op || r.op === op)
@@ -179,7 +180,7 @@ function renderCardTable(model, root) {
     const selected = model.get("selected_key");
     body.replaceChildren(...rows.map((r) => h("tr", {
       class: r.key === selected ? "kf-selected" : "",
-      "data-key": r.key,
+      "data-key": r.key, "data-op": r.op, "data-vendor": r.vendor || "-",
       onclick: () => choose(r.key, true),
     },
       h("td", { class: "kf-card-col", title: `${r.signature}\nkey ${r.key}` }, r.label),
@@ -223,11 +224,11 @@ function renderCardTable(model, root) {
     choose(row.key, true);
     requestAnimationFrame(() => body.querySelector(`tr[data-key="${row.key}"]`)?.scrollIntoView({ block: "nearest" }));
   });
-  for (const name of ["rows", "selected_key", "sort_by", "sort_desc", "following", "filter_status", "filter_text"]) {
+  for (const name of ["rows", "selected_key", "sort_by", "sort_desc", "following", "filter_status", "filter_op",
+    "filter_vendor", "filter_text"]) {
     model.on(`change:${name}`, draw);
   }
-  model.on("change:rows", drawFilters);
-  model.on("change:filter_status", drawFilters);
+  for (const name of ["rows", "filter_status", "filter_op", "filter_vendor"]) model.on(`change:${name}`, drawFilters);
   drawFilters();
   draw();
 }
@@ -320,7 +321,9 @@ function renderSearchTree(model, root) {
     empty.style.display = nodes.length ? "none" : "";
     const { pos, width, depth } = layoutTree(nodes);
     const px = (id) => { const p = pos.get(id); return [p.x * TREE_DX + TREE_DX, p.y * TREE_DY + 28]; };
-    const w = Math.max((width + 1) * TREE_DX, 420), hgt = Math.max((depth + 1) * TREE_DY + 30, 340);
+    // at least the box itself: a small tree is drawn at full size, not shrunk into a fixed minimum
+    const bw = box.clientWidth || 420, bh = box.clientHeight || 340;
+    const w = Math.max((width + 1) * TREE_DX, bw), hgt = Math.max((depth + 1) * TREE_DY + 30, bh);
     extent = [((width + 1) * TREE_DX - w) / 2, 0, w, hgt];
     setView(view || autoView(pos, selected));
     gEdges.replaceChildren();
@@ -498,7 +501,6 @@ function renderSourceView(model, root) {
   const meta = h("span", { class: "kf-muted kf-ellipsis" });
   const content = h("div", { class: "kf-source-body" });
   root.append(h("div", { class: "kf-header" }, title, meta), content);
-  let tab = "source";
   let shownKey = undefined;   // what is on screen (id and its detail), to redraw only on a change
   let latest = 0;
 
@@ -513,6 +515,7 @@ function renderSourceView(model, root) {
     meta.textContent = [c.proposer, c.strategy, c.parent_id !== null ? `parent #${c.parent_id}` : "first candidate",
       c.dollars ? fmt.usd(c.dollars) : null].filter(Boolean).join(" · ");
     const tabs = [["source", "Source"], ["diff", "Diff"], ["log", "Compile log"]];
+    const tab = model.get("tab") in { source: 1, diff: 1, log: 1 } ? model.get("tab") : "source";
     const pane = { source: () => codeLines(c.source), diff: () => diffLines(c.diff),
       log: () => (c.compile_log ? h("pre", { class: "kf-log" }, c.compile_log) : h("div", { class: "kf-empty" },
         c.evaluation ? "The compiler printed nothing." : "Not compiled yet.")) };
@@ -521,7 +524,7 @@ function renderSourceView(model, root) {
       evaluationBlock(c.evaluation),
       h("div", { class: "kf-tabs" }, tabs.map(([k, name]) => h("button", {
         class: `kf-tab${k === tab ? " kf-tab-on" : ""}`, "data-tab": k,
-        onclick: () => { tab = k; show(c); },
+        onclick: () => { model.set("tab", k); model.save_changes(); show(c); },
       }, name, k === "diff" && c.diff ? ` (+${c.diff.filter((d) => d[0] === "+").length} −${c.diff.filter((d) => d[0] === "-").length})` : ""))),
       h("div", { class: "kf-scroll kf-pane" }, pane[tab]()),
     );
@@ -541,24 +544,41 @@ function renderSourceView(model, root) {
       if (key !== shownKey) { shownKey = key; show(c); }
       return;
     }
+    if (model.get("kernel_busy")) {   // asking would wait for the cell: it comes with the run's next report
+      shownKey = `waiting ${id}`;
+      title.textContent = `Candidate #${id}`;
+      meta.textContent = "";
+      content.replaceChildren(h("div", { class: "kf-empty", "data-waiting": id },
+        `Candidate #${id} is not in this view yet; it shows as soon as the run reports it (the kernel is running a cell, so it cannot be asked for now).`));
+      return;
+    }
     const mine = ++latest;
     shownKey = `asking ${id}`;
     content.replaceChildren(h("div", { class: "kf-empty" }, "Loading…"));
-    request(model, "candidate", { id }, 10000, `candidate #${id} is not in this view yet and the kernel is busy; it shows once the run reports it`)
+    request(model, "candidate", { id }, 10000, `candidate #${id} is not in this view yet and the kernel did not answer within 10 s; it shows once the run reports it`)
       .then((got) => { if (mine === latest && model.get("candidate_id") === id) { shownKey = `${id}:asked`; show(got); } },
         (err) => { if (mine === latest) failed(err); });
   };
   model.on("change:candidate_id", () => { latest++; draw(); });
   model.on("change:details", draw);
+  model.on("change:kernel_busy", () => { if (String(shownKey).startsWith("waiting")) { shownKey = undefined; draw(); } });
   draw();
 }
 
 // ------------------------------------------------------------------ run progress
 
 // Pause / resume / stop: straight to the run's control channel (no kernel involved); where the
-// browser cannot reach it (a remote kernel), through the kernel, which answers only when idle.
+// browser cannot reach it (a remote kernel), through the kernel, which answers only when idle. What
+// cannot work is said at once: a run that has ended, a kernel known to be running a cell.
+const OVER = ["stopped", "finished", "failed"];
+
 async function control(model, action) {
+  const st = model.get("state");   // the run's, not what a click expects
+  if (OVER.includes(st) || model.get("ended_at")) {
+    throw new Error(`${action}: the run has already ${OVER.includes(st) ? st : "ended"}; there is nothing left to ${action}`);
+  }
   const url = model.get("control_url");
+  let why = "this view has no direct line to the run";
   if (url) {
     let res = null;
     try {
@@ -571,10 +591,15 @@ async function control(model, action) {
       if (!res.ok) throw new Error(`${action}: ${text}`);
       return text;
     }
+    why = "the run's control channel is not reachable from this browser (is the kernel on another machine?)";
+  }
+  const todo = "interrupt the running cell (Kernel > Interrupt; the search goes on in its thread) and click again, " +
+    `or call run.${action}() in a cell`;
+  if (model.get("kernel_busy")) {
+    throw new Error(`${action}: ${why}, and the kernel is running a cell, which holds the click until it ends: ${todo}`);
   }
   const reply = await request(model, "control", { action }, 4000,
-    `${action}: the run's control channel is not reachable from this browser (is the kernel on another machine?) ` +
-    "and the kernel is busy running a cell; interrupt the cell or call run.pause() / run.stop() from Python");
+    `${action}: ${why}, and the kernel did not answer within 4 s (busy, restarting or gone): ${todo}`);
   return reply.state;
 }
 
@@ -588,14 +613,17 @@ function renderRunProgress(model, root) {
   const notes = h("div", { class: "kf-notes" });
   const log = h("pre", { class: "kf-log kf-run-log" });
   const optimistic = { pause: "pausing", resume: "running", stop: "stopping" };
+  // NB: what a click expects is shown at once but kept out of the model: a local model.set would
+  // go to the kernel with the next save_changes (dismissing an error) and overwrite the run's state.
+  let expected = null;
+  const stateNow = () => expected || model.get("state");
   const button = (action, label) => h("button", {
     class: "kf-btn", "data-action": action,
     onclick: () => {
-      const before = model.get("state");
-      model.set("state", optimistic[action]);   // at once; the run's events confirm it
+      expected = optimistic[action];   // the run's next state replaces it
       draw();
-      control(model, action).then((st) => { if (st && ["paused", "stopped", "finished", "failed"].includes(st)) model.set("state", st); draw(); },
-        (err) => { model.set("state", before); model.set("error", String(err.message || err)); draw(); });
+      control(model, action).then((st) => { if (st && ["paused", "stopped", "finished", "failed"].includes(st)) expected = st; draw(); },
+        (err) => { expected = null; model.set("error", String(err.message || err)); draw(); });
     },
   }, label);
   const buttons = { pause: button("pause", "Pause"), resume: button("resume", "Resume"), stop: button("stop", "Stop") };
@@ -616,7 +644,7 @@ function renderRunProgress(model, root) {
     timing.textContent = parts.join(" · ");
   };
   const draw = () => {
-    const st = model.get("state");
+    const st = stateNow();
     const done = model.get("done");
     const total = Math.max(1, model.get("total"));
     state.replaceChildren(pill(st === "running" ? "searching" : st));
@@ -641,6 +669,7 @@ function renderRunProgress(model, root) {
     if (!over && model.get("started_at") && ticker === null) ticker = setInterval(drawTiming, 1000);
     if ((over || !root.isConnected) && ticker !== null && model.get("ended_at")) { clearInterval(ticker); ticker = null; }
   };
+  model.on("change:state", () => { expected = null; });
   for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log", "notes",
     "started_at", "ended_at", "control_url"]) {
     model.on(`change:${name}`, draw);

@@ -4,13 +4,18 @@ A notebook's kernel reads no widget message while a cell runs (``run.wait()``, a
 buttons that talk through the kernel die exactly when a user needs them. The progress view starts
 this small server in its own thread; the browser posts the action to it directly. It answers only
 on 127.0.0.1, only with the random token in its URL, and only the three actions.
+
+Where the browser cannot reach it (a kernel on another machine), a view falls back to the kernel;
+:class:`KernelWatch` tells the front end whether a cell is running, so that it says at once that a
+message would wait instead of timing out.
 """
 from __future__ import annotations
 
 import secrets
 import threading
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import Any, Callable
 
 ACTIONS = ("pause", "resume", "stop")
 
@@ -65,3 +70,53 @@ class ControlChannel:
                 self._server.shutdown()
                 self._server.server_close()
             threading.Thread(target=stop, name="kforge-control-close", daemon=True).start()
+
+
+class KernelWatch:
+    """Sets ``kernel_busy`` on the views it watches while IPython runs a cell (kernel-to-browser
+    messages flow then; browser-to-kernel ones wait for the cell to end). One per shell."""
+
+    _watches: "weakref.WeakKeyDictionary[Any, KernelWatch]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, shell: Any):
+        self.busy = True            # NB: made by a cell, which is running now
+        self._views: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()   # a run's thread forgets its views while a cell starts or ends
+        shell.events.register("pre_run_cell", self._pre)
+        shell.events.register("post_run_cell", self._post)
+
+    @classmethod
+    def of_current_shell(cls) -> "KernelWatch | None":
+        """The watch of the running IPython shell (made on first use); None outside IPython."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return None
+        shell = get_ipython()
+        if shell is None:
+            return None
+        if shell not in cls._watches:
+            cls._watches[shell] = cls(shell)
+        return cls._watches[shell]
+
+    def watch(self, view: Any) -> None:
+        with self._lock:
+            self._views.add(view)
+        view.kernel_busy = self.busy
+
+    def forget(self, view: Any) -> None:
+        with self._lock:
+            self._views.discard(view)
+
+    def _set(self, busy: bool) -> None:
+        self.busy = busy
+        with self._lock:
+            views = list(self._views)
+        for view in views:
+            view.kernel_busy = busy
+
+    def _pre(self, *_: Any) -> None:
+        self._set(True)
+
+    def _post(self, *_: Any) -> None:
+        self._set(False)

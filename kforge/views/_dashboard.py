@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import _html
 from ._optional import require
 from ._pump import EventPump
+from ._snapshot import SnapshotDisplay
 
 if TYPE_CHECKING:
     from ..search import OptimizationRun
@@ -37,10 +38,14 @@ class Dashboard:
         ipywidgets.dlink((self.table, "selected_key"), (self.tree, "card_key"))
         ipywidgets.dlink((self.tree, "selected_id"), (self.source, "candidate_id"))
         self.progress: RunProgress | None = None
+        self.snapshot = SnapshotDisplay(self._repr_mimebundle_)
+        self._watch = None
         if run is not None:
             self.progress = RunProgress(run)
             self.pump.sinks.insert(0, self.progress.apply)
             if not run.done:
+                self.pump.sinks.append(self.snapshot.apply)   # after the views: it renders what they show
+                self._watch_kernel()
                 self.pump.follow(run)
                 self._resync(run)
         self.tree.selected_id = self.tree.default_candidate()
@@ -61,10 +66,32 @@ class Dashboard:
         if self.progress is not None:
             self.progress.apply()
 
+    def _watch_kernel(self) -> None:
+        """The source view asks the kernel for a candidate not pushed yet: let it know when it would wait."""
+        from ._control import KernelWatch
+
+        self._watch = KernelWatch.of_current_shell()
+        if self._watch is not None:
+            self._watch.watch(self.source)
+            self.pump.sinks.append(self._forget_kernel)
+
+    def _forget_kernel(self, _events: object) -> None:
+        if self._watch is not None and self.run is not None and self.run.done:
+            self._watch.forget(self.source)
+            self._watch = None
+
     def to_html(self) -> str:
-        """The dashboard as it is now, as static HTML (no script)."""
+        """The dashboard as it is now, as static HTML (no script): the card and candidate the front end
+        shows (the one searched while it follows the search)."""
         parts = [self.progress.to_html()] if self.progress is not None else []
-        return "".join(parts + [self.table.to_html(), self.tree.to_html(), self.source.to_html()])
+        key = self.table.shown_key
+        shown = self.tree.shown_id(key)
+        source = self.source.to_html(shown) if shown is not None else _html.source_view(None)
+        return "".join(parts + [self.table.to_html(), self.tree.to_html(key), source])
+
+    def _ipython_display_(self) -> None:
+        """Shown under a display id: the output's static snapshot follows the run to its end."""
+        self.snapshot.show()
 
     def export_html(self, path: str | Path, charts: bool = True) -> Path:
         """Write a standalone HTML page of the dashboard (and the charts as images) to ``path``."""
@@ -96,6 +123,6 @@ def progress(run: "OptimizationRun") -> Any:
 
     view = RunProgress(run)
     if not run.done:
-        view._pump = EventPump([view.apply])
+        view._pump = EventPump([view.apply, view._snapshot.apply])
         view._pump.follow(run)
     return view

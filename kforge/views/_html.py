@@ -19,6 +19,7 @@ STATUS_COLORS = {
     "timed_out": "#953800", "pending": "#8c959f", "searching": "#0969da", "not searched": "#8c959f",
     "finished": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e", "running": "#0969da", "paused": "#bf8700",
 }
+SOURCE_LINES = 40
 BOX = f"font-family: var(--jp-ui-font-family, system-ui, sans-serif); font-size: 12.5px; color: {FG}; " \
       f"border: 1px solid {BORDER}; border-radius: 6px; padding: 8px 12px; margin: 4px 0"
 
@@ -42,19 +43,23 @@ def _box(kind: str, title: str, body: str) -> str:
 
 
 def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 40) -> str:
-    """The card table, largest share first; a summary line says what is left out."""
-    th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in (
-        ("card", "left"), ("calls", "right"), ("share", "right"), ("eager", "right"), ("best", "right"),
-        ("status", "left"), ("tried", "right"), ("cost", "right")))
+    """The card table, largest share first; a summary line says what is left out.
+
+    NB: an untrusted notebook's sanitizer may drop overflow styles, so the table must fit: the card's
+    label wraps, and the columns a reader needs most come first (a narrow output cuts the last)."""
+    columns = (("card", "left"), ("best", "right"), ("status", "left"), ("share", "right"), ("tried", "right"),
+               ("eager", "right"), ("calls", "right"), ("cost", "right"))
+    th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in columns)
     body = []
     shown = sorted(rows, key=lambda r: -r["share"])[:limit]
     for r in shown:
         mark = "font-weight: 600; " if r["key"] == selected else ""
-        cells = [(escape(r["label"]), "left"), (str(r["calls"]), "right"), (f"{r['share']:.1%}", "right"),
-                 (_us(r["eager_us"]), "right"), (_x(r["speedup"]), "right"), (_status(r["status"]), "left"),
-                 (str(r["candidates"] or "–"), "right"), (f"${r['dollars']:.3f}" if r["dollars"] else "–", "right")]
-        body.append("<tr>" + "".join(f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">'
-                                     f"{c}</td>" for c, a in cells) + "</tr>")
+        cells = [_x(r["speedup"]), _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–"),
+                 _us(r["eager_us"]), str(r["calls"]), f"${r['dollars']:.3f}" if r["dollars"] else "–"]
+        label = f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{escape(r["label"])}</td>'
+        body.append("<tr>" + label + "".join(
+            f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">{c}</td>'
+            for c, (_, a) in zip(cells, columns[1:])) + "</tr>")
     searched = sum(1 for r in rows if r["status"] != "not searched")
     winners = sum(1 for r in rows if r["status"] == "winner")
     more = f" (largest {limit} shown)" if len(rows) > limit else ""
@@ -97,8 +102,12 @@ def source_view(detail: dict[str, Any] | None) -> str:
     verdict = (f'<div>{_status(ev["status"])} {escape(ev["message"])}</div>' if ev else
                f'<div style="color: {MUTED}">not evaluated yet</div>')
     intent = f'<div style="margin: 4px 0; white-space: pre-wrap">{escape(detail["intent"])}</div>' if detail["intent"] else ""
-    source = (f'<pre style="max-height: 320px; overflow: auto; font-size: 11.5px; border: 1px solid {BORDER}; '
-              f'padding: 6px">{escape(detail["source"])}</pre>')
+    # NB: an untrusted notebook's sanitizer drops max-height and overflow, so a long source is cut here
+    lines = detail["source"].splitlines()
+    more = (f'<div style="color: {MUTED}">… {len(lines) - SOURCE_LINES} more lines</div>'
+            if len(lines) > SOURCE_LINES else "")
+    source = (f'<pre style="font-size: 11.5px; border: 1px solid {BORDER}; padding: 6px; margin: 4px 0 0">'
+              f'{escape(chr(10).join(lines[:SOURCE_LINES]))}</pre>{more}')
     parent = f"parent #{detail['parent_id']}" if detail["parent_id"] is not None else "first candidate"
     return _box("source-view", f"Candidate #{detail['id']} · {detail['proposer']} · {parent}", verdict + intent + source)
 

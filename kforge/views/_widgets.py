@@ -21,6 +21,7 @@ import traitlets as t
 
 from ..search import EventKind
 from . import _data, _html
+from ._snapshot import SnapshotDisplay
 from ._static import static_file
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class View(anywidget.AnyWidget):
     _css = static_file("kforge.css")
     _view = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
+    kernel_busy = t.Bool(False).tag(sync=True)   # a cell is running: a request would wait for it (KernelWatch)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -91,6 +93,12 @@ class View(anywidget.AnyWidget):
             self.error = f"{what}: {type(exc).__name__}: {exc}"
 
 
+def _last_started(run: "OptimizationRun | None") -> str:
+    """The card a run started last ("" when none)."""
+    keys = [e.card_key for e in list(run.events) if e.kind is EventKind.CARD_STARTED] if run is not None else []
+    return (keys[-1] or "") if keys else ""
+
+
 def _searching(run: "OptimizationRun | None") -> str:
     """The card a run is searching now ("" when none): right for views made mid-run too."""
     if run is None or run.done:
@@ -119,13 +127,16 @@ class CardTable(View):
     sort_by = t.Unicode("share").tag(sync=True)
     sort_desc = t.Bool(True).tag(sync=True)
     filter_status = t.Unicode("").tag(sync=True)
+    filter_op = t.Unicode("").tag(sync=True)
+    filter_vendor = t.Unicode("").tag(sync=True)   # "-": cards with no vendor library
     filter_text = t.Unicode("").tag(sync=True)
     model_us = t.Float(None, allow_none=True).tag(sync=True)
 
     def __init__(self, cards: "Cards", store: "Store", run: "OptimizationRun | None" = None, **kwargs: Any):
         super().__init__(**kwargs)
-        self._cards, self._store = cards, store
+        self._cards, self._store, self._run = cards, store, run
         self.searching = _searching(run)
+        self._last_started = _last_started(run)
         self.following = run is not None and not run.done   # NB: also before the run's first card starts
         self.model_us = cards.model_us
         self.refresh()
@@ -139,19 +150,36 @@ class CardTable(View):
             self._cards, self._store, self.searching or None)))
 
     def apply(self, events: Sequence["Event"]) -> None:
-        """Apply a batch of run events: track the card being searched, then refresh once."""
+        """Apply a batch of run events: track the card being searched, then refresh once.
+
+        NB: with a run, re-read from its whole event list: exact even for events published between
+        this view's first read and its subscription."""
         searching = self.searching
+        if self._run is not None:
+            searching, self._last_started = _searching(self._run), _last_started(self._run)
+            events = ()
         for e in events:
             if e.kind is EventKind.CARD_STARTED:
                 searching = e.card_key or ""
+                self._last_started = searching or self._last_started
             elif e.kind is EventKind.CARD_FINISHED and e.card_key == searching or e.kind is EventKind.RUN_FINISHED:
                 searching = ""
         with self.hold_sync():
             self.searching = searching
             self.refresh()
 
+    @property
+    def shown_key(self) -> str:
+        """The card the front end shows: while following, the one searched (last); else the user's pick.
+
+        NB: the kernel never moves ``selected_key`` itself (a busy kernel must not override a row the
+        user picked), so a static snapshot asks this instead."""
+        if self.following and (self.searching or self._last_started):
+            return self.searching or self._last_started
+        return self.selected_key
+
     def to_html(self) -> str:
-        return _html.card_table(self.rows, self.selected_key)
+        return _html.card_table(self.rows, self.shown_key)
 
 
 class SearchTree(View):
@@ -226,8 +254,20 @@ class SearchTree(View):
         if touched:
             self.refresh(touched)
 
-    def to_html(self) -> str:
-        return _html.search_tree(self.nodes, self.best_path, self.selected_id, self.card_label)
+    def shown_id(self, card_key: str | None = None) -> int | None:
+        """The candidate shown for ``card_key`` (default: the card shown): the user's pick, or while
+        following (the front end moves it, not the kernel) the end of the best path, else the newest."""
+        key = self.card_key if card_key is None else card_key
+        nodes = self.trees.get(key, [])
+        if not self.following and key == self.card_key and any(n["id"] == self.selected_id for n in nodes):
+            return self.selected_id
+        best = self.best_paths.get(key, [])
+        return best[-1] if best else nodes[-1]["id"] if nodes else None
+
+    def to_html(self, card_key: str | None = None) -> str:
+        key = self.card_key if card_key is None else card_key
+        return _html.search_tree(self.trees.get(key, []), self.best_paths.get(key, []), self.shown_id(key),
+                                 self.labels.get(key, key))
 
 
 class SourceView(View):
@@ -240,6 +280,7 @@ class SourceView(View):
     _view = t.Unicode("source_view").tag(sync=True)
     candidate_id = t.Int(None, allow_none=True).tag(sync=True)
     details = t.Dict().tag(sync=True)        # str(candidate id) -> detail
+    tab = t.Unicode("source").tag(sync=True)   # "source", "diff" or "log"
 
     def __init__(self, store: "Store", **kwargs: Any):
         super().__init__(**kwargs)
@@ -272,9 +313,9 @@ class SourceView(View):
         if ids:
             self.refresh(ids)
 
-    def to_html(self) -> str:
-        detail = self.details.get(str(self.candidate_id)) if self.candidate_id is not None else None
-        return _html.source_view(detail)
+    def to_html(self, candidate_id: int | None = None) -> str:
+        shown = self.candidate_id if candidate_id is None else candidate_id
+        return _html.source_view(self.details.get(str(shown)) if shown is not None else None)
 
 
 class RunProgress(View):
@@ -307,12 +348,22 @@ class RunProgress(View):
         self.cards_total = len(run.planned)
         self.total = len(run.planned) * run.budget.iterations
         self._channel = None
-        if control and not run.done:
-            from ._control import ControlChannel
+        self._watch = None
+        if not run.done:
+            from ._control import ControlChannel, KernelWatch
 
-            self._channel = ControlChannel(lambda action: self.control(action)["state"])
-            self.control_url = self._channel.url
+            if control:
+                self._channel = ControlChannel(lambda action: self.control(action)["state"])
+                self.control_url = self._channel.url
+            self._watch = KernelWatch.of_current_shell()
+            if self._watch is not None:
+                self._watch.watch(self)
+        self._snapshot = SnapshotDisplay(self._repr_mimebundle_)
         self.apply()
+
+    def _ipython_display_(self) -> None:
+        """Shown under a display id, so that the output's static snapshot can follow the run."""
+        self._snapshot.show()
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         return {**super().handlers(), "control": self.control}
@@ -385,6 +436,9 @@ class RunProgress(View):
                 self._channel.close()
                 self._channel = None
                 self.control_url = ""
+            if self._run.done and self._watch is not None:
+                self._watch.forget(self)
+                self._watch = None
 
     def to_html(self) -> str:
         return _html.run_progress(self.state, self.done, self.total, self.cards_done, self.cards_total,

@@ -35,7 +35,7 @@ def _themed(chart: Any) -> Any:
     (Vega draws into SVG/canvas and cannot use JupyterLab's CSS variables)."""
     return (chart.configure(background="transparent")
             .configure_axis(labelColor=_INK, titleColor=_INK, domainColor=_INK, tickColor=_INK, gridOpacity=0.25)
-            .configure_legend(labelColor=_INK, titleColor=_INK)
+            .configure_legend(labelColor=_INK, titleColor=_INK, labelLimit=320)
             .configure_title(color=_INK)
             .configure_view(stroke=_INK, strokeOpacity=0.3))
 
@@ -153,17 +153,21 @@ def static_images(session: "Session") -> list[str]:
 
 class LiveChart:
     """A chart that redraws from a run's events (``live(fn, session)``); its output also carries a
-    PNG of the last drawing, which a saved or shared notebook shows without a kernel."""
+    PNG of the drawing, sent again when the run ends, which a saved or shared notebook shows without
+    a kernel."""
 
     def __init__(self, build: Callable[["Session"], Any], session: "Session",
                  run: "OptimizationRun | None" = None, interval: float = 1.0):
         from ._pump import EventPump
 
+        from ._snapshot import SnapshotDisplay
+
         alt = _alt()
         self.build, self.session = build, session
         self.widget = alt.JupyterChart(build(session))
         run = run if run is not None else session.run
-        self.pump = EventPump([self.redraw], interval=interval)
+        self.snapshot = SnapshotDisplay(self._repr_mimebundle_)
+        self.pump = EventPump([self.redraw, self.snapshot.apply], interval=interval)
         if run is not None and not run.done:
             self.pump.follow(run)
 
@@ -174,6 +178,10 @@ class LiveChart:
     @property
     def chart(self) -> Any:
         return self.widget.chart
+
+    def _ipython_display_(self) -> None:
+        """Shown under a display id: the output's PNG is drawn again when the run ends."""
+        self.snapshot.show()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = self.widget._repr_mimebundle_(**kwargs)
