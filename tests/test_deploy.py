@@ -33,7 +33,10 @@ def _winner_session(tmp_path, source_name="softmax_rows", eager_us=None):
     s.capture(timing_budget_ms=2)
     card = s.cards.by_op("softmax")[0]
     src = kernel_source("cpu", source_name)
-    ev = s.evaluator.evaluate(card, src, s.store)
+    for _ in range(3):   # NB: only validation matters here; a timing verdict on a busy machine may be retried
+        ev = s.evaluator.evaluate(card, src, s.store)
+        if ev.status.is_correct or ev.status.value not in ("timing_mismatch", "infra_error", "timed_out"):
+            break
     assert ev.status.is_correct, ev.summary()
     cid = s.store.add_candidate(card.key, None, "test", src, intent="hand-written")
     s.store.set_evaluation(cid, ev)
