@@ -439,8 +439,10 @@ class _Trial:
         # ---- validation: every set twice, at different addresses with different poison
         self.phase = "validation"
         with phases("validation run"):
-            self.run_layouts(val, "validation")
+            _, val_wall, _ = self.run_layouts(val, "validation")
             _sync(device)
+        # NB: the judge's own clock sizes the timed batches, never the runner's reported times.
+        self.val_call_s = max(val_wall - self.rtt_us, 0.0) / 1e6 / max(val.count, 1)
         with phases("validation checks"):
             checks = self.validate(val, sets, self.refs)
 
@@ -484,7 +486,7 @@ class _Trial:
         val = arenas.plan.groups[0]
         least = _MIN_BATCHES[job.backend]
         # NB: as many of the allocated sets as let the minimum number of batches fit the budget.
-        cand_call_s = float(arenas.times[val.first:val.first + val.count].median()) / 1e6
+        cand_call_s = self.val_call_s
         per_call_s = self.card.eager_s + cand_call_s
         fit = int(job.budget_ms / 1e3 / (least + 1) / max(per_call_s, 1e-7))
         if not self.cuda:
@@ -727,8 +729,9 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
             raise _Infra(f"the runner failed its set-up: {runner.output_tail(1500).strip()}")
     except (RunnerTimeout, RunnerGone, ProtocolError) as exc:
         runner.close(graceful=False)
+        tail = runner.output_tail(1500).strip()
         runner.remove_private_dir()
-        raise _Infra(f"the runner did not start ({type(exc).__name__}): {runner.output_tail(1500).strip()}") from None
+        raise _Infra(f"the runner did not start ({type(exc).__name__}): {tail}") from None
     except _Infra:
         runner.close(graceful=False)
         runner.remove_private_dir()

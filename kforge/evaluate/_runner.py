@@ -141,7 +141,10 @@ class RunnerProcess:
         self._seq = 0
         self.exit: Exit | None = None
         self.killed = False
-        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # NB: the judge keeps its own descriptor of the log and reads through it: the runner can replace
+        # the name (a link to another file, a FIFO) but not the file this descriptor is.
+        log = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._log_fd: int | None = os.dup(log)
         try:
             self.proc = subprocess.Popen(
                 [str(binary), str(child.fileno()), *args], pass_fds=(child.fileno(), *pass_fds),
@@ -252,16 +255,19 @@ class RunnerProcess:
 
     def output_tail(self, n: int = LOG_TAIL_BYTES) -> str:
         """The last ``n`` bytes of the runner's stdout/stderr (never the whole file)."""
+        fd = self._log_fd
+        if fd is None:
+            return ""
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - n))
-                return f.read(n).decode(errors="replace")
+            size = os.fstat(fd).st_size
+            return os.pread(fd, n, max(0, size - n)).decode(errors="replace")
         except OSError:
             return ""
 
     def remove_private_dir(self) -> None:
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
         shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
