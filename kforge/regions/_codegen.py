@@ -6,7 +6,8 @@ search (the judge decides whether the result still matches eager within the dtyp
 - ``round``: 1 rounds every float16/bfloat16 node to its dtype, as eager rounds each operator's
   result; 0 keeps float32 through the chain and rounds only at casts and outputs (Inductor's way).
 - ``fast`` (CUDA): 1 computes the transcendental functions of float16/bfloat16 nodes with the
-  hardware approximations (``tanh.approx``, ``ex2.approx``, ``rcp.approx``), whose error is far below
+  hardware approximations (``tanh.approx``, ``ex2.approx``, ``lg2.approx``; sigmoid and silu keep an
+  exactly rounded reciprocal, ``__frcp_rn``), whose error is far below
   a 16-bit result's rounding; float32 nodes always use the accurate functions.
 """
 from __future__ import annotations
