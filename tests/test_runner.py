@@ -278,6 +278,24 @@ def test_a_patched_clock_is_caught(evaluator):
     assert "clock disagrees" in ev.message
 
 
+def test_the_clock_bound_takes_the_round_trip_off_the_upper_bound_only():
+    """CI once refused an honest kernel in 46 of 50 batches: the least ping (about 200 us on a loaded
+    machine) exceeded the batch's own overhead, and ``wall - rtt`` fell below the honest report."""
+    from types import SimpleNamespace
+
+    from kforge.evaluate._judge import _Trial
+
+    cpu = SimpleNamespace(job=SimpleNamespace(backend="cpu"), cuda=False)
+    agree = lambda reported, wall, rtt, cpu_us=0.0: _Trial.clocks_agree(cpu, reported, wall, cpu_us, 12, rtt=rtt)
+    assert agree(1061, 1207, rtt=250)                 # the CI case: honest, the ping slower than the batch's overhead
+    assert not agree(1300, 1207, rtt=0)               # more than the judge's whole round trip: a lie either way
+    busy = 1e6                                         # the runner's CPU time: more than any count of cores explains
+    assert not agree(100, 5000, rtt=250, cpu_us=busy)  # a fiftieth of the time the batch took
+    assert agree(100, 5000, rtt=250, cpu_us=200)       # preempted between calls: the runner's CPU time agrees
+    assert not agree(100, 5000, rtt=4000, cpu_us=busy) # the round trip is taken off, then the ratio and slack apply
+    assert agree(100, 500, rtt=250, cpu_us=busy)       # within the ratio and slack
+
+
 # ---- failures outside the candidate's control
 
 SLOW_BUT_CORRECT = "struct timespec t = {0, 20000000}; nanosleep(&t, NULL); softmax_all(in, out); return 0;"

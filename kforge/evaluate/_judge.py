@@ -519,7 +519,7 @@ class _Trial:
             consistent = False
             if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
                 mismatches.append("reported per-call times that are negative or not finite")
-            elif not self.clocks_agree(float(reported.sum()), wall - rtt_us, cpu_us, k, floor_us):
+            elif not self.clocks_agree(float(reported.sum()), wall, cpu_us, k, floor_us, rtt_us):
                 mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall and {cpu_us:.0f} "
                                   f"us of the runner's CPU time for {k} calls")
             else:
@@ -561,7 +561,7 @@ class _Trial:
                           **self.base)
 
     def clocks_agree(self, reported: float, wall: float, cpu: float, k: int,
-                     floor_us: tuple[float, float] = (0.0, 0.0)) -> bool:
+                     floor_us: tuple[float, float] = (0.0, 0.0), rtt: float = 0.0) -> bool:
         """Whether the runner's summed per-call times fit the judge's own measurements of the batch.
 
         CUDA: the judge's wall clock (covering a device-wide synchronise) against the reported
@@ -570,9 +570,15 @@ class _Trial:
         the machine is busy (the runner preempted between calls), the runner's CPU time as the
         kernel accounts it, which a candidate cannot fake either: its threads cannot have run
         more than ``cores x reported`` while being timed.
+
+        ``wall`` is the judge's whole round trip; ``rtt`` the least round trip of a ping, taken off
+        for the upper bound only: the runner times its calls inside the judge's round trip, so no
+        honest report exceeds ``wall`` itself (on a loaded machine the least ping once exceeded a
+        batch's own overhead, and ``wall - rtt`` refused honest kernels).
         """
         if reported > wall + 50.0:
             return False
+        wall = max(wall - rtt, 0.0)
         slack = _CLOCK_SLACK_US[self.job.backend] + k * _CLOCK_SLACK_PER_CALL_US[self.job.backend]
         if self.cuda:
             # NB: each call costs its launch and its kernel: additive, not the larger of the two (with
