@@ -136,13 +136,19 @@ def _close_dialog(page) -> None:
 
 
 def _run_all_cells(page) -> None:
-    """Run > Run All Cells, again until the first cell starts (the kernel may still be connecting)."""
-    started = page.locator(".jp-InputArea-prompt", has_text=re.compile(r"\[(\*|\d+)\]")).first
+    """Every cell, through JupyterLab's own command (notebook:run-all-cells), again until the first
+    cell starts (the kernel may still be connecting).
+
+    NB: not through the Run menu: on a loaded machine a click on the menu while it laid out once
+    ran the last cell alone (the first two never ran, and the test waited for a search never started).
+    """
+    first = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first.locator(".jp-Cell").first
+    started = first.locator(".jp-InputArea-prompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     for _ in range(12):
         _close_dialog(page)
+        # NB: not awaited: the command's promise settles when the last cell has run
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
         try:
-            page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=10_000)
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=10_000)
             started.wait_for(state="attached", timeout=5_000)
             return
         except Exception:  # NB: a dialog came up, or the kernel was still connecting: close, try again
@@ -204,6 +210,44 @@ def _png_height(data: str) -> int:
     return int.from_bytes(base64.b64decode(data[:64])[20:24], "big")
 
 
+def _notebook_state(lab) -> str:
+    """What the open notebook and its server say: each cell's prompt and outputs (errors with their
+    traceback's end), any dialog, and the end of JupyterLab's log. A wait that times out says why."""
+    try:
+        cells = lab.page.evaluate("""() => {
+          const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+          return cells.map((w, i) => {
+            const m = w.model, outs = [];
+            const prompt = w.node.querySelector('.jp-InputArea-prompt');
+            if (m.outputs) for (let k = 0; k < m.outputs.length; k++) {
+              const o = m.outputs.get(k).toJSON();
+              if (o.output_type === 'error') outs.push(o.ename + ': ' + o.evalue + ' | ' + (o.traceback || []).slice(-3).join(' | '));
+              else if (o.output_type === 'stream') outs.push(String(o.text).slice(-1500));
+              else outs.push(Object.keys(o.data || {}).join(','));
+            }
+            return `cell ${i} ${prompt ? prompt.textContent : ''}: ${outs.join(' || ')}`;
+          });
+        }""")
+    except Exception as exc:  # NB: the page itself may be what broke
+        cells = [f"(the notebook could not be read: {exc})"]
+    dialog = lab.page.locator(".jp-Dialog")
+    said = dialog.first.inner_text() if dialog.count() else "none"
+    logs = sorted(lab.base.glob("jupyterlab-*.log"))
+    tail = logs[-1].read_text(errors="replace")[-3000:] if logs else "(no log)"
+    return "\n".join(cells) + f"\ndialog: {said}\nJupyterLab log, its end:\n{tail}"
+
+
+def _wait_explained(lab, locator, timeout: float, **kw) -> None:
+    """``locator.wait_for`` that, when it times out, fails with the notebook's state."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        locator.wait_for(timeout=timeout, **kw)
+    except PlaywrightTimeout:
+        raise AssertionError(f"timed out after {timeout / 1000:.0f} s waiting for {locator}; the notebook:\n"
+                             + _notebook_state(lab)) from None
+
+
 def _count(progress) -> int:
     text = progress.locator(".kf-header .kf-muted").first.inner_text()
     return int(re.match(r"(\d+) evaluated", text).group(1))
@@ -217,7 +261,7 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
     tree = panel.locator(".kf-search-tree").first
     table = panel.locator(".kf-card-table").first
     source = panel.locator(".kf-source-view").first
-    tree.locator(".kf-node[data-id]").first.wait_for(state="attached", timeout=180_000)
+    _wait_explained(lab, tree.locator(".kf-node[data-id]").first, 180_000, state="attached")
     waiting = panel.locator(".jp-CodeCell").nth(2).locator(".jp-InputArea-prompt")
     page.wait_for_function("el => el.textContent.includes('*')", arg=waiting.element_handle(), timeout=60_000)
 

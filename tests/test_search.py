@@ -112,6 +112,16 @@ def test_iteration_budget_feedback_and_records(tmp_path):
     kinds = [e.kind for e in run.events]
     assert kinds[0] is EventKind.RUN_STARTED and kinds[-1] is EventKind.RUN_FINISHED
     assert kinds.count(EventKind.EVALUATED) == 5 and EventKind.CARD_FINISHED in kinds
+    assert "5 evaluations," in repr(run) and "proposer failures" not in repr(run)
+    s.close()
+
+
+def test_the_runs_repr_counts_what_the_proposer_failed_to_make(tmp_path):
+    s = _session(tmp_path)
+    run = s.optimize(proposer=ScriptedProposer(_variants(1)), iterations=3, confirm=False, parallel=1)
+    failed = sum(e.kind is EventKind.PROPOSER_FAILED for e in run.events)
+    said = f"1 evaluation, {failed} proposer failure{'s' * (failed != 1)}"
+    assert failed >= 1 and said in repr(run), repr(run)
     s.close()
 
 
@@ -304,6 +314,20 @@ def test_linear_refinement_with_an_instant_proposer_waits_for_each_verdict(tmp_p
     assert cands[0].parent_id is None
     assert all(c.parent_id is not None for c in cands[1:])   # each revises an evaluated candidate
     assert all(r.parent is None or r.parent.evaluation is not None for r in prop.requests)
+    s.close()
+
+
+def test_linear_refinement_with_a_pooled_proposer_has_one_call_in_flight(tmp_path):
+    """An LLM-like proposer (not instant: proposals on the pool) with ``parallel=3``: linear
+    refinement still waits for each verdict, so every revision sees the one before it scored."""
+    s = _session(tmp_path)
+    prop = ScriptedProposer(_variants(4), delay_s=0.05)
+    s.optimize(proposer=prop, policy="linear", iterations=4, confirm=False, parallel=3)
+    cands = s.store.candidates()
+    assert len(cands) == 4 and cands[0].parent_id is None
+    assert all(c.parent_id is not None for c in cands[1:])
+    assert all(r.parent is None or r.parent.evaluation is not None for r in prop.requests)
+    assert [len(r.tried) for r in prop.requests] == [0, 1, 2, 3]   # each saw every verdict before it
     s.close()
 
 

@@ -20,7 +20,7 @@ class Card:
     examples: int = 0          # examples stored on disk
     eager_spread: float = 0.0  # robust spread (1.4826 MAD / median) of the eager timing
     noisy: bool = False        # a timing of this card was too noisy to trust (see kforge.timing)
-    forward_us: float = 0.0    # all its calls, timed inside the model's own warm forward (median of several)
+    forward_us: float = 0.0    # all its calls, timed inside the model's own warm forward (mean of several, outliers out)
     inductor_us: float | None = None  # regions: Inductor's kernel for the same region, compiled alone
 
     @property

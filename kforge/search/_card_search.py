@@ -207,7 +207,11 @@ class CardSearch:
 
 
 class PooledSearch(CardSearch):
-    """Proposals (LLM calls) in a pool, ``parallel`` at once; each stored and compiled as it returns."""
+    """Proposals (LLM calls) in a pool, ``parallel`` at once; each stored and compiled as it returns.
+
+    A policy without ``lookahead`` (linear refinement) has one proposal in flight, each revising the
+    last verdict: ``parallel`` copies of "revise the best" would all revise the same candidate.
+    """
 
     def _propose_and_build(self, parent: Node, request: ProposalRequest) -> Candidate | ProposerError | str:
         outcome = self.propose(parent, request)
@@ -217,9 +221,10 @@ class PooledSearch(CardSearch):
 
     def grow(self, pool: cf.ThreadPoolExecutor) -> None:
         inflight: dict[cf.Future, Node] = {}
+        lookahead = getattr(self.owner.policy, "lookahead", True)
         try:
             while not self._out_of_budget():
-                while self._can_propose(len(inflight), len(inflight)):
+                while self._can_propose(len(inflight), len(inflight)) and (lookahead or not inflight):
                     parent = self.owner.policy.select(self.tree, self.rng)
                     request = self.request(parent, seed=self.attempts + len(inflight))
                     for n in parent.path():

@@ -137,7 +137,10 @@ class OptimizationRun:
 
     def __repr__(self) -> str:
         evaluated = sum(1 for e in self.events if e.kind is EventKind.EVALUATED)
-        return f"<kforge run {self.state.value}: {len(self.planned)} cards, {evaluated} evaluations, ${self.dollars:.2f}>"
+        failed = sum(1 for e in self.events if e.kind is EventKind.PROPOSER_FAILED)
+        said = f", {failed} proposer failure{'s' * (failed != 1)}" if failed else ""
+        return (f"<kforge run {self.state.value}: {len(self.planned)} card{'s' * (len(self.planned) != 1)}, "
+                f"{evaluated} evaluation{'s' * (evaluated != 1)}{said}, ${self.dollars:.2f}>")
 
     # ------------------------------------------------------------------ the loop
 
