@@ -278,22 +278,51 @@ def test_a_patched_clock_is_caught(evaluator):
     assert "clock disagrees" in ev.message
 
 
-def test_the_clock_bound_takes_the_round_trip_off_the_upper_bound_only():
-    """CI once refused an honest kernel in 46 of 50 batches: the least ping (about 200 us on a loaded
-    machine) exceeded the batch's own overhead, and ``wall - rtt`` fell below the honest report."""
+def _agree(threads: int = 2):
+    """``_Trial.clocks_agree`` of a CPU trial whose runner may keep ``threads`` threads busy, 12 calls a batch."""
     from types import SimpleNamespace
 
     from kforge.evaluate._judge import _Trial
+    from kforge.evaluate._runner import CpuUse
 
-    cpu = SimpleNamespace(job=SimpleNamespace(backend="cpu"), cuda=False)
-    agree = lambda reported, wall, rtt, cpu_us=0.0: _Trial.clocks_agree(cpu, reported, wall, cpu_us, 12, rtt=rtt)
+    trial = SimpleNamespace(job=SimpleNamespace(backend="cpu"), cuda=False, threads=threads)
+
+    def agree(reported, wall, rtt, total=0.0, busiest=None):
+        cpu = CpuUse(total, total if busiest is None else busiest)
+        return _Trial.clocks_agree(trial, reported, wall, cpu, 12, rtt=rtt)
+    return agree
+
+
+def test_the_clock_bound_takes_the_round_trip_off_the_upper_bound_only():
+    """CI once refused an honest kernel in 46 of 50 batches: the least ping (about 200 us on a loaded
+    machine) exceeded the batch's own overhead, and ``wall - rtt`` fell below the honest report."""
+    agree = _agree()
     assert agree(1061, 1207, rtt=250)                 # the CI case: honest, the ping slower than the batch's overhead
     assert not agree(1300, 1207, rtt=0)               # more than the judge's whole round trip: a lie either way
-    busy = 1e6                                         # the runner's CPU time: more than any count of cores explains
-    assert not agree(100, 5000, rtt=250, cpu_us=busy)  # a fiftieth of the time the batch took
-    assert agree(100, 5000, rtt=250, cpu_us=200)       # preempted between calls: the runner's CPU time agrees
-    assert not agree(100, 5000, rtt=4000, cpu_us=busy) # the round trip is taken off, then the ratio and slack apply
-    assert agree(100, 500, rtt=250, cpu_us=busy)       # within the ratio and slack
+    busy = 1e6                                         # the runner's CPU time: more than any count of threads explains
+    assert not agree(100, 5000, rtt=250, total=busy)   # a fiftieth of the time the batch took
+    assert agree(100, 5000, rtt=250, total=200)        # preempted between calls: the runner's CPU time agrees
+    assert not agree(100, 5000, rtt=4000, total=busy)  # the round trip is taken off, then the ratio and slack apply
+    assert agree(100, 500, rtt=250, total=busy)        # within the ratio and slack
+
+
+def test_the_cpu_time_bound_is_per_thread_and_by_the_threads_allowed():
+    """The review's case: on a busy 2-core machine a single-threaded kernel could report 1/(1.3 x cores)
+    of its time, since the whole process's CPU time was bounded by ``cores x 1.3 x reported``."""
+    agree = _agree(threads=2)
+    # one thread did 4700 us of work and reported a 2.6th of it: within cores x 1.3 x reported, refused now
+    assert not agree(1808, 5000, rtt=250, total=4700)
+    assert agree(4700, 5000, rtt=250, total=4700)     # the same thread, honest
+    # honest and preempted: the runner ran 1000 us of a 5000 us round trip, as it reported
+    assert agree(1000, 5000, rtt=250, total=1000)
+    assert agree(1000, 5000, rtt=250, total=1000 + 12 * 2 + 150)   # with the runner's own loop around the calls
+    # an honest kernel on the two threads it was allowed: each ran as long as the calls
+    assert agree(1000, 5000, rtt=250, total=2000, busiest=1000)
+    # the work passed along four threads in turn, each under the report: more than two threads explain
+    assert not agree(1000, 5000, rtt=250, total=4000, busiest=1000)
+    assert _agree(threads=4)(1000, 5000, rtt=250, total=4000, busiest=1000)   # where four were allowed
+    # the busiest thread alone ran three times the report
+    assert not agree(1000, 5000, rtt=250, total=3000, busiest=3000)
 
 
 # ---- failures outside the candidate's control
