@@ -252,28 +252,11 @@ def test_the_timing_sets_cover_the_cache_within_the_budget():
 
 # ---- the runner's clock against the judge's
 
-PATCHED_CLOCK = r'''
-#include <sys/mman.h>
-#include <dlfcn.h>
-static long fake_ns;
-static int fake_clock(clockid_t id, struct timespec* ts) { (void)id; fake_ns += 10; ts->tv_sec = 0;
-    ts->tv_nsec = fake_ns; return 0; }
-static void patch_clock(void) {
-    unsigned char* p = (unsigned char*)dlsym(RTLD_DEFAULT, "clock_gettime");
-    uintptr_t page = (uintptr_t)p & ~(uintptr_t)4095;
-    if (mprotect((void*)page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) return;
-    uintptr_t to = (uintptr_t)&fake_clock;
-    p[0] = 0x48; p[1] = 0xB8; memcpy(p + 2, &to, 8); p[10] = 0xFF; p[11] = 0xE0;  /* movabs rax; jmp rax */
-}
-'''
-
-
 def test_a_patched_clock_is_caught(evaluator):
-    """Hot-patches libc's clock_gettime in the runner so every call looks like 10 ns, and works
-    for real for a few milliseconds per call."""
-    src = _kernel("static int patched; if (!patched) { patched = 1; patch_clock(); }\n"
-                  "for (int rep = 0; rep < 40; ++rep) softmax_all(in, out); return 0;", PATCHED_CLOCK)
-    ev = evaluator.evaluate(SOFTMAX, src)
+    """attack_clock_patch hot-patches libc's clock_gettime in the runner so every call looks like 1 ns,
+    and works for real for milliseconds per call (tests/test_sandbox.py allows it SLOWER too, where the
+    patch cannot be made; here it can)."""
+    ev = evaluator.evaluate(SOFTMAX, kernel_source("cpu", "attack_clock_patch"))
     assert ev.status is Status.TIMING_MISMATCH, ev.summary()
     assert "clock disagrees" in ev.message
 

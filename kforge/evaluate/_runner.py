@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels import cache_dir, find_nvcc
+from ..kernels._compile import run_tool
 from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check_answer
 
 RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
@@ -75,8 +76,10 @@ def runner_binary(backend: str) -> tuple[Path, str]:
         return _BUILT[backend]
     with tempfile.TemporaryDirectory(prefix="kforge-runner-build-") as tmp:
         out = Path(tmp) / "runner"
-        proc = subprocess.run(_build_command(backend, RUNNER_SOURCE, out), capture_output=True, text=True,
-                              timeout=300)
+        try:
+            proc = run_tool(_build_command(backend, RUNNER_SOURCE, out), 300.0)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            raise RunnerBuildError(f"the {backend} runner could not be built ({exc}): check the compiler") from None
         if proc.returncode != 0:
             raise RunnerBuildError(f"the {backend} runner does not build (a kforge bug or a broken compiler):\n"
                                    f"{(proc.stdout + proc.stderr)[-4000:]}")
