@@ -367,6 +367,40 @@ def test_a_judge_killed_from_outside_does_not_blame_the_candidate(evaluator):
         killer.join()
     assert ev.status.is_correct, ev.summary()
     assert evaluator.judge_pid != judge and evaluator.restarts >= 1
+    # the new judge swept the runner folder the killed one left
+    from kforge.evaluate._judge import _RUN_NAME, _runs_dir
+
+    owners = [m[2] for p in _runs_dir().iterdir() if (m := _RUN_NAME.fullmatch(p.name))]
+    assert str(judge) not in owners
+
+
+def test_runner_folders_are_swept_only_when_their_judge_is_gone(tmp_path, monkeypatch):
+    import subprocess
+
+    from kforge.evaluate._judge import _HOST, _RUN_PREFIX, _run_prefix, _runs_dir, _started, sweep_runs
+
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    gone = subprocess.Popen(["sleep", "60"])
+    gone_started = _started(gone.pid)
+    gone.kill()
+    gone.wait()
+    me = os.getpid()
+    other_host = "0" * 8 if _HOST != "0" * 8 else "1" * 8
+    names = {
+        "dead judge": f"{_RUN_PREFIX}{_HOST}-{gone.pid}-{gone_started}-a1",
+        "pid reused": f"{_RUN_PREFIX}{_HOST}-{me}-{_started(me) + 1}-a2",
+        "live judge": f"{_run_prefix()}a3",
+        "other host": f"{_RUN_PREFIX}{other_host}-{gone.pid}-{gone_started}-a4",
+        "no owner": f"{_RUN_PREFIX}a5",
+    }
+    runs = _runs_dir()
+    for name in names.values():
+        (runs / name).mkdir()
+        library = runs / name / "kernel.so"
+        library.write_bytes(b"x")
+        library.chmod(0o500)
+    assert sorted(sweep_runs()) == sorted([names["dead judge"], names["pid reused"]])
+    assert sorted(p.name for p in runs.iterdir()) == sorted(names[k] for k in ("live judge", "other host", "no owner"))
 
 
 def test_doctor_can_ask_what_the_sandbox_holds():

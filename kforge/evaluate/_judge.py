@@ -12,6 +12,9 @@ import faulthandler
 import hashlib
 import math
 import os
+import re
+import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -712,6 +715,43 @@ def _runs_dir() -> Path:
     return path
 
 
+_RUN_PREFIX = "kforge-runner-"
+_RUN_NAME = re.compile(rf"{_RUN_PREFIX}([0-9a-f]{{8}})-(\d+)-(\d+)-.+")
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _run_prefix() -> str:
+    """The name of a runner folder this process owns begins so: its host, pid and start time."""
+    return f"{_RUN_PREFIX}{_HOST}-{os.getpid()}-{_started(os.getpid()) or 0}-"
+
+
+def sweep_runs() -> list[str]:
+    """Remove the runner folders under the cache's ``runs/`` whose judge is gone (a judge killed
+    before it could clean up); returns their names. A folder of a live process, or of another host
+    sharing the cache, stays: its owner is known by host, pid and start time (a reused pid has another)."""
+    removed = []
+    try:
+        entries = list(os.scandir(_runs_dir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _RUN_NAME.fullmatch(entry.name)
+        if m is None or m[1] != _HOST or _started(int(m[2])) == int(m[3]):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
+
+
 def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there.
 
@@ -720,7 +760,7 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     """
     cuda = job.backend == "cuda"
     binary, _ = _checked_runner(job.backend)
-    private = tempfile.mkdtemp(prefix="kforge-runner-", dir=_runs_dir())
+    private = tempfile.mkdtemp(prefix=_run_prefix(), dir=_runs_dir())
     so_path = os.path.join(private, LIBRARY_NAME)
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
@@ -898,6 +938,7 @@ def _bound_cpu_threads(busy: BusyWindow) -> None:
 def judge_main(conn: Any, device: str) -> None:
     """Serve jobs from ``conn`` until it closes. Runs in its own process; stderr goes to a log."""
     faulthandler.enable()
+    sweep_runs()   # NB: what judges killed from outside left behind
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
         torch.cuda.init()
