@@ -252,48 +252,60 @@ def test_the_timing_sets_cover_the_cache_within_the_budget():
 
 # ---- the runner's clock against the judge's
 
-PATCHED_CLOCK = r'''
-#include <sys/mman.h>
-#include <dlfcn.h>
-static long fake_ns;
-static int fake_clock(clockid_t id, struct timespec* ts) { (void)id; fake_ns += 10; ts->tv_sec = 0;
-    ts->tv_nsec = fake_ns; return 0; }
-static void patch_clock(void) {
-    unsigned char* p = (unsigned char*)dlsym(RTLD_DEFAULT, "clock_gettime");
-    uintptr_t page = (uintptr_t)p & ~(uintptr_t)4095;
-    if (mprotect((void*)page, 8192, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) return;
-    uintptr_t to = (uintptr_t)&fake_clock;
-    p[0] = 0x48; p[1] = 0xB8; memcpy(p + 2, &to, 8); p[10] = 0xFF; p[11] = 0xE0;  /* movabs rax; jmp rax */
-}
-'''
-
-
 def test_a_patched_clock_is_caught(evaluator):
-    """Hot-patches libc's clock_gettime in the runner so every call looks like 10 ns, and works
-    for real for a few milliseconds per call."""
-    src = _kernel("static int patched; if (!patched) { patched = 1; patch_clock(); }\n"
-                  "for (int rep = 0; rep < 40; ++rep) softmax_all(in, out); return 0;", PATCHED_CLOCK)
-    ev = evaluator.evaluate(SOFTMAX, src)
+    """attack_clock_patch hot-patches libc's clock_gettime in the runner so every call looks like 1 ns,
+    and works for real for milliseconds per call (tests/test_sandbox.py allows it SLOWER too, where the
+    patch cannot be made; here it can)."""
+    ev = evaluator.evaluate(SOFTMAX, kernel_source("cpu", "attack_clock_patch"))
     assert ev.status is Status.TIMING_MISMATCH, ev.summary()
     assert "clock disagrees" in ev.message
+
+
+def _agree(threads: int = 2):
+    """``_Trial.clocks_agree`` of a CPU trial whose runner may keep ``threads`` threads busy, 12 calls a batch."""
+    from types import SimpleNamespace
+
+    from kforge.evaluate._judge import _Trial
+    from kforge.evaluate._runner import CpuUse
+
+    trial = SimpleNamespace(job=SimpleNamespace(backend="cpu"), cuda=False, threads=threads)
+
+    def agree(reported, wall, rtt, total=0.0, busiest=None):
+        cpu = CpuUse(total, total if busiest is None else busiest)
+        return _Trial.clocks_agree(trial, reported, wall, cpu, 12, rtt=rtt)
+    return agree
 
 
 def test_the_clock_bound_takes_the_round_trip_off_the_upper_bound_only():
     """CI once refused an honest kernel in 46 of 50 batches: the least ping (about 200 us on a loaded
     machine) exceeded the batch's own overhead, and ``wall - rtt`` fell below the honest report."""
-    from types import SimpleNamespace
-
-    from kforge.evaluate._judge import _Trial
-
-    cpu = SimpleNamespace(job=SimpleNamespace(backend="cpu"), cuda=False)
-    agree = lambda reported, wall, rtt, cpu_us=0.0: _Trial.clocks_agree(cpu, reported, wall, cpu_us, 12, rtt=rtt)
+    agree = _agree()
     assert agree(1061, 1207, rtt=250)                 # the CI case: honest, the ping slower than the batch's overhead
     assert not agree(1300, 1207, rtt=0)               # more than the judge's whole round trip: a lie either way
-    busy = 1e6                                         # the runner's CPU time: more than any count of cores explains
-    assert not agree(100, 5000, rtt=250, cpu_us=busy)  # a fiftieth of the time the batch took
-    assert agree(100, 5000, rtt=250, cpu_us=200)       # preempted between calls: the runner's CPU time agrees
-    assert not agree(100, 5000, rtt=4000, cpu_us=busy) # the round trip is taken off, then the ratio and slack apply
-    assert agree(100, 500, rtt=250, cpu_us=busy)       # within the ratio and slack
+    busy = 1e6                                         # the runner's CPU time: more than any count of threads explains
+    assert not agree(100, 5000, rtt=250, total=busy)   # a fiftieth of the time the batch took
+    assert agree(100, 5000, rtt=250, total=200)        # preempted between calls: the runner's CPU time agrees
+    assert not agree(100, 5000, rtt=4000, total=busy)  # the round trip is taken off, then the ratio and slack apply
+    assert agree(100, 500, rtt=250, total=busy)        # within the ratio and slack
+
+
+def test_the_cpu_time_bound_is_per_thread_and_by_the_threads_allowed():
+    """The review's case: on a busy 2-core machine a single-threaded kernel could report 1/(1.3 x cores)
+    of its time, since the whole process's CPU time was bounded by ``cores x 1.3 x reported``."""
+    agree = _agree(threads=2)
+    # one thread did 4700 us of work and reported a 2.6th of it: within cores x 1.3 x reported, refused now
+    assert not agree(1808, 5000, rtt=250, total=4700)
+    assert agree(4700, 5000, rtt=250, total=4700)     # the same thread, honest
+    # honest and preempted: the runner ran 1000 us of a 5000 us round trip, as it reported
+    assert agree(1000, 5000, rtt=250, total=1000)
+    assert agree(1000, 5000, rtt=250, total=1000 + 12 * 2 + 150)   # with the runner's own loop around the calls
+    # an honest kernel on the two threads it was allowed: each ran as long as the calls
+    assert agree(1000, 5000, rtt=250, total=2000, busiest=1000)
+    # the work passed along four threads in turn, each under the report: more than two threads explain
+    assert not agree(1000, 5000, rtt=250, total=4000, busiest=1000)
+    assert _agree(threads=4)(1000, 5000, rtt=250, total=4000, busiest=1000)   # where four were allowed
+    # the busiest thread alone ran three times the report
+    assert not agree(1000, 5000, rtt=250, total=3000, busiest=3000)
 
 
 # ---- failures outside the candidate's control
@@ -355,6 +367,40 @@ def test_a_judge_killed_from_outside_does_not_blame_the_candidate(evaluator):
         killer.join()
     assert ev.status.is_correct, ev.summary()
     assert evaluator.judge_pid != judge and evaluator.restarts >= 1
+    # the new judge swept the runner folder the killed one left
+    from kforge.evaluate._judge import _RUN_NAME, _runs_dir
+
+    owners = [m[2] for p in _runs_dir().iterdir() if (m := _RUN_NAME.fullmatch(p.name))]
+    assert str(judge) not in owners
+
+
+def test_runner_folders_are_swept_only_when_their_judge_is_gone(tmp_path, monkeypatch):
+    import subprocess
+
+    from kforge.evaluate._judge import _HOST, _RUN_PREFIX, _run_prefix, _runs_dir, _started, sweep_runs
+
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    gone = subprocess.Popen(["sleep", "60"])
+    gone_started = _started(gone.pid)
+    gone.kill()
+    gone.wait()
+    me = os.getpid()
+    other_host = "0" * 8 if _HOST != "0" * 8 else "1" * 8
+    names = {
+        "dead judge": f"{_RUN_PREFIX}{_HOST}-{gone.pid}-{gone_started}-a1",
+        "pid reused": f"{_RUN_PREFIX}{_HOST}-{me}-{_started(me) + 1}-a2",
+        "live judge": f"{_run_prefix()}a3",
+        "other host": f"{_RUN_PREFIX}{other_host}-{gone.pid}-{gone_started}-a4",
+        "no owner": f"{_RUN_PREFIX}a5",
+    }
+    runs = _runs_dir()
+    for name in names.values():
+        (runs / name).mkdir()
+        library = runs / name / "kernel.so"
+        library.write_bytes(b"x")
+        library.chmod(0o500)
+    assert sorted(sweep_runs()) == sorted([names["dead judge"], names["pid reused"]])
+    assert sorted(p.name for p in runs.iterdir()) == sorted(names[k] for k in ("live judge", "other host", "no owner"))
 
 
 def test_doctor_can_ask_what_the_sandbox_holds():

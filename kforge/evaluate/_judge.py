@@ -12,6 +12,9 @@ import faulthandler
 import hashlib
 import math
 import os
+import re
+import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -33,7 +36,8 @@ from ._arena import Arenas, Group, Plan, extent, poison_value
 from ._checks import compare, reference_outputs
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
 from ._result import Evaluation, Status
-from ._runner import LIBRARY_NAME, RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout, runner_binary
+from ._runner import (CORES, LIBRARY_NAME, CpuUse, RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout,
+                      runner_binary)
 
 _READY_TIMEOUT_S = 60.0
 _WIDE_SCALE = 30.0            # random set with large magnitudes (softmax logits of +-90)
@@ -55,7 +59,6 @@ _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
 _CLOCK_RATIO = 1.3
 _CLOCK_SLACK_US = {"cpu": 200.0, "cuda": 300.0}
 _CLOCK_SLACK_PER_CALL_US = {"cpu": 2.0, "cuda": 3.0}
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
@@ -279,6 +282,7 @@ class _Trial:
         self.runner: RunnerProcess | None = None
         self.arenas: Arenas | None = None
         self.sandbox = Sandbox(0)
+        self.threads = CORES          # the threads the runner may keep busy (set when it starts)
         self.phase = "validation"
 
     def fail(self, status: Status, message: str, **extra: Any) -> _Verdict:
@@ -339,11 +343,9 @@ class _Trial:
         return self.fail(Status.CRASHED, f"the runner {ex.describe()} at address 0x{frame.c:x} (outside every "
                          f"tensor) during {self.phase}{said}")
 
-    def run_layouts(self, group: Group, label: str) -> tuple[float, float, float]:
-        """Run every set of ``group`` once: (runner's summed us, judge's wall us, runner's CPU us)."""
-        cpu0 = self.runner.cpu_ns()
+    def run_layouts(self, group: Group, label: str) -> tuple[float, float]:
+        """Run every set of ``group`` once: (runner's summed us, judge's wall us)."""
         frame, wall = self.ask(Op.RUN, group.first, group.count)
-        cpu_us = (self.runner.cpu_ns() - cpu0) / 1e3
         if frame.status == Code.LAUNCH:
             code = frame.c if frame.c < (1 << 63) else frame.c - (1 << 64)
             raise self.fail(Status.LAUNCH_ERROR, f"{label}: kf_launch returned error code {code}")
@@ -353,7 +355,7 @@ class _Trial:
         if frame.status != Code.OK or frame.a != group.count:
             raise self.fail(Status.CRASHED, f"{label}: the runner answered status {frame.status} after "
                             f"{frame.a} of {group.count} calls")
-        return frame.t, wall * 1e6, cpu_us
+        return frame.t, wall * 1e6
 
     # ---- the evaluation
     def run(self, library: Path, base: dict) -> Evaluation:
@@ -412,6 +414,7 @@ class _Trial:
         with self.phases("runner start"):
             self.phase = "start-up"
             self.runner, self.sandbox = _start_runner(self.job, self.arenas)
+            self.threads = self.runner.threads
         with self.phases("calibration"):
             self.rtt_us, self.floor_us = self.calibrate(self.timed.count)
 
@@ -442,7 +445,7 @@ class _Trial:
         # ---- validation: every set twice, at different addresses with different poison
         self.phase = "validation"
         with phases("validation run"):
-            _, val_wall, _ = self.run_layouts(val, "validation")
+            _, val_wall = self.run_layouts(val, "validation")
             _sync(device)
         # NB: the judge's own clock sizes the timed batches, never the runner's reported times.
         self.val_call_s = max(val_wall - self.rtt_us, 0.0) / 1e6 / max(val.count, 1)
@@ -507,26 +510,31 @@ class _Trial:
         while batch < _MAX_BATCHES and (batch < least + 1 or timed_s < budget_s):
             with phases("timing: fresh sets"):
                 views, written = self.fresh_batch(timed, pool, batch)
+            cpu0 = self.runner.cpu_times()
             t0 = time.perf_counter()
             with phases("timing: candidate"):
-                cand_sum, wall, cpu_us = self.run_layouts(timed, f"timed batch {batch}")
+                _, wall = self.run_layouts(timed, f"timed batch {batch}")
             with phases("timing: eager"):
                 eager_sum, eager_outs = self.eager_batch(timed, views)
             timed_s += time.perf_counter() - t0
             with phases("timing: checks"):
                 self.check_batch(timed, written, eager_outs, batch)
+            # NB: read after eager and the checks, when an honest runner has long been asleep: a running
+            # thread's schedstat lags, and the busiest thread must not be under-counted.
+            cpu = self.runner.cpu_times().since(cpu0)
             reported = arenas.times[timed.first:timed.first + k]
-            consistent = False
+            # NB: a batch whose clocks disagree counts at the judge's time, never the runner's: lying
+            # costs the candidate (dropping such batches let lies in a quarter of them set the quartile).
+            cand_sum = max(wall - rtt_us, 0.0)
             if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
                 mismatches.append("reported per-call times that are negative or not finite")
-            elif not self.clocks_agree(float(reported.sum()), wall, cpu_us, k, floor_us, rtt_us):
-                mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall and {cpu_us:.0f} "
-                                  f"us of the runner's CPU time for {k} calls")
+            elif not self.clocks_agree(float(reported.sum()), wall, cpu, k, floor_us, rtt_us):
+                mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall; the runner's "
+                                  f"CPU time {cpu.total_us:.0f} us, its busiest thread {cpu.busiest_us:.0f} us, "
+                                  f"for {k} calls")
             else:
-                consistent, cand_sum = True, float(reported.sum())
-            # NB: the first batch warms up both; a batch whose clocks disagree counts for neither side:
-            # the settled time is a low quantile, which a few under-reported batches would otherwise set.
-            if batch > 0 and consistent:
+                cand_sum = float(reported.sum())
+            if batch > 0:   # NB: the first batch warms up both
                 cand_means.append(cand_sum / k)
                 eager_means.append(eager_sum / k)
             batch += 1
@@ -560,16 +568,17 @@ class _Trial:
                           roofline_fraction=roofline, checks=tuple(checks), sandbox=self.sandbox.describe(),
                           **self.base)
 
-    def clocks_agree(self, reported: float, wall: float, cpu: float, k: int,
+    def clocks_agree(self, reported: float, wall: float, cpu: CpuUse, k: int,
                      floor_us: tuple[float, float] = (0.0, 0.0), rtt: float = 0.0) -> bool:
         """Whether the runner's summed per-call times fit the judge's own measurements of the batch.
 
         CUDA: the judge's wall clock (covering a device-wide synchronise) against the reported
         event times plus the host cost of a batch of k empty launches, measured before the candidate
-        was loaded. CPU: the wall clock, or, when
-        the machine is busy (the runner preempted between calls), the runner's CPU time as the
-        kernel accounts it, which a candidate cannot fake either: its threads cannot have run
-        more than ``cores x reported`` while being timed.
+        was loaded. CPU: the wall clock, or, when the machine is busy (the runner or the judge
+        preempted between calls), the runner's CPU time as the kernel accounts it, which a candidate
+        cannot fake either: no thread of it can have run longer than the calls it reported (a
+        thread's CPU time never exceeds the wall time it ran over), and all of them together no longer
+        than the calls times the threads the judge allowed it (``self.threads``, OMP_NUM_THREADS).
 
         ``wall`` is the judge's whole round trip; ``rtt`` the least round trip of a ping, taken off
         for the upper bound only: the runner times its calls inside the judge's round trip, so no
@@ -584,9 +593,10 @@ class _Trial:
             # NB: each call costs its launch and its kernel: additive, not the larger of the two (with
             # max(), an honest kernel near the launch floor, or big sets timed two at a time, failed).
             return wall <= (reported + floor_us[0] + k * floor_us[1]) * _CLOCK_RATIO + slack
-        if wall <= reported * _CLOCK_RATIO + slack:
+        bound = reported * _CLOCK_RATIO + slack
+        if wall <= bound:
             return True
-        return cpu <= reported * _CORES * _CLOCK_RATIO + slack
+        return cpu.busiest_us <= bound and cpu.total_us <= reported * max(self.threads, 1) * _CLOCK_RATIO + slack
 
     def calibrate(self, k: int) -> tuple[float, tuple[float, float]]:
         """Before the candidate is loaded: the smallest round trip, and the host floor of a batch
@@ -705,6 +715,43 @@ def _runs_dir() -> Path:
     return path
 
 
+_RUN_PREFIX = "kforge-runner-"
+_RUN_NAME = re.compile(rf"{_RUN_PREFIX}([0-9a-f]{{8}})-(\d+)-(\d+)-.+")
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot), None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _run_prefix() -> str:
+    """The name of a runner folder this process owns begins so: its host, pid and start time."""
+    return f"{_RUN_PREFIX}{_HOST}-{os.getpid()}-{_started(os.getpid()) or 0}-"
+
+
+def sweep_runs() -> list[str]:
+    """Remove the runner folders under the cache's ``runs/`` whose judge is gone (a judge killed
+    before it could clean up); returns their names. A folder of a live process, or of another host
+    sharing the cache, stays: its owner is known by host, pid and start time (a reused pid has another)."""
+    removed = []
+    try:
+        entries = list(os.scandir(_runs_dir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _RUN_NAME.fullmatch(entry.name)
+        if m is None or m[1] != _HOST or _started(int(m[2])) == int(m[3]):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
+
+
 def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there.
 
@@ -713,7 +760,7 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     """
     cuda = job.backend == "cuda"
     binary, _ = _checked_runner(job.backend)
-    private = tempfile.mkdtemp(prefix="kforge-runner-", dir=_runs_dir())
+    private = tempfile.mkdtemp(prefix=_run_prefix(), dir=_runs_dir())
     so_path = os.path.join(private, LIBRARY_NAME)
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
@@ -891,6 +938,7 @@ def _bound_cpu_threads(busy: BusyWindow) -> None:
 def judge_main(conn: Any, device: str) -> None:
     """Serve jobs from ``conn`` until it closes. Runs in its own process; stderr goes to a log."""
     faulthandler.enable()
+    sweep_runs()   # NB: what judges killed from outside left behind
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
         torch.cuda.init()

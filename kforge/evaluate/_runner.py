@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels import cache_dir, find_nvcc
+from ..kernels._compile import run_tool
 from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check_answer
 
 RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
@@ -29,6 +30,7 @@ LOG_TAIL_BYTES = 8192
 LIBRARY_NAME = "kernel.so"   # in the runner's private folder: the judge copies the checked library there
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 _BUILT: dict[str, tuple[Path, str]] = {}
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class RunnerBuildError(RuntimeError):
@@ -74,8 +76,10 @@ def runner_binary(backend: str) -> tuple[Path, str]:
         return _BUILT[backend]
     with tempfile.TemporaryDirectory(prefix="kforge-runner-build-") as tmp:
         out = Path(tmp) / "runner"
-        proc = subprocess.run(_build_command(backend, RUNNER_SOURCE, out), capture_output=True, text=True,
-                              timeout=300)
+        try:
+            proc = run_tool(_build_command(backend, RUNNER_SOURCE, out), 300.0)
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            raise RunnerBuildError(f"the {backend} runner could not be built ({exc}): check the compiler") from None
         if proc.returncode != 0:
             raise RunnerBuildError(f"the {backend} runner does not build (a kforge bug or a broken compiler):\n"
                                    f"{(proc.stdout + proc.stderr)[-4000:]}")
@@ -102,6 +106,15 @@ def runner_env(private_dir: str) -> dict[str, str]:
     return env
 
 
+def threads_allowed(env: dict[str, str]) -> int:
+    """The threads a runner started with ``env`` may keep busy: OMP_NUM_THREADS (its first level),
+    else every core this process may use."""
+    try:
+        return max(1, int(env.get("OMP_NUM_THREADS", "").split(",")[0]))
+    except ValueError:
+        return CORES
+
+
 @dataclass(frozen=True)
 class Exit:
     """How a runner process ended."""
@@ -119,6 +132,26 @@ class Exit:
                 name = f"signal {self.signal}"
             return f"was killed by {name}"
         return f"exited with code {self.code}"
+
+
+@dataclass(frozen=True, eq=False)
+class CpuTimes:
+    """A runner's CPU time in ns: all its threads (those that exited included), and each live thread."""
+
+    total_ns: int
+    threads: dict[int, int]
+
+    def since(self, before: "CpuTimes") -> "CpuUse":
+        per = [ns - before.threads.get(tid, 0) for tid, ns in self.threads.items()]
+        return CpuUse((self.total_ns - before.total_ns) / 1e3, max(per, default=0) / 1e3)
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """The runner's CPU time over an interval, in us: all threads together, and its busiest live thread."""
+
+    total_us: float
+    busiest_us: float
 
 
 class RunnerTimeout(Exception):
@@ -145,10 +178,12 @@ class RunnerProcess:
         # the name (a link to another file, a FIFO) but not the file this descriptor is.
         log = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._log_fd: int | None = os.dup(log)
+        env = runner_env(private_dir)
+        self.threads = threads_allowed(env)
         try:
             self.proc = subprocess.Popen(
                 [str(binary), str(child.fileno()), *args], pass_fds=(child.fileno(), *pass_fds),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=runner_env(private_dir), cwd=private_dir,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=private_dir,
                 start_new_session=True, close_fds=True)
         finally:
             os.close(log)
@@ -194,20 +229,26 @@ class RunnerProcess:
     def sandbox(self, frame: Frame) -> Sandbox:
         return Sandbox(frame.c & ((1 << 13) - 1))
 
-    def cpu_ns(self) -> int:
-        """CPU time all of the runner's threads have run so far (kernel-accounted: no clock of its own)."""
-        total = 0
+    def cpu_times(self) -> "CpuTimes":
+        """The runner's CPU time so far, as the kernel accounts it (no clock the runner can touch)."""
+        threads: dict[int, int] = {}
         try:
             tasks = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
-            return 0
+            tasks = []
         for tid in tasks:
             try:
                 with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
+                    threads[int(tid)] = int(f.read().split()[0])
             except (OSError, ValueError, IndexError):
                 pass
-        return total
+        try:
+            # NB: the process's CPU clock counts its exited threads too, and the running ones up to now
+            # (schedstat lags a running thread by up to a tick).
+            total = time.clock_gettime_ns((~self.pid << 3) | 2)   # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+        except OSError:
+            total = sum(threads.values())
+        return CpuTimes(total, threads)
 
     # ---- end of life
     def kill(self) -> None:

@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -154,6 +155,24 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
             "-o", str(out), str(src), "-lm"]
 
 
+def run_tool(command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run a compiler to completion, its output captured as text, in its own session: on a timeout (or
+    any interruption) the whole process group is killed, the driver's children (cc1, cicc, ptxas) too.
+    Raises subprocess.TimeoutExpired after killing it, OSError when it cannot start."""
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def _cached(entry: Path) -> tuple[CompiledKernel | None, str]:
     """The verified cache hit of an index entry, or (None, what was wrong with it)."""
     try:
@@ -218,10 +237,10 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         tmp_out = Path(tmp) / "kernel.so"
         start = time.perf_counter()
         try:
-            proc = subprocess.run(_command(backend, arch, src, tmp_out), capture_output=True, text=True,
-                                  timeout=timeout_s)
+            proc = run_tool(_command(backend, arch, src, tmp_out), timeout_s)
         except subprocess.TimeoutExpired:
-            raise CompileError(f"compilation took longer than {timeout_s:.0f} s", "") from None
+            raise CompileError(f"compilation took longer than {timeout_s:.0f} s (the compiler and everything it "
+                               "started were killed)", "") from None
         except OSError as exc:  # the compiler named by CC/CUDA_HOME is not there or cannot run
             if backend == "cuda":
                 what = "install the CUDA toolkit or set CUDA_HOME"
