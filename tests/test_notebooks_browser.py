@@ -142,7 +142,7 @@ def _run_all_cells(page) -> None:
     NB: not through the Run menu: on a loaded machine a click on the menu while it laid out once
     ran the last cell alone (the first two never ran, and the test waited for a search never started).
     """
-    first = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first.locator(".jp-Cell").first
+    first = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first.locator(".jp-CodeCell").first
     started = first.locator(".jp-InputArea-prompt", has_text=re.compile(r"\[(\*|\d+)\]"))
     for _ in range(12):
         _close_dialog(page)
@@ -157,10 +157,12 @@ def _run_all_cells(page) -> None:
 
 
 def _wait_idle_after_run(page, timeout: float = 300_000) -> None:
-    """Every cell ran: no prompt shows [*] and the kernel is idle."""
+    """Every code cell has run: each prompt shows its execution count (none is [*] or [ ]) and the
+    kernel is idle. NB: not "no prompt shows [*]": between one cell's end and the next one's
+    start there can be a moment with none, and a test once read its outputs there."""
     page.wait_for_function(
-        "() => ![...document.querySelectorAll('.jp-InputArea-prompt')].some(p => p.textContent.includes('*'))",
-        timeout=timeout)
+        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
+        ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=timeout)
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(state="attached", timeout=60_000)
 
 
