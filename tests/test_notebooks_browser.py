@@ -6,9 +6,11 @@ no outside host). Waits are on conditions, never fixed sleeps. Screenshots (ligh
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
@@ -112,12 +114,48 @@ def lab(tmp_path_factory):
         watch.check()
 
 
+_WORKSPACES = itertools.count()
+
+
+def _fresh_workspace(url: str, name: str) -> str:
+    """``url`` (``/lab/tree/{path}``) in a workspace of its own, for ``name`` (not ``?reset``, whose
+    own navigation opened the notebook a second time)."""
+    return url.replace("/lab/tree/", f"/lab/workspaces/kf-{next(_WORKSPACES)}/tree/").format(path=name)
+
+
+def _start_kernel(lab, name: str) -> str:
+    """A session and kernel for notebook ``name``, made through the server's REST API before the page
+    opens it; returns the kernel's id. JupyterLab joins it instead of starting kernels of its own.
+
+    NB: under load, JupyterLab opening a notebook started two kernels and shut one down, once seconds
+    after the test had run cells on it: only the cells run after the switch ran, and the test waited
+    for a search never started."""
+    parts = urlparse(lab.url)
+    token = re.search(r"token=(\w+)", parts.query).group(1)
+    body = json.dumps({"path": name, "name": name, "type": "notebook", "kernel": {"name": "python3"}}).encode()
+    req = urllib.request.Request(f"{parts.scheme}://{parts.netloc}/api/sessions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        return json.loads(answer.read())["kernel"]["id"]
+
+
 def _open(lab, name: str):
-    """Open ``name`` alone (a fresh workspace) and wait for its kernel; returns the notebook panel."""
+    """Open ``name`` alone (a fresh workspace, its own kernel made first) and wait until the page is
+    connected to that kernel and it is idle; returns the notebook panel."""
     page = lab.page
-    page.goto(lab.url.format(path=name) + "&reset")
+    kernel = _start_kernel(lab, name)
+    page.goto(_fresh_workspace(lab.url, name))
     panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
     panel.locator(".jp-Cell").first.wait_for(timeout=60_000)
+    try:
+        page.wait_for_function(
+            """id => { const w = window.jupyterapp.shell.currentWidget;
+                       const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                       return !!k && k.id === id && k.status === 'idle' && k.connectionStatus === 'connected'; }""",
+            arg=kernel, timeout=90_000)
+    except Exception:
+        raise AssertionError(f"the page never joined kernel {kernel} of {name}; the notebook:\n"
+                             + _notebook_state(lab)) from None
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(state="attached", timeout=60_000)
     return panel
 
@@ -156,13 +194,18 @@ def _run_all_cells(page) -> None:
     raise AssertionError("JupyterLab never started running the notebook")
 
 
-def _wait_idle_after_run(page, timeout: float = 300_000) -> None:
+def _wait_idle_after_run(lab, timeout: float = 300_000) -> None:
     """Every code cell has run: each prompt shows its execution count (none is [*] or [ ]) and the
     kernel is idle. NB: not "no prompt shows [*]": between one cell's end and the next one's
     start there can be a moment with none, and a test once read its outputs there."""
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
-        ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=timeout)
+    page = lab.page
+    try:
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
+            ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=timeout)
+    except Exception:
+        raise AssertionError(f"not every cell ran within {timeout / 1000:.0f} s; the notebook:\n"
+                             + _notebook_state(lab)) from None
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(state="attached", timeout=60_000)
 
 
@@ -354,7 +397,7 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     table.locator("tbody tr").first.wait_for(state="attached", timeout=120_000)
     progress = panel.locator(".kf-run-progress").first
     progress.locator(".kf-pill[data-status='finished']").wait_for(timeout=300_000)
-    _wait_idle_after_run(page)
+    _wait_idle_after_run(lab)
     _wait_output(page, 6, ">finished<")   # the views rendered anew from the run's last output
     progress.locator(".kf-pill[data-status='finished']").wait_for(timeout=30_000)
     table.locator("tbody tr").nth(9).wait_for(state="attached", timeout=30_000)
@@ -473,7 +516,7 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     nb["metadata"] = {k: v for k, v in saved["metadata"].items() if k != "kernelspec"}
     (other / "01_quickstart.ipynb").write_text(json.dumps(nb))
     with jupyterlab(other, home=lab.base / "home-elsewhere") as url:
-        page.goto(url.format(path="01_quickstart.ipynb") + "&reset")
+        page.goto(_fresh_workspace(url, "01_quickstart.ipynb"))
         dialog = page.locator(".jp-Dialog")
         page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
         try:
@@ -501,7 +544,7 @@ def test_notebook_02_runs_to_the_end_without_a_key(lab):
     page = lab.page
     panel = _open(lab, "02_llm_proposer.ipynb")
     _run_all_cells(page)
-    _wait_idle_after_run(page)
+    _wait_idle_after_run(lab)
     said = panel.locator(".jp-OutputArea-output", has_text=re.compile("uses the built-in proposer instead|is set"))
     assert said.count() >= 1
     panel.locator(".kf-run-progress .kf-pill[data-status='finished']").wait_for(timeout=60_000)
@@ -515,7 +558,7 @@ def test_magics_in_the_browser(lab):
     page = lab.page
     panel = _open(lab, "magics.ipynb")
     _run_all_cells(page)
-    _wait_idle_after_run(page)
+    _wait_idle_after_run(lab)
     assert panel.locator(".jp-OutputArea-output", has_text="--max-cards").count() >= 1, "per-command help"
     assert panel.locator(".jp-OutputArea-output", has_text="cards captured on cpu").count() == 1
     panel.locator(".kf-card-table tbody tr").first.wait_for(timeout=60_000)
