@@ -57,7 +57,9 @@ PY
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
     timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
         | tee "$OUT/regions_gpu_test.txt" | tail -8
-    timeout 420 python3 benchmarks/regions.py --iterations 3 --layers 2 --max-model-regions 5 --deadline 330 2>&1 \
+    # NB: KF_ITERATIONS candidates a region (the default, eager's numerics, then one-choice neighbours)
+    timeout 420 python3 benchmarks/regions.py --iterations "${KF_ITERATIONS:-5}" --layers 2 --max-model-regions 5 \
+        --deadline 330 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
