@@ -9,8 +9,8 @@ Per region: eager (the chain op by op) and kforge's kernel are timed by kforge's
 (worker process, validation first, interleaved, L2 flushed); Inductor's kernel for the same
 region compiled alone is replayed from a CUDA graph and timed by the same timing function. kforge
 tries the generator's default choices, the same with eager's numerics (its time is the "exact"
-column where the math knobs apply) and sampled others, ``--iterations`` in all (compiled in
-parallel), and keeps the fastest correct one. Floor = bytes moved once at 4.25 TB/s (H200 copy).
+column where the math knobs apply), the default's neighbours (one choice changed) and sampled
+others, ``--iterations`` in all (compiled in parallel), and keeps the fastest correct one. Floor = bytes moved once at 4.25 TB/s (H200 copy).
 Prints a table; writes $OUT/regions.json (or ./regions.json).
 
     python benchmarks/regions.py [--iterations 4] [--models resnet50,gemma4_e2b,qwen35_moe,sd35_transformer]
@@ -114,18 +114,38 @@ def model_regions(names: list[str], layers: int, device: str) -> tuple[list[tupl
     return out, skipped
 
 
+def _neighbours(strategy, variant, info, base: dict) -> list[dict]:
+    """Valid configs one choice away from ``base``, the likeliest first: for a row reduction the
+    threads per row (a warp per row and several rows per block, or a row per block), then whether
+    the row stays in registers, the vector width and the split; for a pointwise chain the vector
+    width, threads and waves."""
+    order = ("tpr", "cache", "vec", "split", "threads", "waves", "fast", "round")
+    out = []
+    for knob in order:
+        for value in strategy.space.get(knob, ()):
+            c = {**base, knob: value}
+            if knob == "tpr":   # a row per block above a warp, several rows per block below
+                c["threads"] = value if value > 32 else max(128, base.get("threads", 128))
+                c["cache"] = base.get("cache", 0)
+            if c != base and c not in out and strategy.valid(variant, c, info):
+                out.append(c)
+    return out
+
+
 def candidates(variant, info, iterations: int, seed: int = 0) -> list[tuple[str, dict, str]]:
     """(strategy, config, source): the default choices, the same with eager's numerics (``fast=0,
-    round=1``, so that the table shows what the math knobs buy) and sampled others."""
+    round=1``, so that the table shows what the math knobs buy), then the default's neighbours
+    (one choice changed, the likeliest first) and sampled others."""
     out = []
     for strategy in strategies_for("region", "cuda"):
         if not strategy.applies(variant, info):
             continue
         configs = list(strategy.configs(variant, info))
         exact = {**configs[0], "fast": 0, "round": 1}
-        rest = [c for c in configs[1:] if c != exact]
+        near = [c for c in _neighbours(strategy, variant, info, configs[0]) if c != exact]
+        rest = [c for c in configs[1:] if c != exact and c not in near]
         random.Random(seed).shuffle(rest)
-        picks = [configs[0]] + ([exact] if exact != configs[0] else []) + rest
+        picks = [configs[0]] + ([exact] if exact != configs[0] else []) + near + rest
         for c in picks[:max(iterations, 1)]:
             out.append((strategy.name, c, strategy.render(variant, c, info)))
     return out

@@ -167,6 +167,42 @@ def test_the_quick_comparison_agrees_with_float64(dtype):
     assert not compare(spec, ref, with_inf, "out").ok                     # and required
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_whole_batch_passes_at_once_only_where_every_set_would(dtype):
+    """within_sets (one sync for a timed batch) says True only where compare passes every set with its
+    own scale; a set outside tolerance, unwritten (NaN) or with eager's Inf leaves it to compare."""
+    from kforge.evaluate._checks import compare, within_sets
+
+    spec = get_spec("softmax")
+    rtol, atol = spec.tolerance(str(dtype).replace("torch.", ""))
+    gen = torch.Generator().manual_seed(5)
+    checked = 0
+    for trial in range(60):
+        k = 1 + trial % 5
+        refs = [(torch.randn(3, 33, generator=gen) * 10.0 ** (j - 2)).to(dtype) for j in range(k)]   # scales differ
+        if trial % 7 == 3:
+            refs[-1] = torch.zeros_like(refs[-1])
+        got = torch.stack([r.double() + (torch.rand(r.shape, generator=gen).double() * 2 - 1)
+                           * (0.8 + 0.4 * (trial % 3 == 1)) * (rtol * r.double().abs() + atol * r.double().abs().max())
+                           for r in refs]).to(dtype)
+        if trial % 11 == 5:
+            got[trial % k, 1, 2] = float("nan")
+        each = all(compare(spec, got[j], refs[j], "out", stats=False).ok for j in range(k))
+        fast = within_sets(spec, got, refs)
+        assert not fast or each, (trial, dtype)
+        checked += fast
+        if trial % 3 != 1 and trial % 11 != 5:
+            assert fast == each, (trial, dtype)   # inside the bound by 20%: both pass
+    assert checked >= 20
+    ref = torch.randn(2, 8).to(dtype)
+    with_inf = ref.clone()
+    with_inf[0, 3] = float("inf")
+    assert not within_sets(spec, torch.stack([with_inf, ref]), [with_inf, ref])   # compare decides (it passes)
+    assert compare(spec, with_inf, with_inf, "out").ok
+    assert not within_sets(spec, torch.stack([ref, ref]), [ref])                   # one set short
+    assert not within_sets(spec, torch.stack([ref, ref]).int(), [ref.int(), ref.int()])   # exact: compare's
+
+
 def test_phases_are_reported_and_a_cards_inputs_are_made_once():
     card = Card.for_call("softmax", torch.randn(16, 512), -1)
     with Evaluator("cpu", timeout_s=20) as ev:

@@ -533,6 +533,14 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
         snapshot = dashboard.locator(".kf-static-run-progress")
         assert "finished" in snapshot.inner_text() and f"{evaluated} evaluated" in snapshot.inner_text(), \
             "the dashboard shown at the run's start says how it ended"
+        # at 1024 px (beside the side bar) every static view fits its output: nothing runs out of it
+        page.set_viewport_size({"width": 1024, "height": 1400})
+        page.wait_for_function("() => window.innerWidth === 1024")
+        wide = dashboard.locator(".kf-static").evaluate_all(
+            "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.className + ' ' + e.scrollWidth"
+            " + ' > ' + e.clientWidth)")
+        assert dashboard.locator(".kf-static").count() >= 3 and not wide, f"clipped at 1024 px: {wide}"
+        page.set_viewport_size({"width": 1440, "height": 1500})
         _shots(page, out.locator(".jp-Cell").nth(6), "quickstart-reopened")
         lab.watch.check()
         # NB: leave that server's page before it stops, or its reconnect attempts reach the next test

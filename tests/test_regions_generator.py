@@ -199,3 +199,86 @@ def test_generated_cuda_source_compiles_for_sm90(index):
     source = generate(variant, "cuda", configs[index])
     built = compile_source(source, "cuda", "sm_90")
     assert built.path.exists()
+
+
+def _norm_variants():
+    """The random regions' norms, and chains around each norm at shapes a model has."""
+    from kforge.regions import capture_regions
+
+    F = torch.nn.functional
+    bf = torch.bfloat16
+    chains = [
+        (lambda s, m: torch.softmax(s * 0.125 + m, dim=-1).to(bf), torch.randn(2, 4, 64, 64), torch.zeros(1, 1, 64, 64)),
+        (lambda s: torch.softmax(s.float() * 0.5, dim=-1), torch.randn(8, 512, dtype=bf)),
+        (lambda s: torch.log_softmax(s * 2.0, dim=-1).to(bf), torch.randn(6, 96)),
+        (lambda x, sc, sh: F.layer_norm(x, (256,)) * (1 + sc) + sh, torch.randn(4, 256, dtype=bf),
+         torch.randn(1, 256, dtype=bf), torch.randn(1, 256, dtype=bf)),
+    ]
+    found = [capture_regions(fn, [ins], examples_per_variant=0) for fn, *ins in chains]
+    return [v for _, v in CASES if region_ir(v).reduction is not None
+            and region_plan(v).red_op in ("softmax", "log_softmax", "layer_norm")] + [
+        r.variant for f in found for r in f.records if region_plan(r.variant).red_op in REDUCE]
+
+
+def test_cached_norm_rows_take_their_statistics_in_two_passes():
+    """A norm whose row is held in registers: max then exponentials (softmax), mean then squared
+    deviations (layer_norm) from the registers, no one-pass online statistics; other reductions
+    shuffle only the fields they use."""
+    from kforge.kernels import DeviceInfo
+    from kforge.regions._generator import valid_config
+
+    gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
+    norms = _norm_variants()
+    assert {region_plan(v).red_op for v in norms} >= {"softmax", "layer_norm"}, "the random regions should hold norms"
+    for v in norms:
+        plan = region_plan(v)
+        cached = {"threads": 128, "tpr": 32, "vec": 1, "split": 1, "cache": 1}
+        if not valid_config(v, {**cached, "fast": 0, "round": 1}, gpu):
+            continue
+        two = generate(v, "cuda", cached, gpu)
+        one = generate(v, "cuda", {**cached, "cache": 0}, gpu)
+        assert "in two passes" in two and "st_add(&st" not in two.split("region_red")[-1], plan.red_op
+        assert "in two passes" not in one and "st_add(&st" in one
+        if plan.red_op == "softmax":
+            assert "* inv_)" in two and "expf(cp[it][l] - m_)" in two
+    sums = [v for _, v in CASES if region_ir(v).reduction is not None and region_plan(v).red_op in ("sum", "mean")]
+    assert sums
+    src = generate(sums[0], "cuda", None, gpu)
+    assert src.count("__shfl_xor_sync(0xffffffffu, st.") == 1, "a sum shuffles its one field only"
+
+
+def test_fast_reaches_a_softmax_only_where_every_output_is_16_bit():
+    from kforge.regions._codegen import fast_reduction
+
+    for v in _norm_variants():
+        plan = region_plan(v)
+        half = all(s.dtype in ("bfloat16", "float16") for s in plan.outputs)
+        assert fast_reduction(plan) == (plan.red_op in ("softmax", "log_softmax") and half)
+        if fast_reduction(plan):
+            assert math_knobs(plan)[0]
+            assert "__expf" in generate(v, "cuda", {"fast": 1}) and "__expf" not in generate(v, "cuda", {"fast": 0})
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_two_pass_sources_compile_for_sm90():
+    """The two-pass statistics within a warp (several rows per block) and across warps (a row per block)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kforge.kernels import DeviceInfo
+    from kforge.regions._generator import valid_config
+
+    gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
+    jobs = []
+    for op in ("softmax", "log_softmax", "layer_norm"):
+        v = next((v for v in _norm_variants() if region_plan(v).red_op == op), None)
+        if v is None:
+            continue
+        for c in ({"threads": 128, "tpr": 8, "vec": 1, "split": 1, "cache": 1},
+                  {"threads": 256, "tpr": 256, "vec": 1, "split": 1, "cache": 1}):
+            c = {**c, "fast": int(math_knobs(region_plan(v))[0]), "round": 1}
+            if valid_config(v, c, gpu):
+                jobs.append(generate(v, "cuda", c, gpu))
+    assert len(jobs) >= 3
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda src: compile_source(src, "cuda", "sm_90"), jobs))
+    assert all(b.path.exists() for b in built)

@@ -25,7 +25,10 @@ def _configs(variant, info):
     else:
         tries = [{}, {"cache": 0}, {"vec": 1, "cache": 0}, {"threads": 128, "tpr": 8, "cache": 1},
                  {"threads": 128, "tpr": 128, "split": 2, "cache": 0, "vec": 1},
-                 {"threads": 64, "tpr": 64, "split": 4, "cache": 0, "vec": 1}, {"fast": 0, "round": 1}]
+                 {"threads": 64, "tpr": 64, "split": 4, "cache": 0, "vec": 1}, {"fast": 0, "round": 1},
+                 # the two-pass statistics from registers: a row per block (shared memory), a warp per row
+                 {"threads": 256, "tpr": 256, "split": 1, "cache": 1, "vec": 1},
+                 {"threads": 128, "tpr": 32, "split": 1, "cache": 1}, {"fast": 1}]
     out = []
     for t in tries:
         c = {**base, **t}

@@ -8,7 +8,8 @@ search (the judge decides whether the result still matches eager within the dtyp
 - ``fast`` (CUDA): 1 computes the transcendental functions of float16/bfloat16 nodes with the
   hardware approximations (``tanh.approx``, ``ex2.approx``, ``lg2.approx``; sigmoid and silu keep an
   exactly rounded reciprocal, ``__frcp_rn``), whose error is far below
-  a 16-bit result's rounding; float32 nodes always use the accurate functions.
+  a 16-bit result's rounding; float32 nodes use the accurate functions, except a softmax's own
+  exponentials where every output of the region is 16-bit (``fast_reduction``).
 """
 from __future__ import annotations
 
@@ -151,10 +152,17 @@ def math_knobs(plan: Plan) -> tuple[bool, bool]:
     emitted = set(plan.full) | set(plan.phase1) | set(plan.row)
     half = [n for n in sorted(emitted) if plan.node_dtypes[n] in _HALF and n != plan.red]
     fast = any(plan.ir.nodes[n].op in FAST_OPS and _fast_expr(plan.ir.nodes[n].op, "x", plan.ir.nodes[n].attr)
-               for n in half)
+               for n in half) or fast_reduction(plan)
     rounds = any(plan.ir.nodes[n].op != "cast" for n in half) or (
         plan.red is not None and plan.red in emitted and plan.node_dtypes[plan.red] in _HALF)
     return fast, rounds
+
+
+def fast_reduction(plan: Plan) -> bool:
+    """Whether the ``fast`` knob reaches the reduction itself: a softmax (its exponentials) whose
+    every output is 16-bit, whatever the dtype it is computed in (``ex2.approx``'s error is far
+    below a 16-bit result's rounding)."""
+    return plan.red_op in ("softmax", "log_softmax") and all(s.dtype in _HALF for s in plan.outputs)
 
 
 def inputs_of(plan: Plan, nodes: Sequence[int]) -> list[int]:
@@ -208,8 +216,9 @@ def row_out_offset(plan: Plan, o: int) -> str:
 
 # ----------------------------------------------------------------------------- statistics
 
-def stats_code(op: str, fn: str) -> str:
-    """``St`` plus init/add/merge for the reduction ``op``; ``fn`` qualifies the functions."""
+def stats_code(op: str, fn: str, exp: str = "expf") -> str:
+    """``St`` plus init/add/merge for the reduction ``op``; ``fn`` qualifies the functions, ``exp``
+    names the exponential (``__expf`` under the ``fast`` knob)."""
     add = {
         "sum": "s->a += p;", "mean": "s->a += p;", "amax": "s->a = kf_maxf(s->a, p);",
         "amin": "s->a = kf_minf(s->a, p);",
@@ -229,11 +238,16 @@ def stats_code(op: str, fn: str) -> str:
     kind = "softmax" if op == "log_softmax" else op
     return (f"typedef struct {{ float a, b, c; }} St;\n"
             f"{fn} St st_init(void) {{ St s = {init[kind]}; return s; }}\n"
-            f"{fn} void st_add(St* s, float p) {{ {add[kind]} }}\n"
-            f"{fn} void st_merge(St* s, St o) {{ {merge[kind]} }}\n")
+            f"{fn} void st_add(St* s, float p) {{ {add[kind].replace('expf', exp)} }}\n"
+            f"{fn} void st_merge(St* s, St o) {{ {merge[kind].replace('expf', exp)} }}\n")
 
 
-def red_value(plan: Plan, p: str) -> str:
+#: The fields of ``St`` each reduction uses (the others stay at their initial values).
+STAT_FIELDS = {"sum": "a", "mean": "a", "amax": "a", "amin": "a", "softmax": "ab", "log_softmax": "ab",
+               "layer_norm": "abc"}
+
+
+def red_value(plan: Plan, p: str, exp: str = "expf") -> str:
     """The reduction node's value from the final stats ``st`` (and its operand ``p`` for norms)."""
     op, cols = plan.red_op, plan.cols
     if op in ("sum", "amax", "amin"):
@@ -241,7 +255,7 @@ def red_value(plan: Plan, p: str) -> str:
     if op == "mean":
         return f"(st.a / {float(cols)!r}f)"
     if op == "softmax":
-        return f"(expf({p} - st.a) / st.b)"
+        return f"({exp}({p} - st.a) / st.b)"
     if op == "log_softmax":
         return f"({p} - st.a - logf(st.b))"
     eps = float(plan.ir.nodes[plan.red].attr["eps"])

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ._codegen import (Config, _CU_TYPES, finish_stats, flat_offset, inputs_of, math_choices, node_lines, red_operand,
-                       red_value, row_out_offset, split_offsets, stats_code)
+from ._codegen import (STAT_FIELDS, Config, _CU_TYPES, fast_reduction, finish_stats, flat_offset, inputs_of,
+                       math_choices, node_lines, red_operand, red_value, row_out_offset, split_offsets, stats_code)
 from ._plan import Plan
 
 _PRELUDE = r"""#include "kforge.h"
@@ -106,7 +106,32 @@ def render_cuda(plan: Plan, config: Config, sm_count: int = 132) -> str:
     head = "/* kforge region kernel (CUDA): " + ",".join(plan.ir.ops) + " */\n" + _PRELUDE + _types(plan)
     if plan.red is None:
         return head + _pointwise(plan, config, sm_count)
-    return head + stats_code(plan.red_op, "__device__ __forceinline__") + _reduction(plan, config)
+    return head + stats_code(plan.red_op, "__device__ __forceinline__", _exp(plan, config)) + _reduction(plan, config)
+
+
+def _exp(plan: Plan, c: Config) -> str:
+    """The reduction's exponential: the hardware one under ``fast`` where every output is 16-bit."""
+    return "__expf" if math_choices(c)["fast"] and fast_reduction(plan) else "expf"
+
+
+def _lane_reduce(var: str, combine: str, tpr: int, tag: str) -> str:
+    """``var`` combined over the ``tpr`` lanes of its row: shuffles within a warp, then shared memory
+    across warps (``tpr`` > 32: one row per block). ``combine`` is a format of ``{a}`` and ``{b}``."""
+    code = f"""
+#pragma unroll
+    for (int o = {min(tpr, 32)} / 2; o > 0; o >>= 1)
+        {var} = {combine.format(a=var, b=f"__shfl_xor_sync(0xffffffffu, {var}, o)")};"""
+    if tpr > 32:
+        code += f"""
+    {{
+        __shared__ float part_{tag}[{tpr // 32}];
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) part_{tag}[threadIdx.x >> 5] = {var};
+        __syncthreads();
+        {var} = part_{tag}[0];
+        for (int w = 1; w < {tpr // 32}; ++w) {var} = {combine.format(a=var, b=f"part_{tag}[w]")};
+    }}"""
+    return code
 
 
 def _group_loads(plan: Plan, inputs, v: int, off_of) -> tuple[list[str], str]:
@@ -213,16 +238,25 @@ def _reduction(plan: Plan, c: Config) -> str:
         lines, aligned = _group_loads(plan, inputs, vec, lambda sh, st, var: off_of(sh, st, var))
         return [ln.replace("va", f"v{tag}") for ln in lines], aligned
 
+    # NB: a norm whose row is held in registers takes its statistics from them in two passes (max,
+    # then the exponentials' sum; mean, then the squared deviations): one exponential per element,
+    # no division per element and no branch, where the one-pass online statistics have all three.
+    two_pass = cache and norm
+    exp = _exp(plan, c)
     cached_inputs = sorted(set(in1) | set(in2)) if cache else in1
     l1, al1 = group_loads(cached_inputs, "a")
     comp1 = [f"const float a{i} = va{i}[l];" for i in cached_inputs]
     comp1 += node_lines(plan, plan.phase1, True, **math_choices(c))
-    comp1.append(f"st_add(&st, {p});")
+    if not two_pass:
+        comp1.append(f"st_add(&st, {p});")
     if cache:
         l1 += [f"for (int l = 0; l < V; ++l) ca{i}[it][l] = va{i}[l];" for i in cached_inputs]
         if norm:
             comp1.append(f"cp[it][l] = {p};")
-    value = red_value(plan, "cp[it][l]" if (cache and norm) else p)
+    if two_pass and plan.red_op == "softmax":
+        value = "(cp[it][l] * inv_)"       # cp holds the exponentials, inv_ is 1 / their sum
+    else:
+        value = red_value(plan, "cp[it][l]" if (cache and norm) else p, exp)
     if cache:
         l2, al2 = [f"float va{i}[V]; for (int l = 0; l < V; ++l) va{i}[l] = ca{i}[it][l];" for i in in2], ""
     else:
@@ -253,12 +287,14 @@ def _reduction(plan: Plan, c: Config) -> str:
     if cache and norm:
         cache_decl += f" float cp[{items}][V];"
     outs_decl = " ".join(f"float vo{o}[V];" for o in full_outs)
+    fields = STAT_FIELDS[plan.red_op]
+    shuffled = ", ".join(f"__shfl_xor_sync(0xffffffffu, st.{f}, o)" if f in fields else f"st.{f}" for f in "abc")
     reduce_lanes = f"""
-    // merge the row's threads: lanes of a warp by shuffles, warps through shared memory
+    // merge the row's threads: lanes of a warp by shuffles (the fields this reduction uses), warps
+    // through shared memory
 #pragma unroll
     for (int o = {min(tpr, 32)} / 2; o > 0; o >>= 1) {{
-        St other = {{__shfl_xor_sync(0xffffffffu, st.a, o), __shfl_xor_sync(0xffffffffu, st.b, o),
-                    __shfl_xor_sync(0xffffffffu, st.c, o)}};
+        St other = {{{shuffled}}};
         st_merge(&st, other);
     }}"""
     if tpr > 32:
@@ -271,6 +307,34 @@ def _reduction(plan: Plan, c: Config) -> str:
         st = part[0];
         for (int w = 1; w < {tpr // 32}; ++w) st_merge(&st, part[w]);
     }}"""
+
+    if two_pass:
+        def row_loop(body: str) -> str:
+            return f"""
+#pragma unroll
+    for (int it = 0; it < {items}; ++it) {{
+        const long j = j0 + ((long)it * {tpr} + t) * V;
+        if (valid && j < j1) {{
+#pragma unroll
+            for (int l = 0; l < V; ++l) {{ {body} }}
+        }}
+    }}"""
+        if plan.red_op == "layer_norm":
+            first = "float m_ = 0.f;" + row_loop("m_ += cp[it][l];") + _lane_reduce("m_", "({a} + {b})", tpr, "m")
+            first += f"\n    m_ = m_ / {float(cols)!r}f;"
+            second = "\n    float s_ = 0.f;" + row_loop("const float d_ = cp[it][l] - m_; s_ += d_ * d_;")
+        else:
+            first = "float m_ = KF_NEG_INF;" + row_loop("m_ = kf_maxf(m_, cp[it][l]);")
+            first += _lane_reduce("m_", "kf_maxf({a}, {b})", tpr, "m")
+            keep = "cp[it][l] = e_; " if plan.red_op == "softmax" else ""
+            second = "\n    float s_ = 0.f;" + row_loop(f"const float e_ = {exp}(cp[it][l] - m_); {keep}s_ += e_;")
+        second += _lane_reduce("s_", "({a} + {b})", tpr, "s")
+        reduce_lanes = f"""
+    // the row's statistics from its registers, in two passes, each merged over the row's threads
+    {first}{second}
+    st.a = m_; st.b = s_; st.c = {float(cols)!r}f;"""
+        if plan.red_op == "softmax":
+            reduce_lanes += "\n    const float inv_ = 1.f / st.b;"
 
     phase1 = f"""
 #pragma unroll

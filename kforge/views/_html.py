@@ -45,20 +45,23 @@ def _box(kind: str, title: str, body: str) -> str:
 def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 40) -> str:
     """The card table, largest share first; a summary line says what is left out.
 
-    NB: an untrusted notebook's sanitizer may drop overflow styles, so the table must fit: the card's
-    label wraps, and the columns a reader needs most come first (a narrow output cuts the last)."""
-    columns = (("card", "left"), ("best", "right"), ("status", "left"), ("share", "right"), ("tried", "right"),
-               ("eager", "right"), ("calls", "right"), ("cost", "right"))
+    NB: an untrusted notebook's sanitizer may drop overflow styles, so the table must fit a narrow
+    output (a 1024 px window beside JupyterLab's side bar leaves about 600 px): five columns, the
+    card's label wraps, and its eager time, calls and cost go on a muted line under it."""
+    columns = (("card", "left"), ("best", "right"), ("status", "left"), ("share", "right"), ("tried", "right"))
     th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in columns)
     body = []
     shown = sorted(rows, key=lambda r: -r["share"])[:limit]
     for r in shown:
         mark = "font-weight: 600; " if r["key"] == selected else ""
-        cells = [_x(r["speedup"]), _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–"),
-                 _us(r["eager_us"]), str(r["calls"]), f"${r['dollars']:.3f}" if r["dollars"] else "–"]
-        label = f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{escape(r["label"])}</td>'
+        cells = [_x(r["speedup"]), _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–")]
+        facts = [f"eager {_us(r['eager_us'])}", f"{r['calls']} call{'s' * (r['calls'] != 1)}"]
+        if r["dollars"]:
+            facts.append(f"${r['dollars']:.3f}")
+        label = (f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{escape(r["label"])}'
+                 f'<div style="color: {MUTED}; font-weight: 400; font-size: 11.5px">{" · ".join(facts)}</div></td>')
         body.append("<tr>" + label + "".join(
-            f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap">{c}</td>'
+            f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap; vertical-align: top">{c}</td>'
             for c, (_, a) in zip(cells, columns[1:])) + "</tr>")
     searched = sum(1 for r in rows if r["status"] != "not searched")
     winners = sum(1 for r in rows if r["status"] == "winner")
@@ -84,7 +87,9 @@ def search_tree(nodes: Sequence[dict[str, Any]], best: Sequence[int], selected: 
             weight = "font-weight: 600; " if n["id"] in on_best else ""
             mark = " ◀ shown" if n["id"] == selected else ""
             speed = f" {n['speedup']:.2f}×" if n["speedup"] > 0 else ""
-            lines.append(f'<div style="{weight}padding-left: {depth * 16}px; white-space: nowrap">#{n["id"]} '
+            # NB: wrapped, with a hanging indent: a long intent must not run out of a narrow output
+            lines.append(f'<div style="{weight}padding-left: {depth * 16 + 16}px; text-indent: -16px; '
+                         f'overflow-wrap: anywhere">#{n["id"]} '
                          f'{_status(n["status"])}{speed} <span style="color: {MUTED}">{escape(n["strategy"])} · '
                          f'{escape(n["intent"][:80])}</span>{mark}</div>')
             walk(n["id"], depth + 1)
