@@ -29,6 +29,7 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_python_api", "forbidden-call", statuses("WRONG_RESULT")),
     Attack("attack_clock_patch", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_clock_two_phase", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_tiny_batches", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
     Attack("attack_lingering_thread", "forbidden-call", statuses("WRONG_RESULT", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_cache_pointer", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
@@ -53,7 +54,7 @@ CPU_ATTACKS = {a.name: a for a in [
 ]}
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA)
-CPU_ONLY = {"attack_clock_two_phase"}
+CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),
