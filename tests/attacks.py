@@ -30,6 +30,7 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_clock_patch", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_clock_two_phase", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_tiny_batches", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_spin_during_eager", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
     Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
     Attack("attack_lingering_thread", "forbidden-call", statuses("WRONG_RESULT", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_cache_pointer", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
