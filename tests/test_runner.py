@@ -308,6 +308,21 @@ def test_the_cpu_time_bound_is_per_thread_and_by_the_threads_allowed():
     assert not agree(1000, 5000, rtt=250, total=3000, busiest=3000)
 
 
+def test_timed_batches_grow_from_the_judges_clock_and_never_shrink():
+    """attack_tiny_batches waited in its validation calls so that every timed batch had 2 sets and fit in
+    the clock check's slack: the next batch is sized from the judge's wall clock of the last one."""
+    from types import SimpleNamespace
+
+    from kforge.evaluate._judge import _CPU_BATCH_S, _Trial
+
+    trial = SimpleNamespace(job=SimpleNamespace(budget_ms=300.0))
+    grown = lambda k, cand_us: _Trial._grown(trial, k, 256, cand_us, 10.0)   # noqa: E731
+    assert grown(2, 30.0) == int(_CPU_BATCH_S / 30e-6)   # 30 us calls, not the 3 ms validation said
+    assert grown(2, 0.5) == 256                          # at most the sets the arenas hold
+    assert grown(60, 3000.0) == 60                       # a slow batch never shrinks the next
+    assert _Trial._grown(SimpleNamespace(job=SimpleNamespace(budget_ms=7.0)), 2, 256, 30.0, 70.0) == 10   # budget
+
+
 # ---- failures outside the candidate's control
 
 SLOW_BUT_CORRECT = "struct timespec t = {0, 20000000}; nanosleep(&t, NULL); softmax_all(in, out); return 0;"
