@@ -519,15 +519,23 @@ class _Trial:
             t0 = time.perf_counter()
             with phases("timing: candidate"):
                 _, wall = self.run_layouts(timed, f"timed batch {batch}")
-            with phases("timing: eager"):
-                eager_sum, eager_outs = self.eager_batch(timed, views)
-            timed_s += time.perf_counter() - t0
-            with phases("timing: checks"):
-                self.check_batch(timed, written, eager_outs, batch)
-            # NB: read after eager and the checks, when an honest runner has long been asleep: a running
-            # thread's schedstat lags, and the busiest thread must not be under-counted.
-            cpu = self.runner.cpu_times().since(cpu0)
-            reported = arenas.times[timed.first:timed.first + k]
+            # NB: CPU: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads
+            # a candidate left running would slow eager (and win) or rewrite outputs and times behind the
+            # checks. An honest runner is asleep then anyway. (CUDA: not yet; to be checked on a GPU.)
+            if not self.cuda:
+                self.runner.pause()
+            try:
+                with phases("timing: eager"):
+                    eager_sum, eager_outs = self.eager_batch(timed, views)
+                timed_s += time.perf_counter() - t0
+                with phases("timing: checks"):
+                    self.check_batch(timed, written, eager_outs, batch)
+                # NB: read after eager and the checks, when an honest runner has long been asleep: a running
+                # thread's schedstat lags, and the busiest thread must not be under-counted.
+                cpu = self.runner.cpu_times().since(cpu0)
+                reported = arenas.times[timed.first:timed.first + k].clone()
+            finally:
+                self.runner.resume()
             # NB: a batch whose clocks disagree counts at the judge's time, never the runner's: lying
             # costs the candidate (dropping such batches let lies in a quarter of them set the quartile).
             cand_sum = max(wall - rtt_us, 0.0)
@@ -740,7 +748,16 @@ def _runs_dir() -> Path:
 
 _RUN_PREFIX = "kforge-runner-"
 _RUN_NAME = re.compile(rf"{_RUN_PREFIX}([0-9a-f]{{8}})-(\d+)-(\d+)-.+")
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+def _host_id() -> str:
+    """This host and pid namespace: two containers sharing a cache and a host name have two."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return hashlib.sha256(f"{socket.gethostname()}:{ns}".encode()).hexdigest()[:8]
+
+
+_HOST = _host_id()
 
 
 def _started(pid: int) -> int | None:

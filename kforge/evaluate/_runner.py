@@ -174,6 +174,7 @@ class RunnerProcess:
         self._seq = 0
         self.exit: Exit | None = None
         self.killed = False
+        self.paused = False   # stopped by pause() until resume()
         # NB: the judge keeps its own descriptor of the log and reads through it: the runner can replace
         # the name (a link to another file, a FIFO) but not the file this descriptor is.
         log = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -250,6 +251,48 @@ class RunnerProcess:
             total = sum(threads.values())
         return CpuTimes(total, threads)
 
+    # ---- stopped while the judge times eager
+    def pause(self, timeout: float = 0.05) -> bool:
+        """Stop every thread of the runner's process group (SIGSTOP, which nothing can catch or block)
+        and wait until each is stopped; False if one was not within ``timeout`` (it then stops at its
+        next return to user space). ``resume`` lets them go on."""
+        if self.exit is not None:
+            return True
+        try:
+            os.killpg(self.pid, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):
+            return True
+        self.paused = True
+        end = time.monotonic() + timeout
+        while not self._stopped():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.0002)
+        return True
+
+    def _stopped(self) -> bool:
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return True
+        for tid in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("T", "t", "Z", "X"):
+                return False
+        return True
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            try:
+                os.killpg(self.pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     # ---- end of life
     def kill(self) -> None:
         """Kill the runner's whole process group."""
@@ -278,6 +321,7 @@ class RunnerProcess:
             time.sleep(0.005)
 
     def close(self, graceful: bool = True) -> Exit:
+        self.resume()   # NB: a stopped runner would not read its QUIT
         if graceful and self.exit is None:
             try:
                 self.sock.send(Frame(self._seq + 1, Op.QUIT, 0).encode())
