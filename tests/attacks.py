@@ -57,7 +57,7 @@ CPU_ATTACKS = {a.name: a for a in [
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA),
 # and on eager's CPU timing (not yet written for CUDA)
-CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager", "attack_async_finish"}
+CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),

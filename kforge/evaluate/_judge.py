@@ -519,11 +519,10 @@ class _Trial:
             t0 = time.perf_counter()
             with phases("timing: candidate"):
                 _, wall = self.run_layouts(timed, f"timed batch {batch}")
-            # NB: CPU: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads
-            # a candidate left running would slow eager (and win) or rewrite outputs and times behind the
-            # checks. An honest runner is asleep then anyway. (CUDA: not yet; to be checked on a GPU.)
-            if not self.cuda:
-                self.runner.pause()
+            # NB: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads a
+            # candidate left running would slow eager (and win), finish the work after the calls returned,
+            # or rewrite outputs and times behind the checks. An honest runner is asleep then anyway.
+            self.runner.pause()
             try:
                 with phases("timing: eager"):
                     eager_sum, eager_outs = self.eager_batch(timed, views)
