@@ -516,35 +516,39 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     nb["metadata"] = {k: v for k, v in saved["metadata"].items() if k != "kernelspec"}
     (other / "01_quickstart.ipynb").write_text(json.dumps(nb))
     with jupyterlab(other, home=lab.base / "home-elsewhere") as url:
-        page.goto(_fresh_workspace(url, "01_quickstart.ipynb"))
-        dialog = page.locator(".jp-Dialog")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
         try:
-            dialog.wait_for(timeout=10_000)
-            dialog.locator("button", has_text=re.compile("No Kernel|Cancel")).first.click()
-        except Exception:
-            pass
-        out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
-        out.get_by_text("Operator cards").first.wait_for(timeout=30_000)
-        out.get_by_text("Optimization run").first.wait_for(timeout=30_000)
-        assert out.get_by_text("Search tree").count() >= 1 and out.get_by_text("model not found").count() == 0
-        assert out.locator(".jp-RenderedImage img").count() >= 2, "the charts as pictures"
-        dashboard = out.locator(".jp-Cell").nth(6)
-        snapshot = dashboard.locator(".kf-static-run-progress")
-        assert "finished" in snapshot.inner_text() and f"{evaluated} evaluated" in snapshot.inner_text(), \
-            "the dashboard shown at the run's start says how it ended"
-        # at 1024 px (beside the side bar) every static view fits its output: nothing runs out of it
-        page.set_viewport_size({"width": 1024, "height": 1400})
-        page.wait_for_function("() => window.innerWidth === 1024")
-        wide = dashboard.locator(".kf-static").evaluate_all(
-            "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.className + ' ' + e.scrollWidth"
-            " + ' > ' + e.clientWidth)")
-        assert dashboard.locator(".kf-static").count() >= 3 and not wide, f"clipped at 1024 px: {wide}"
-        page.set_viewport_size({"width": 1440, "height": 1500})
-        _shots(page, out.locator(".jp-Cell").nth(6), "quickstart-reopened")
-        lab.watch.check()
-        # NB: leave that server's page before it stops, or its reconnect attempts reach the next test
-        page.goto("about:blank")
+            page.goto(_fresh_workspace(url, "01_quickstart.ipynb"))
+            dialog = page.locator(".jp-Dialog")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            try:
+                dialog.wait_for(timeout=10_000)
+                dialog.locator("button", has_text=re.compile("No Kernel|Cancel")).first.click()
+            except Exception:
+                pass
+            out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+            out.get_by_text("Operator cards").first.wait_for(timeout=30_000)
+            out.get_by_text("Optimization run").first.wait_for(timeout=30_000)
+            assert out.get_by_text("Search tree").count() >= 1 and out.get_by_text("model not found").count() == 0
+            assert out.locator(".jp-RenderedImage img").count() >= 2, "the charts as pictures"
+            dashboard = out.locator(".jp-Cell").nth(6)
+            snapshot = dashboard.locator(".kf-static-run-progress")
+            assert "finished" in snapshot.inner_text() and f"{evaluated} evaluated" in snapshot.inner_text(), \
+                "the dashboard shown at the run's start says how it ended"
+            # at 1024 px (beside the side bar) every static view fits its output: nothing runs out of it
+            page.set_viewport_size({"width": 1024, "height": 1400})
+            page.wait_for_function("() => window.innerWidth === 1024")
+            wide = dashboard.locator(".kf-static").evaluate_all(
+                "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.className + ' ' + e.scrollWidth"
+                " + ' > ' + e.clientWidth)")
+            assert dashboard.locator(".kf-static").count() >= 3 and not wide, f"clipped at 1024 px: {wide}"
+            page.set_viewport_size({"width": 1440, "height": 1500})
+            _shots(page, out.locator(".jp-Cell").nth(6), "quickstart-reopened")
+            lab.watch.check()
+        finally:
+            # NB: leave that server's page before it stops, failed or not, or its reconnect attempts
+            # reach the next test as console errors
+            page.set_viewport_size({"width": 1440, "height": 1500})
+            page.goto("about:blank")
     lab.watch.check()
 
 

@@ -60,6 +60,7 @@ _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
 # the runner's clock against the judge's: judge_wall - rtt <= max(reported, floor) * RATIO + slack
 _CLOCK_RATIO = 1.3
 _CLOCK_SLACK_US = {"cpu": 200.0, "cuda": 300.0}
+_CPU_CHECKED_BATCH_US = 1000.0   # a shorter CPU batch counts at the judge's time (see time_batches)
 # NB: 0.5 us a call on the CPU: the runner's own work between two timed calls is two clock reads and a
 # store (~50 ns); with 2 us, any kernel under 2 us a call could report nothing and agree.
 _CLOCK_SLACK_PER_CALL_US = {"cpu": 0.5, "cuda": 3.0}
@@ -502,12 +503,6 @@ class _Trial:
         if not self.cuda:
             fit = min(fit, int(_CPU_BATCH_S / max(cand_call_s, 1e-7)))
         k = max(2, min(timed.count, fit))
-        if not self.cuda:
-            # NB: and never fewer than make eager's share of a batch _CPU_BATCH_S, a size the candidate
-            # has no say in: sized from the candidate alone, a slow validation (or a judge preempted
-            # between batches) kept batches at 2 sets, whose real work hid in the clock check's fixed
-            # slack (attack_tiny_batches won 530x on a loaded machine even with batches that grow).
-            k = max(k, min(timed.count, math.ceil(_CPU_BATCH_S / max(self.card.eager_s, 1e-7))))
         allocated = timed.count
         timed = replace(timed, count=k)
         with phases("timing: fresh sets"):
@@ -550,8 +545,14 @@ class _Trial:
                 mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall; the runner's "
                                   f"CPU time {cpu.total_us:.0f} us, its busiest thread {cpu.busiest_us:.0f} us, "
                                   f"for {k} calls")
-            else:
+            elif self.cuda or min(cand_sum, cpu.total_us) >= _CPU_CHECKED_BATCH_US:
                 cand_sum = float(reported.sum())
+            # NB: else (CPU) a batch too short for the clock check to tell (its fixed slack a fifth of it or
+            # more, by the judge's wall clock or by the runner's CPU time, whichever is less: the first
+            # grows when the judge is preempted, the second with threads that only burn) counts at the
+            # judge's time even when the clocks agree: a candidate slow in validation got 2-set batches
+            # whose real work hid in the slack (attack_tiny_batches, 350x; 530x on a loaded machine, where
+            # the judge's own preemption kept its batches from growing).
             if batch > 0:   # NB: the first batch warms up both
                 cand_means.append(cand_sum / k)
                 eager_means.append(eager_sum / k)

@@ -37,6 +37,12 @@ def _us(v: float | None) -> str:
     return "–" if v is None else f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
 
 
+def _breakable(text: str) -> str:
+    """``text`` escaped, with a zero-width space after each comma: a sanitizer may drop
+    ``overflow-wrap``, and a region's label ("region(add,pow,mean,...)") has no other place to break."""
+    return escape(text).replace(",", ",\u200b")
+
+
 def _box(kind: str, title: str, body: str) -> str:
     return (f'<div class="kf-static kf-static-{kind}" style="{BOX}"><div style="font-weight: 600; margin-bottom: 6px">'
             f'{escape(title)}</div>{body}</div>')
@@ -58,7 +64,7 @@ def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 
         facts = [f"eager {_us(r['eager_us'])}", f"{r['calls']} call{'s' * (r['calls'] != 1)}"]
         if r["dollars"]:
             facts.append(f"${r['dollars']:.3f}")
-        label = (f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{escape(r["label"])}'
+        label = (f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{_breakable(r["label"])}'
                  f'<div style="color: {MUTED}; font-weight: 400; font-size: 11.5px">{" · ".join(facts)}</div></td>')
         body.append("<tr>" + label + "".join(
             f'<td style="{mark}text-align: {a}; padding: 2px 8px; white-space: nowrap; vertical-align: top">{c}</td>'
