@@ -57,13 +57,22 @@ _CPU_BATCH_S = 0.002
 _THREADS_WINDOW_S = 0.1       # the least time over which the judge measures the cores others keep busy
 _CARD_CACHE = 4               # cards whose validation sets, references and timing pool the judge keeps
 _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
-# the runner's clock against the judge's: judge_wall - rtt <= max(reported, floor) * RATIO + slack
+# the runner's clock against the judge's (clocks_agree): judge_wall - rtt <= bound * RATIO + slack
 _CLOCK_RATIO = 1.3
 _CLOCK_SLACK_US = {"cpu": 200.0, "cuda": 300.0}
 _CPU_CHECKED_BATCH_US = 1000.0   # a shorter CPU batch counts at the judge's time (see time_batches)
 # NB: 0.5 us a call on the CPU: the runner's own work between two timed calls is two clock reads and a
 # store (~50 ns); with 2 us, any kernel under 2 us a call could report nothing and agree.
 _CLOCK_SLACK_PER_CALL_US = {"cpu": 0.5, "cuda": 3.0}
+
+
+def _batch_fit(backend: str, budget_ms: float, cand_call_s: float, eager_call_s: float) -> int:
+    """Sets a timed batch may hold: as many as let the minimum number of batches (and the warm-up)
+    fit the budget, and on the CPU about _CPU_BATCH_S of the candidate's calls."""
+    fit = int(budget_ms / 1e3 / (_MIN_BATCHES[backend] + 1) / max(cand_call_s + eager_call_s, 1e-7))
+    if backend == "cpu":
+        fit = min(fit, int(_CPU_BATCH_S / max(cand_call_s, 1e-7)))
+    return fit
 
 
 @dataclass
@@ -496,13 +505,7 @@ class _Trial:
         job, arenas, phases, device = self.job, self.arenas, self.phases, self.device
         val = arenas.plan.groups[0]
         least = _MIN_BATCHES[job.backend]
-        # NB: as many of the allocated sets as let the minimum number of batches fit the budget.
-        cand_call_s = self.val_call_s
-        per_call_s = self.card.eager_s + cand_call_s
-        fit = int(job.budget_ms / 1e3 / (least + 1) / max(per_call_s, 1e-7))
-        if not self.cuda:
-            fit = min(fit, int(_CPU_BATCH_S / max(cand_call_s, 1e-7)))
-        k = max(2, min(timed.count, fit))
+        k = max(2, min(timed.count, _batch_fit(job.backend, job.budget_ms, self.val_call_s, self.card.eager_s)))
         allocated = timed.count
         timed = replace(timed, count=k)
         with phases("timing: fresh sets"):
@@ -599,9 +602,7 @@ class _Trial:
         (tests/kernels/cpu/attack_tiny_batches.c won 350x). Never fewer: a candidate slow in one batch
         would get short batches back for the next lie.
         """
-        fit = min(int(_CPU_BATCH_S / max(cand_us * 1e-6, 1e-7)),
-                  int(self.job.budget_ms / 1e3 / (_MIN_BATCHES["cpu"] + 1) / max((cand_us + eager_us) * 1e-6, 1e-7)))
-        return max(k, min(allocated, fit))
+        return max(k, min(allocated, _batch_fit("cpu", self.job.budget_ms, cand_us * 1e-6, eager_us * 1e-6)))
 
     def clocks_agree(self, reported: float, wall: float, cpu: CpuUse, k: int,
                      floor_us: tuple[float, float] = (0.0, 0.0), rtt: float = 0.0) -> bool:
@@ -754,6 +755,8 @@ def _runs_dir() -> Path:
 
 _RUN_PREFIX = "kforge-runner-"
 _RUN_NAME = re.compile(rf"{_RUN_PREFIX}([0-9a-f]{{8}})-(\d+)-(\d+)-.+")
+
+
 def _host_id() -> str:
     """This host and pid namespace: two containers sharing a cache and a host name have two."""
     try:

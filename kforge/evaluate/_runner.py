@@ -230,19 +230,27 @@ class RunnerProcess:
     def sandbox(self, frame: Frame) -> Sandbox:
         return Sandbox(frame.c & ((1 << 13) - 1))
 
-    def cpu_times(self) -> "CpuTimes":
-        """The runner's CPU time so far, as the kernel accounts it (no clock the runner can touch)."""
-        threads: dict[int, int] = {}
+    def _per_thread(self, name: str) -> dict[int, list[str]]:
+        """``/proc/<pid>/task/<tid>/<name>`` of each of the runner's live threads, split in fields (the
+        judge reads them; a thread gone in between is left out)."""
+        out: dict[int, list[str]] = {}
         try:
             tasks = os.listdir(f"/proc/{self.pid}/task")
         except OSError:
-            tasks = []
+            return out
         for tid in tasks:
             try:
-                with open(f"/proc/{self.pid}/task/{tid}/schedstat") as f:
-                    threads[int(tid)] = int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                pass
+                with open(f"/proc/{self.pid}/task/{tid}/{name}") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            # NB: stat's second field (the name, in parentheses) may hold spaces: fields after it
+            out[int(tid)] = text.rsplit(")", 1)[1].split() if name == "stat" else text.split()
+        return out
+
+    def cpu_times(self) -> "CpuTimes":
+        """The runner's CPU time so far, as the kernel accounts it (no clock the runner can touch)."""
+        threads = {tid: int(f[0]) for tid, f in self._per_thread("schedstat").items() if f and f[0].isdigit()}
         try:
             # NB: the process's CPU clock counts its exited threads too, and the running ones up to now
             # (schedstat lags a running thread by up to a tick).
@@ -264,25 +272,11 @@ class RunnerProcess:
             return True
         self.paused = True
         end = time.monotonic() + timeout
-        while not self._stopped():
+        # NB: every thread stopped (T, t), or gone (Z, X)
+        while not all(f and f[0] in "TtZX" for f in self._per_thread("stat").values()):
             if time.monotonic() >= end:
                 return False
             time.sleep(0.0002)
-        return True
-
-    def _stopped(self) -> bool:
-        try:
-            tasks = os.listdir(f"/proc/{self.pid}/task")
-        except OSError:
-            return True
-        for tid in tasks:
-            try:
-                with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in ("T", "t", "Z", "X"):
-                return False
         return True
 
     def resume(self) -> None:
