@@ -63,7 +63,7 @@ def main() -> None:
         "statuses": [e.status.value for e in evals], "sandbox": evals[-1].sandbox,
         "checks": list(evals[-1].checks),
         "kernel_us_all": [e.candidate_us for e in evals], "eager_us_all": [e.eager_us for e in evals],
-        "speedup_all": [e.speedup for e in evals],
+        "speedup_all": [e.speedup for e in evals], "threads_all": [e.threads for e in evals],
         "timed_twice": [{"kernel_us": e.candidate_us, "eager_us": e.eager_us, "speedup": e.speedup,
                          "kernel_cv": e.candidate_spread, "eager_cv": e.eager_spread} for e in twice],
     })
@@ -92,6 +92,8 @@ def main() -> None:
     print(f"one kernel timed twice: {k[0]:.2f} us and {k[1]:.2f} us ({results['twice_kernel_diff_pct']:.1f}% apart); "
           f"per-evaluation CV {twice[0].candidate_spread:.3f} / {twice[1].candidate_spread:.3f}")
     print(f"eager (timed in the judge, a user's normal threads): {statistics.median(results['eager_us_all']):.2f} us")
+    if backend == "cpu":
+        print(f"threads each side ran with, per evaluation: {results['threads_all']}")
     print(f"runner sandbox: {results['sandbox'] or 'n/a'}")
     print(f"checks: {results['checks']}")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in results['loadavg'])}")

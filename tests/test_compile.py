@@ -200,4 +200,6 @@ def test_compile_modes_on_the_gpu_keep_outputs(tmp_path):
     with torch.no_grad():
         for mode in ("default", "reduce-overhead"):
             torch._dynamo.reset()
-            torch.testing.assert_close(dep.compile(model, mode=mode)(x), model(x))
+            # NB: Inductor's f32 convolutions and fused reductions differ from eager's by ~1e-4 relative
+            # (measured on the H200: 7e-5 absolute); what this checks is that nothing else changes
+            torch.testing.assert_close(dep.compile(model, mode=mode)(x), model(x), rtol=2e-3, atol=2e-4)

@@ -1,6 +1,8 @@
 """The evaluator against a corpus of broken kernels (CPU backend; the CUDA corpus is in test_gpu.py)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -219,6 +221,35 @@ def test_phases_are_reported_and_a_cards_inputs_are_made_once():
     later = dict(second.phases)
     assert "inputs" not in later and "reference" not in later and "timing: checks" in later
     assert Evaluation.from_json(first.to_json()).phases == first.phases
+    assert 1 <= second.threads <= first.threads <= (os.cpu_count() or 1)   # a card's count only goes down
+    assert Evaluation.from_json(first.to_json()).threads == first.threads
+
+
+class _Idle:
+    """A BusyWindow that says how many threads the idle cores allow."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def threads(self, ceiling: int) -> int:
+        return min(ceiling, self.n)
+
+
+def test_a_cards_thread_count_only_goes_down_and_both_sides_get_it(monkeypatch):
+    from kforge.evaluate import _judge
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(_judge, "_CPU_THREADS", [4])
+    monkeypatch.setattr(_judge, "_CARD_THREADS", type(_judge._CARD_THREADS)())
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    try:
+        got = [_judge._bound_cpu_threads(_Idle(n), "card a") for n in (3, 4, 1, 4)]
+        assert got == [3, 3, 1, 1]
+        assert torch.get_num_threads() == 1 and _judge.os.environ["OMP_NUM_THREADS"] == "1"
+        assert _judge._bound_cpu_threads(_Idle(4), "card b") == 4     # another card starts from the machine
+        assert _judge._bound_cpu_threads(_Idle(9), "card c") == 4     # never above the judge's own count
+    finally:
+        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------- found by review, 2026-12-02

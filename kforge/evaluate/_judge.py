@@ -931,14 +931,15 @@ def evaluate_job(job: Job) -> Evaluation:
                 time.sleep(max(0.0, _THREADS_WINDOW_S - (time.perf_counter() - start)))
     base = dict(compile_log=built.log, compile_s=built.seconds)
     reason = ""
+    threads = None
     for _attempt in range(2):
         if cpu:
-            _bound_cpu_threads(busy)
+            threads = _bound_cpu_threads(busy, repr(sorted(job.variant.items())))
         try:
             # NB: the library's bytes are checked against its recorded SHA-256 here, and again as
             # they are copied to where the runner loads them.
             ev = trial.run(verify_binary(built.path), base)
-            return replace(ev, wall_s=time.perf_counter() - start, phases=phases.items())
+            return replace(ev, wall_s=time.perf_counter() - start, phases=phases.items(), threads=threads)
         except _Infra as exc:
             reason = str(exc)
             if cpu:   # NB: measured again for the retry: the trouble may have been the machine's
@@ -970,18 +971,32 @@ def _reset_cpu_threads() -> None:
     torch.set_num_threads(_CPU_THREADS[0])
 
 
-def _bound_cpu_threads(busy: BusyWindow) -> None:
+_CARD_THREADS: "OrderedDict[str, int]" = OrderedDict()   # the fewest threads a card's candidates got so far
+
+
+def _bound_cpu_threads(busy: BusyWindow, card: str) -> int:
     """Eager (here) and the candidate (OMP_NUM_THREADS in the runner's environment) both run with no
-    more threads than the cores other processes left idle over ``busy``.
+    more threads than the cores other processes left idle over ``busy``, and no more than the card's
+    earlier candidates got in this judge. Returns the count.
 
     NB: on a shared machine a parallel region with more threads than idle cores waits at its barrier
     for a preempted thread (milliseconds), so eager read 14 ms for a 20 us softmax under load and a
     slow candidate was judged faster. The same count on both sides keeps the comparison fair.
+    NB: a card's count only goes down: a search compares a card's candidates with each other, and a
+    count measured afresh for each would time one candidate with 2 threads and the next with 1
+    whenever another process was busy during the second's compile.
     """
     _reset_cpu_threads()
     threads = busy.threads(_CPU_THREADS[0])
+    if card in _CARD_THREADS:
+        threads = min(threads, _CARD_THREADS[card])
+        _CARD_THREADS.move_to_end(card)
+    _CARD_THREADS[card] = threads
+    while len(_CARD_THREADS) > 4 * _CARD_CACHE:
+        _CARD_THREADS.popitem(last=False)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 def judge_main(conn: Any, device: str) -> None:

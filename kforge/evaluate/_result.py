@@ -60,6 +60,7 @@ class Evaluation:
     wall_s: float = 0.0
     sandbox: str = ""                        # what held in the runner (docs/security.md)
     phases: tuple[tuple[str, float], ...] = field(default=())  # (phase, judge's seconds) in order, for benchmarks
+    threads: int | None = None               # CPU: the intra-op threads eager and the candidate both ran with
 
     @property
     def score(self) -> float:

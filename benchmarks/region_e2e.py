@@ -1,0 +1,88 @@
+"""Region winners end to end: capture a model with its regions, search only the region cards with the
+built-in generator, then the model's forward in one run: eager, torch.compile in each mode, and each
+with kforge (the model-level check per mode keeps only kernels that make the model faster).
+
+    python benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 8
+    python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
+
+Writes region_e2e_<model>.json to $OUT (or benchmarks/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import kforge  # noqa: E402
+
+
+def _model(name: str, args):
+    try:
+        return kforge.example(name, device=args.device)
+    except (KeyError, ValueError):
+        pass
+    from kforge.models import build
+    from seed_workloads import DEFAULTS
+
+    opts = dict(DEFAULTS[name])
+    dtype = getattr(torch, opts.pop("dtype"))
+    if args.layers:
+        opts["layers"] = args.layers
+    if name in ("gemma4_e2b", "qwen35_moe"):
+        opts["attn_implementation"] = args.attn
+    model, inputs = build(name, device=args.device, dtype=dtype, **opts)
+    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    return model, inputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--attn", default="eager")
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--max-cards", type=int, default=8, help="region cards searched, largest share first")
+    ap.add_argument("--modes", default="default,reduce-overhead")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    model, inputs = _model(args.model, args)
+    s = kforge.Session(model, inputs, device=args.device, workdir=tempfile.mkdtemp(prefix="kforge-region-e2e-"))
+    cards = s.capture()
+    regions = sorted((c for c in cards if c.op == "region"), key=lambda c: -c.share)[: args.max_cards]
+    t1 = time.perf_counter()
+    print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions; "
+          f"searching {len(regions)} (capture {t1 - t0:.0f} s)", flush=True)
+    if not regions:
+        raise SystemExit("no region cards were captured: nothing to search")
+    s.optimize(cards=[c.key for c in regions], iterations=args.iterations, confirm=False)
+    t2 = time.perf_counter()
+    searched = {c.key for c in regions}
+    for r in s.results:
+        if r.key in searched:
+            print(f"  {r.signature[:70]:<70} share {r.share * 100:5.1f}%  {r.status.value:<12} {r.speedup:.2f}x",
+                  flush=True)
+    print(f"# search {t2 - t1:.0f} s; {len(s.results.winners)} winner(s)", flush=True)
+    report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m))
+    print(report.table(), flush=True)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    (out / f"region_e2e_{args.model}.json").write_text(json.dumps(
+        {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
+         "winners": len(s.results.winners), "end_to_end": report.to_json(),
+         "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}, indent=1, default=str))
+    s.close()
+
+
+if __name__ == "__main__":
+    main()
