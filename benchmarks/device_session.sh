@@ -10,6 +10,9 @@
 #   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
 #                                                            and Inductor, in one run
 #   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
+#                                                            capture with regions, search 4 region cards, the
+#                                                            model under eager / compile default / reduce-overhead
 # Logs and JSON land in $OUT; figures go to docs/benchmarks.md with the command that made them.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
@@ -66,5 +69,10 @@ PY
         | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision" >&2; exit 2 ;;
+  region_e2e)
+    # NB: 370 s cut the first run inside the end-to-end check (capture 86 s with each region's Inductor
+    # baseline, search of 6 cards 98 s, then n + 2 compiled forwards per mode)
+    timeout 560 python3 benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 4 \
+        --no-inductor-baseline 2>&1 | grep -v "^DEBUG" | tee "$OUT/region_e2e_gemma.txt" | tail -40 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e" >&2; exit 2 ;;
 esac

@@ -55,11 +55,13 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--max-cards", type=int, default=8, help="region cards searched, largest share first")
     ap.add_argument("--modes", default="default,reduce-overhead")
+    ap.add_argument("--no-inductor-baseline", action="store_true",
+                    help="skip compiling each region alone for the cards' Inductor ratio (saves capture time)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     model, inputs = _model(args.model, args)
     s = kforge.Session(model, inputs, device=args.device, workdir=tempfile.mkdtemp(prefix="kforge-region-e2e-"))
-    cards = s.capture()
+    cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
     regions = sorted((c for c in cards if c.op == "region"), key=lambda c: -c.share)[: args.max_cards]
     t1 = time.perf_counter()
     print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions; "

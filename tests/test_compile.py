@@ -180,6 +180,7 @@ def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_pat
     assert [lo.signature for f in report.fallback for lo in f.left_out] == [sig, sig]
     assert {f.mode for f in report.fallback} == {"eager", "default"}
     assert f"left out {sig}" in report.table()
+    assert "each ratio is from one interleaved run" in report.table()
     helped = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
     assert helped.kernels_installed == 1 and helped.output_rel_diff < 1e-6
     row = next(r for r in helped.rows if r.label == "compile default + kforge")

@@ -69,6 +69,10 @@ class EndToEnd:
             if r.output_rel_diff is not None:
                 extra += f"; output rel. diff {r.output_rel_diff:.1e}"
             lines.append(f"{r.label:<{width}}{ms(r.us)}  {extra}".rstrip())
+        if any(r.comparison is not None for r in self.rows):
+            # NB: on the H200 the same compiled VAE read 34.75 ms in one run and 37.27 ms in the next
+            lines.append("(each ratio is from one interleaved run of the two forwards it compares; "
+                         "the times of different rows come from different runs)")
         for report in self.fallback:
             lines.extend(report.lines())
         return "\n".join(lines)
