@@ -10,6 +10,9 @@
 #   device run: bash benchmarks/device_session.sh regions   benchmarks/regions.py: region kernels against eager
 #                                                            and Inductor, in one run
 #   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh rest      what the end-to-end table still lacks: the SD3.5
+#                                                            transformer, ResNet-50 under max-autotune; and the
+#                                                            local evaluator path's rate on this GPU (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
 #                                                            capture with regions, search 4 region cards, the
 #                                                            model under eager / compile default / reduce-overhead
@@ -69,10 +72,18 @@ PY
         | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
+  rest)
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    timeout 120 python3 benchmarks/cluster_throughput.py --device cuda --configs local:1 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/cluster_cuda.txt" | tail -4
+    timeout 150 python3 benchmarks/end_to_end.py resnet50 --modes max-autotune 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/e2e_resnet50_max_autotune.txt" | tail -12
+    timeout 280 python3 benchmarks/end_to_end.py sd35_transformer --modes default,reduce-overhead 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/e2e_sd35_transformer.txt" | tail -16 ;;
   region_e2e)
     # NB: 370 s cut the first run inside the end-to-end check (capture 86 s with each region's Inductor
     # baseline, search of 6 cards 98 s, then n + 2 compiled forwards per mode)
     timeout 560 python3 benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 4 \
         --no-inductor-baseline 2>&1 | grep -v "^DEBUG" | tee "$OUT/region_e2e_gemma.txt" | tail -40 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|rest" >&2; exit 2 ;;
 esac
