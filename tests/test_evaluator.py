@@ -235,6 +235,38 @@ class _Idle:
         return min(ceiling, self.n)
 
 
+_OPENMP_PROBE = r"""
+import os, torch
+from kforge.evaluate._judge import release_openmp_threads, wake_openmp_threads
+tasks = lambda: len(os.listdir("/proc/self/task"))
+threads = torch.get_num_threads()
+x = torch.randn(1 << 20)
+x.exp()
+before = tasks()
+released = release_openmp_threads()
+after = tasks()
+wake_openmp_threads()
+print(threads, before, released, after, tasks(), torch.get_num_threads(), bool(torch.equal(x.exp(), torch.exp(x))))
+"""
+
+
+def test_the_judge_ends_its_idle_openmp_threads_before_a_candidate_batch_and_starts_them_untimed():
+    """The judge's idle OpenMP threads spin for milliseconds after eager and the checks; it ends them
+    before each candidate batch (they took a core a 2-thread candidate needed) and starts them again
+    before eager is timed. In a process of its own: no other test's threads come and go."""
+    import subprocess
+    import sys
+
+    for threads in ("2", "1"):
+        out = subprocess.run([sys.executable, "-c", _OPENMP_PROBE], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "OMP_NUM_THREADS": threads})
+        assert out.returncode == 0, out.stderr[-2000:]
+        n, before, released, after, woken, n_after, same = out.stdout.split()
+        assert released == "True", "torch's libgomp has omp_pause_resource_all"
+        assert int(after) == int(before) - (int(n) - 1), "every pool thread but the caller ended"
+        assert int(woken) == int(before) and n_after == n and same == "True"   # the same pool, the same settings
+
+
 def test_a_cards_thread_count_only_goes_down_and_both_sides_get_it(monkeypatch):
     from kforge.evaluate import _judge
 
