@@ -53,11 +53,21 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_static_ctor", "attribute", statuses("WRONG_RESULT")),
     Attack("attack_inline_asm", "inline-asm", statuses("WRONG_RESULT")),
     Attack("attack_forbidden_include", "include", statuses(*SLOW_BUT_CORRECT)),
+    # found by review 3 (2026-12-02): calls that act on the judge or the user's process by pid
+    Attack("attack_process_calls", "forbidden-call", statuses(*SLOW_BUT_CORRECT)),   # zeros if one call works
+    Attack("attack_deadline_judge", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_sched_judge", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_idle_judge", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_rlimit_judge", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
+    Attack("attack_rlimit_user", "forbidden-call", statuses(*SLOW_BUT_CORRECT)),
 ]}
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA),
 # and on eager's CPU timing (not yet written for CUDA)
-CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager"}
+# and, not yet written for CUDA, the process calls of review 3 (the same runner.c and seccomp filter hold there)
+CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager", "attack_process_calls",
+            "attack_deadline_judge", "attack_sched_judge", "attack_idle_judge", "attack_rlimit_judge",
+            "attack_rlimit_user"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),

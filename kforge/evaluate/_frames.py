@@ -54,6 +54,7 @@ class Sandbox(enum.IntFlag):
     SECCOMP = 1 << 10
     RO_INPUTS = 1 << 11
     GUARD_PAGES = 1 << 12
+    NO_CAPS = 1 << 13
 
     def describe(self) -> str:
         return ", ".join(m.name.lower() for m in Sandbox if m in self) or "nothing"

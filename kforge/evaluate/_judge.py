@@ -8,7 +8,6 @@ no cache can hold them; the runner's clock is cross-checked with the judge's wal
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import hashlib
 import math
@@ -520,8 +519,6 @@ class _Trial:
         while batch < _MAX_BATCHES[job.backend] and (batch < least + 1 or timed_s < budget_s):
             with phases("timing: fresh sets"):
                 views, written = self.fresh_batch(timed, pool, batch)
-            if not self.cuda:
-                release_openmp_threads()   # NB: else they spin on a core the candidate's batch needs
             cpu0 = self.runner.cpu_times()
             t0 = time.perf_counter()
             with phases("timing: candidate"):
@@ -702,7 +699,6 @@ class _Trial:
                 torch.cuda.synchronize(self.device)
                 total = sum(a.elapsed_time(b) * 1e3 for a, b in events)
             else:
-                wake_openmp_threads()   # NB: the threads released before the candidate's batch, started untimed
                 for j in range(group.count):
                     ins = [v[j] if v is not None else None for v in views]
                     t0 = time.perf_counter_ns()
@@ -975,46 +971,6 @@ def _reset_cpu_threads() -> None:
     torch.set_num_threads(_CPU_THREADS[0])
 
 
-_GOMP: list = []        # [omp_pause_resource_all of the libgomp torch loaded, or None], looked up once
-_WAKE: list = []        # a tensor whose fill starts an OpenMP parallel region (recreates the threads)
-
-
-def release_openmp_threads() -> bool:
-    """End this process's idle OpenMP threads now (OpenMP 5's ``omp_pause_resource_all``, soft: the
-    settings stay, the next parallel region starts the threads again). False where there is no libgomp.
-
-    NB: libgomp's idle threads spin for 6-9 ms after a parallel region on a 2-core VM (its default
-    when OMP_WAIT_POLICY is unset, which is how a user's process times eager). After eager and the
-    checks they spun on a core the next candidate batch needed: a 2-thread candidate ran at one
-    core's speed (1040 us, its runner's CPU time equal to the wall time) in most batches, against
-    510-620 us with both cores, while eager had both. A short spin for the judge instead
-    (GOMP_SPINCOUNT) slowed eager itself (84-90 us against 76 us back to back).
-    """
-    if not _GOMP:
-        fn = None
-        try:
-            with open("/proc/self/maps") as f:
-                paths = sorted({line.split()[-1] for line in f if "libgomp" in line.rsplit("/", 1)[-1]})
-            for path in paths:
-                lib = ctypes.CDLL(path)
-                if hasattr(lib, "omp_pause_resource_all"):
-                    fn = lib.omp_pause_resource_all
-                    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-                    break
-        except OSError:
-            pass
-        _GOMP.append(fn)
-    return _GOMP[0] is not None and _GOMP[0](1) == 0   # NB: 1 is omp_pause_soft
-
-
-def wake_openmp_threads() -> None:
-    """Start the threads ``release_openmp_threads`` ended, outside anything timed: a fill of 64K floats
-    is one parallel region at torch's grain size."""
-    if not _WAKE:
-        _WAKE.append(torch.empty(1 << 16))
-    _WAKE[0].fill_(0.0)
-
-
 _CARD_THREADS: "OrderedDict[str, int]" = OrderedDict()   # the fewest threads a card's candidates got so far
 
 
@@ -1043,6 +999,46 @@ def _bound_cpu_threads(busy: BusyWindow, card: str) -> int:
     return threads
 
 
+class JudgeState:
+    """What a candidate must not be able to change in its judge: every thread's scheduling policy,
+    the process's priority and CPUs, its resource limits. The runner's seccomp filter refuses the
+    calls that would (found by review 3: a runner put the judge's threads on SCHED_DEADLINE and
+    eager read 100-5000x slow); this is the judge's own check after every evaluation."""
+
+    _LIMITS = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC",
+               "RLIMIT_STACK", "RLIMIT_MEMLOCK")
+
+    def __init__(self) -> None:
+        self.seen = self.read()
+
+    @classmethod
+    def read(cls) -> dict[str, Any]:
+        import resource
+
+        state: dict[str, Any] = {}
+        for name in cls._LIMITS:
+            if hasattr(resource, name):
+                with contextlib.suppress(OSError, ValueError):
+                    state[name] = resource.getrlimit(getattr(resource, name))
+        with contextlib.suppress(OSError):
+            state["priority"] = os.getpriority(os.PRIO_PROCESS, 0)
+        with contextlib.suppress(OSError):
+            state["affinity"] = sorted(os.sched_getaffinity(0))
+        policies = set()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError):
+                    policies.add(os.sched_getscheduler(int(tid)))
+        state["policies"] = sorted(policies)
+        return state
+
+    def changed(self) -> list[str]:
+        """What differs from when this judge started (the new values); empty when nothing does."""
+        now = self.read()
+        return [f"{k} {now.get(k)} (was {self.seen.get(k)})" for k in sorted(set(self.seen) | set(now))
+                if now.get(k) != self.seen.get(k)]
+
+
 def judge_main(conn: Any, device: str) -> None:
     """Serve jobs from ``conn`` until it closes. Runs in its own process; stderr goes to a log."""
     faulthandler.enable()
@@ -1050,6 +1046,7 @@ def judge_main(conn: Any, device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
         torch.cuda.init()
+    state = JudgeState()
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -1059,9 +1056,16 @@ def judge_main(conn: Any, device: str) -> None:
         if job is None:
             return
         try:
-            conn.send(("done", evaluate_job(job).to_json()))
+            verdict = evaluate_job(job)
         except Exception as exc:  # a bug in kforge or torch, not in the candidate
-            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-4000:]}"))
+            verdict = None
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-4000:]}"
+        changed = state.changed()
+        if changed:   # NB: the judge is not to be trusted with another candidate: it ends, the pool starts another
+            conn.send(("done", Evaluation(Status.CRASHED, "the candidate changed its judge's scheduling or limits: "
+                                          + "; ".join(changed)).to_json()))
+            return
+        conn.send(("done", verdict.to_json()) if verdict is not None else ("error", error))
 
 
 def main() -> None:

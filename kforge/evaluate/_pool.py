@@ -217,7 +217,10 @@ class Evaluator:
                     continue
                 if tag == "done":
                     return Evaluation.from_json(payload)
-                raise RuntimeError(f"the evaluator failed on a candidate (a kforge bug, please report it): {payload}")
+                # NB: never raised into the user's process (a search would end there): the judge is
+                # replaced and the job tried once more; twice is an infra_error that says what broke
+                reason = f"the judge failed on this candidate (a kforge bug, please report it): {payload}"
+                self._replace(judge)
             return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}",
                               wall_s=time.perf_counter() - start)
 

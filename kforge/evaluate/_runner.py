@@ -106,6 +106,9 @@ def runner_env(private_dir: str) -> dict[str, str]:
     return env
 
 
+_KNOWN_SANDBOX = sum(m.value for m in Sandbox)   # the steps this judge knows; others are ignored
+
+
 def threads_allowed(env: dict[str, str]) -> int:
     """The threads a runner started with ``env`` may keep busy: OMP_NUM_THREADS (its first level),
     else every core this process may use."""
@@ -228,7 +231,7 @@ class RunnerProcess:
         return frame
 
     def sandbox(self, frame: Frame) -> Sandbox:
-        return Sandbox(frame.c & ((1 << 13) - 1))
+        return Sandbox(frame.c & _KNOWN_SANDBOX)
 
     def _per_thread(self, name: str) -> dict[int, list[str]]:
         """``/proc/<pid>/task/<tid>/<name>`` of each of the runner's live threads, split in fields (the

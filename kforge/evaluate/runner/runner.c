@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <linux/audit.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
@@ -77,7 +78,8 @@ typedef struct kf_desc_header {
 enum {
     SB_ENV = 1 << 0, SB_SESSION = 1 << 1, SB_PRIVATE_DIR = 1 << 2, SB_RLIMITS = 1 << 3, SB_LOG = 1 << 4,
     SB_NO_NEW_PRIVS = 1 << 5, SB_NETNS = 1 << 6, SB_LANDLOCK_FS = 1 << 7, SB_LANDLOCK_NET = 1 << 8,
-    SB_LANDLOCK_SCOPE = 1 << 9, SB_SECCOMP = 1 << 10, SB_RO_INPUTS = 1 << 11, SB_GUARD_PAGES = 1 << 12
+    SB_LANDLOCK_SCOPE = 1 << 9, SB_SECCOMP = 1 << 10, SB_RO_INPUTS = 1 << 11, SB_GUARD_PAGES = 1 << 12,
+    SB_NO_CAPS = 1 << 13
 };
 
 static int chan = -1;
@@ -280,6 +282,31 @@ static int sandbox_landlock(const char* so_path, const char* private_dir, int cu
 #define DENY(err) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err))
 #define NR(n) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (n), 0, 1), DENY(EPERM)
 #define ARG_LO(i) (offsetof(struct seccomp_data, args) + 8 * (i))
+#define ARG_HI(i) (offsetof(struct seccomp_data, args) + 8 * (i) + 4)
+/* a call that names a process by its first argument: only 0 (the caller) or this process */
+#define SELF_ONLY(n) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (n), 0, 5), \
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0)), \
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 2, 0), \
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, pid, 1, 0), \
+    DENY(EPERM), ALLOW
+
+/* No capabilities: a runner started as root could otherwise put the judge's threads on
+   SCHED_DEADLINE or raise its own hard limits (found by review, 2026-12-02). Nothing of the runner
+   needs one after its setup; no_new_privs keeps an exec from granting them back. */
+static int sandbox_caps(void) {
+    prctl(PR_SET_SECUREBITS, 0x2f /* NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED and their locks */, 0, 0, 0);
+    for (int c = 0; c < 64; ++c) prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    memset(d, 0, sizeof d);
+    if (syscall(SYS_capset, &h, d) != 0) return 0;
+    memset(d, 0xff, sizeof d);
+    if (syscall(SYS_capget, &h, d) != 0) return 0;
+    for (int i = 0; i < 2; ++i)
+        if (d[i].effective || d[i].permitted || d[i].inheritable) return 0;
+    return 1;
+}
 
 static int sandbox_seccomp(void) {
 #if defined(__x86_64__)
@@ -301,6 +328,29 @@ static int sandbox_seccomp(void) {
         NR(SYS_pidfd_send_signal), NR(SYS_pidfd_getfd), NR(SYS_kcmp), NR(SYS_setsid), NR(SYS_setpgid),
         NR(SYS_chroot), NR(SYS_pivot_root), NR(SYS_init_module), NR(SYS_finit_module), NR(SYS_kexec_load),
         NR(SYS_reboot), NR(SYS_swapon), NR(SYS_acct), NR(SYS_settimeofday), NR(SYS_clock_settime),
+        /* scheduling, priorities and limits act on any process by pid (the judge is getppid()): a
+           candidate throttled the judge with SCHED_DEADLINE (eager read 100-5000x slow: FASTER at
+           5610x), set the user's RLIMIT_CPU to 1 s (killed) and the judge's RLIMIT_NOFILE to 8 */
+        NR(SYS_sched_setscheduler), NR(SYS_sched_setparam), NR(SYS_sched_setattr), NR(SYS_setpriority),
+        NR(SYS_getpriority), NR(SYS_sched_getscheduler), NR(SYS_sched_getparam), NR(SYS_sched_getattr),
+        NR(SYS_ioprio_set), NR(SYS_migrate_pages), NR(SYS_move_pages), NR(SYS_setrlimit),
+#ifdef SYS_process_madvise
+        NR(SYS_process_madvise),
+#endif
+#ifdef SYS_process_mrelease
+        NR(SYS_process_mrelease),
+#endif
+        SELF_ONLY(SYS_sched_setaffinity), SELF_ONLY(SYS_sched_getaffinity), SELF_ONLY(SYS_getpgid),
+        SELF_ONLY(SYS_getsid),
+        /* prlimit64: reading this process's own limits only (getrlimit); never setting any */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_prlimit64, 0, 8),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 4),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(2)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(2)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0),
+        DENY(EPERM), ALLOW,
         /* clone: threads only */
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 4),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0)),
@@ -464,6 +514,7 @@ int main(int argc, char** argv) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0) mask |= SB_NO_NEW_PRIVS;
     if (unshare(CLONE_NEWNET) == 0) mask |= SB_NETNS;
     mask |= (uint64_t)sandbox_landlock(so_path, private_dir, cuda);
+    if (sandbox_caps()) mask |= SB_NO_CAPS;
     if (sandbox_seccomp()) mask |= SB_SECCOMP;
     if (setup_error) fprintf(stderr, "kforge runner: setup failed: %s\n", why);
     send_frame(0, OP_READY, setup_error ? ST_SETUP : ST_OK, (uint64_t)getpid(), 0, mask, 0, 0);
