@@ -60,6 +60,9 @@ CPU_ATTACKS = {a.name: a for a in [
     Attack("attack_idle_judge", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_rlimit_judge", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
     Attack("attack_rlimit_user", "forbidden-call", statuses(*SLOW_BUT_CORRECT)),
+    # found by review 4: the arenas' size (the judge's SIGBUS), threads that outlast the pause in the kernel
+    Attack("attack_shrink_arena", "forbidden-call", statuses("WRONG_RESULT", "CRASHED")),
+    Attack("attack_kernel_spin_eager", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
 ]}
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA),
@@ -67,7 +70,7 @@ CPU_ATTACKS = {a.name: a for a in [
 # and, not yet written for CUDA, the process calls of review 3 (the same runner.c and seccomp filter hold there)
 CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager", "attack_process_calls",
             "attack_deadline_judge", "attack_sched_judge", "attack_idle_judge", "attack_rlimit_judge",
-            "attack_rlimit_user"}
+            "attack_rlimit_user", "attack_shrink_arena", "attack_kernel_spin_eager"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),

@@ -10,6 +10,7 @@ call at a constant stride, so a whole group is checked with a handful of tensor 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 from dataclasses import dataclass
@@ -166,8 +167,12 @@ class _Memfd:
 
     def __init__(self, name: str, size: int):
         self.size = max(_round_up(size), PAGE)
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.size)
+        # NB: its size sealed before any runner sees it: a candidate that shrank its output arena with
+        # ftruncate (the runner holds that fd writable) made the judge's next read of it a SIGBUS,
+        # killing two judges an evaluation and never being judged (found by review 4, 2026-12-02)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         self.map = mmap.mmap(self.fd, self.size)
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
 

@@ -59,6 +59,7 @@ _CARD_CACHE = 4               # cards whose validation sets, references and timi
 _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
 # the runner's clock against the judge's (clocks_agree): judge_wall - rtt <= bound * RATIO + slack
 _CLOCK_RATIO = 1.3
+_PAUSE_S = 2.0                # the longest a runner's threads may take to stop after a timed batch answered
 _CLOCK_SLACK_US = {"cpu": 200.0, "cuda": 300.0}
 _CPU_CHECKED_BATCH_US = 1000.0   # a shorter CPU batch counts at the judge's time (see time_batches)
 # NB: 0.5 us a call on the CPU: the runner's own work between two timed calls is two clock reads and a
@@ -526,7 +527,13 @@ class _Trial:
             # NB: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads a
             # candidate left running would slow eager (and win), finish the work after the calls returned,
             # or rewrite outputs and times behind the checks. An honest runner is asleep then anyway.
-            self.runner.pause()
+            # NB: eager is never timed while a runner thread runs: a thread inside a system call that only
+            # a fatal signal interrupts (madvise populating 4 GiB: ~50 ms) kept running through the
+            # 50 ms wait and slowed eager up to 3.3x (found by review 4); it gets 2 s, then the runner is
+            # refused
+            if not self.runner.pause(blocked_ok=self.cuda) and not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
+                raise self.fail(Status.TIMING_MISMATCH, f"timed batch {batch}: a thread of the runner was still "
+                                f"running {_PAUSE_S:.0f} s after the batch answered (it must be idle then)")
             try:
                 with phases("timing: eager"):
                     eager_sum, eager_outs = self.eager_batch(timed, views)

@@ -263,10 +263,13 @@ class RunnerProcess:
         return CpuTimes(total, threads)
 
     # ---- stopped while the judge times eager
-    def pause(self, timeout: float = 0.05) -> bool:
+    def pause(self, timeout: float = 0.05, blocked_ok: bool = False) -> bool:
         """Stop every thread of the runner's process group (SIGSTOP, which nothing can catch or block)
         and wait until each is stopped; False if one was not within ``timeout`` (it then stops at its
-        next return to user space). ``resume`` lets them go on."""
+        next return to user space). ``blocked_ok``: a thread in uninterruptible sleep (D: the CUDA
+        driver's, waiting on the device) counts as stopped, since it uses no CPU until it wakes, and
+        stops then. ``resume`` lets them go on."""
+        settled = "TtZXD" if blocked_ok else "TtZX"
         if self.exit is not None:
             return True
         try:
@@ -276,7 +279,7 @@ class RunnerProcess:
         self.paused = True
         end = time.monotonic() + timeout
         # NB: every thread stopped (T, t), or gone (Z, X)
-        while not all(f and f[0] in "TtZX" for f in self._per_thread("stat").values()):
+        while not all(f and f[0] in settled for f in self._per_thread("stat").values()):
             if time.monotonic() >= end:
                 return False
             time.sleep(0.0002)

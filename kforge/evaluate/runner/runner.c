@@ -333,7 +333,12 @@ static int sandbox_seccomp(void) {
            5610x), set the user's RLIMIT_CPU to 1 s (killed) and the judge's RLIMIT_NOFILE to 8 */
         NR(SYS_sched_setscheduler), NR(SYS_sched_setparam), NR(SYS_sched_setattr), NR(SYS_setpriority),
         NR(SYS_getpriority), NR(SYS_sched_getscheduler), NR(SYS_sched_getparam), NR(SYS_sched_getattr),
-        NR(SYS_ioprio_set), NR(SYS_migrate_pages), NR(SYS_move_pages), NR(SYS_setrlimit),
+        NR(SYS_ioprio_set), NR(SYS_ioprio_get), NR(SYS_migrate_pages), NR(SYS_move_pages), NR(SYS_setrlimit),
+#ifndef KF_RUNNER_CUDA
+        /* a memory policy on the shared arenas moves the judge's pages too (review 4): eager reads the
+           inputs from them. On CUDA the arenas are device memory and the driver may need it. */
+        NR(SYS_mbind),
+#endif
 #ifdef SYS_process_madvise
         NR(SYS_process_madvise),
 #endif
