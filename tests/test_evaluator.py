@@ -348,6 +348,26 @@ def test_the_judge_sees_a_change_to_its_own_limits_or_scheduling():
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert state.changed() == []
+    if hasattr(os, "SCHED_BATCH"):   # a thread of the judge moved to another policy (SCHED_BATCH: no privilege)
+        import threading
+
+        moved, done = threading.Event(), threading.Event()
+
+        def worker():
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            moved.set()
+            done.wait(10)
+
+        th = threading.Thread(target=worker)
+        th.start()
+        try:
+            assert moved.wait(10)
+            (what,) = state.changed()
+            assert what.startswith("scheduling policy of thread(s)") and str(os.SCHED_BATCH) in what
+        finally:
+            done.set()
+            th.join()
+        assert state.changed() == []
 
 
 def test_a_judge_that_fails_is_replaced_and_the_user_gets_an_infra_error_not_an_exception():

@@ -1031,19 +1031,27 @@ class JudgeState:
             state["priority"] = os.getpriority(os.PRIO_PROCESS, 0)
         with contextlib.suppress(OSError):
             state["affinity"] = sorted(os.sched_getaffinity(0))
-        policies = set()
+        policies: dict[int, int] = {}
         with contextlib.suppress(OSError):
             for tid in os.listdir("/proc/self/task"):
                 with contextlib.suppress(OSError):
-                    policies.add(os.sched_getscheduler(int(tid)))
-        state["policies"] = sorted(policies)
+                    policies[int(tid)] = os.sched_getscheduler(int(tid))
+        state["policies"] = policies
         return state
 
     def changed(self) -> list[str]:
-        """What differs from when this judge started (the new values); empty when nothing does."""
+        """What differs from when this judge started (the new values); empty when nothing does.
+        Threads started since (torch's, the CUDA driver's) may only have SCHED_OTHER or a policy some
+        thread had at the start; a thread there at the start must still have its own."""
         now = self.read()
-        return [f"{k} {now.get(k)} (was {self.seen.get(k)})" for k in sorted(set(self.seen) | set(now))
-                if now.get(k) != self.seen.get(k)]
+        out = [f"{k} {now.get(k)} (was {self.seen.get(k)})" for k in sorted(set(self.seen) | set(now))
+               if k != "policies" and now.get(k) != self.seen.get(k)]
+        before, after = self.seen["policies"], now["policies"]
+        usual = set(before.values()) | {os.SCHED_OTHER}
+        moved = {tid: p for tid, p in after.items() if (before[tid] != p if tid in before else p not in usual)}
+        if moved:
+            out.append(f"scheduling policy of thread(s) {moved}")
+        return out
 
 
 def judge_main(conn: Any, device: str) -> None:
