@@ -135,7 +135,7 @@ def test_cuda_ipc_round_trip_and_what_holds(evaluator, softmax_card):
     print(f"CUDA runner sandbox: {ev.sandbox}; checks: {ev.checks}")
     assert ev.status.is_correct, ev.summary()
     assert ev.max_rel_error < 1e-4 and "runner clock cross-checked" in ev.checks
-    assert {"session", "no_new_privs", "rlimits", "seccomp"} <= set(ev.sandbox.split(", "))
+    assert {"session", "no_new_privs", "rlimits", "seccomp", "no_caps"} <= set(ev.sandbox.split(", "))
 
 
 def test_cuda_forged_frame_is_a_status(evaluator, softmax_card):
