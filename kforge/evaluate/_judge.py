@@ -241,9 +241,14 @@ def _file_stamp(path: str | None) -> tuple:
     return (path, st.st_mtime_ns, st.st_size)
 
 
+def _variant_key(job: Job) -> str:
+    """The job's variant as a key of the judge's per-card state (its sets, its thread count)."""
+    return repr(sorted(job.variant.items()))
+
+
 def _card_sets(job: Job, spec, variant: Variant, phases: _Phases) -> _CardSets:
     """The card's shared sets for ``job`` (by variant, seed, random sets and examples), made if new."""
-    key = (repr(sorted(job.variant.items())), job.seed, job.random_sets, job.device,
+    key = (_variant_key(job), job.seed, job.random_sets, job.device,
            tuple(_file_stamp(p) for ins, _ in job.examples for p in ins))
     have = _CARDS.get(key)
     if have is not None:
@@ -528,10 +533,9 @@ class _Trial:
             # candidate left running would slow eager (and win), finish the work after the calls returned,
             # or rewrite outputs and times behind the checks. An honest runner is asleep then anyway.
             # NB: eager is never timed while a runner thread runs: a thread inside a system call that only
-            # a fatal signal interrupts (madvise populating 4 GiB: ~50 ms) kept running through the
-            # 50 ms wait and slowed eager up to 3.3x (found by review 4); it gets 2 s, then the runner is
-            # refused
-            if not self.runner.pause(blocked_ok=self.cuda) and not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
+            # a fatal signal interrupts (madvise populating 4 GiB: ~50 ms) kept running through what was a
+            # 50 ms wait and slowed eager up to 3.3x (found by review 4); an honest runner stops at once
+            if not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
                 raise self.fail(Status.TIMING_MISMATCH, f"timed batch {batch}: a thread of the runner was still "
                                 f"running {_PAUSE_S:.0f} s after the batch answered (it must be idle then)")
             try:
@@ -941,7 +945,7 @@ def evaluate_job(job: Job) -> Evaluation:
     threads = None
     for _attempt in range(2):
         if cpu:
-            threads = _bound_cpu_threads(busy, repr(sorted(job.variant.items())))
+            threads = _bound_cpu_threads(busy, _variant_key(job))
         try:
             # NB: the library's bytes are checked against its recorded SHA-256 here, and again as
             # they are copied to where the runner loads them.

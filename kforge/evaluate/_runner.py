@@ -263,7 +263,7 @@ class RunnerProcess:
         return CpuTimes(total, threads)
 
     # ---- stopped while the judge times eager
-    def pause(self, timeout: float = 0.05, blocked_ok: bool = False) -> bool:
+    def pause(self, timeout: float, blocked_ok: bool = False) -> bool:
         """Stop every thread of the runner's process group (SIGSTOP, which nothing can catch or block)
         and wait until each is stopped; False if one was not within ``timeout`` (it then stops at its
         next return to user space). ``blocked_ok``: a thread in uninterruptible sleep (D: the CUDA
@@ -278,7 +278,7 @@ class RunnerProcess:
             return True
         self.paused = True
         end = time.monotonic() + timeout
-        # NB: every thread stopped (T, t), or gone (Z, X)
+        # NB: every thread stopped (T, t), or gone (Z, X), or (blocked_ok) in uninterruptible sleep (D)
         while not all(f and f[0] in settled for f in self._per_thread("stat").values()):
             if time.monotonic() >= end:
                 return False
