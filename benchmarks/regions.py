@@ -11,6 +11,12 @@ region compiled alone is replayed from a CUDA graph and timed by the same timing
 tries the generator's default choices, the same with eager's numerics (its time is the "exact"
 column where the math knobs apply), the default's neighbours (one choice changed) and sampled
 others, ``--iterations`` in all (compiled in parallel), and keeps the fastest correct one. Floor = bytes moved once at 4.25 TB/s (H200 copy).
+Launch floor: the same two timings (kforge's evaluator, Inductor's graph replay) of a chain on 32
+floats, whose bytes take no time: the least any one kernel reads in these timings (an event pair
+around one launch after an L2 flush). The summary gives kforge's median over the bandwidth floor (the
+issue's goal), over the larger of the two floors, over their sum (a kernel pays the launch, then
+moves its bytes), and over the regions whose bandwidth floor is >= 5 us (where the launch does not
+decide).
 Prints a table; writes $OUT/regions.json (or ./regions.json).
 
     python benchmarks/regions.py [--iterations 4] [--models resnet50,gemma4_e2b,qwen35_moe,sd35_transformer]
@@ -151,6 +157,13 @@ def candidates(variant, info, iterations: int, seed: int = 0) -> list[tuple[str,
     return out
 
 
+LAUNCH_PROBE = "launch probe: tanh,mul,add f32[32]"
+
+
+def _probe(x):
+    return torch.tanh(x) * 2.0 + 1.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=4)
@@ -165,7 +178,8 @@ def main() -> None:
     out_dir = os.environ.get("OUT", ".")
 
     work: list[tuple[str, object, int]] = []
-    for label, (fn, inputs) in hand_written(device).items():
+    probe_inputs = (torch.randn(32, device=device),)
+    for label, (fn, inputs) in [(LAUNCH_PROBE, (_probe, probe_inputs)), *hand_written(device).items()]:
         found = capture_regions(fn, [inputs], examples_per_variant=0)
         if found.error or not found.records:
             print(f"# {label}: no region ({found.error})", flush=True)
@@ -226,7 +240,15 @@ def main() -> None:
     finally:
         evaluator.close()
         pool.shutdown()
-    summary = _summary(rows)
+    probe = next((r for r in rows if r["region"] == LAUNCH_PROBE), {})
+    launch = min((v for v in (probe.get("kforge_us"), probe.get("inductor_us")) if v), default=None)
+    rows = [r for r in rows if r["region"] != LAUNCH_PROBE]
+    for r in rows:
+        if launch and r.get("floor_us"):
+            r["launch_aware_floor_us"] = max(r["floor_us"], launch)
+            r["launch_plus_floor_us"] = launch + r["floor_us"]
+    print(f"# launch floor: {launch} us (kforge {probe.get('kforge_us')}, Inductor {probe.get('inductor_us')})")
+    summary = {**_summary(rows), "launch_floor_us": launch, "launch_probe": probe}
     print(json.dumps(summary, indent=1))
     with open(os.path.join(out_dir, "regions.json"), "w") as f:
         json.dump({"device": info.to_json(), "torch": torch.__version__, "iterations": args.iterations,
@@ -253,10 +275,26 @@ def _summary(rows: list[dict]) -> dict:
     timed = [r for r in rows if r.get("kforge_us") and r.get("inductor_us")]
     beat = [r for r in timed if r["kforge_us"] <= r["inductor_us"]]
     floor = sorted(r["kforge_us"] / r["floor_us"] for r in timed if r.get("floor_us"))
+    aware = sorted(r["kforge_us"] / r["launch_aware_floor_us"] for r in timed if r.get("launch_aware_floor_us"))
+    plus = sorted(r["kforge_us"] / r["launch_plus_floor_us"] for r in timed if r.get("launch_plus_floor_us"))
+    large = sorted(r["kforge_us"] / r["floor_us"] for r in timed if (r.get("floor_us") or 0) >= 5.0)
+    ind_floor = sorted(r["inductor_us"] / r["floor_us"] for r in timed if r.get("floor_us"))
     return {"regions": len(rows), "timed": len(timed), "kforge_at_least_inductor": len(beat),
             "fraction_at_least_inductor": len(beat) / len(timed) if timed else None,
-            "median_kforge_over_floor": floor[len(floor) // 2] if floor else None,
+            "median_kforge_over_floor": _median(floor),
+            "median_inductor_over_floor": _median(ind_floor),
+            "median_kforge_over_launch_aware_floor": _median(aware),
+            "median_kforge_over_launch_plus_floor": _median(plus),
+            "median_kforge_over_floor_where_floor_ge_5us": _median(large), "regions_floor_ge_5us": len(large),
             "no_correct_kernel": [r["region"] for r in rows if "kforge_us" in r and r["kforge_us"] is None]}
+
+
+def _median(xs: list[float]) -> float | None:
+    """The middle value (the mean of the two middle ones for an even count)."""
+    if not xs:
+        return None
+    xs, n = sorted(xs), len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 if __name__ == "__main__":

@@ -189,3 +189,31 @@ def test_replace_regions_leaves_other_regions_and_nodes_alone():
         torch.compile(model, backend=aot_autograd(fw_compiler=fw), dynamic=False)(x)
     torch._dynamo.reset()
     assert seen == [5]
+
+
+def test_region_benchmark_summary_reports_each_floor_and_the_median_of_an_even_count():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "regions.py"
+    spec = importlib.util.spec_from_file_location("kforge_bench_regions", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    launch = 5.0
+    rows = [{"region": "a", "kforge_us": 6.0, "inductor_us": 7.0, "floor_us": 1.0},
+            {"region": "b", "kforge_us": 12.0, "inductor_us": 11.0, "floor_us": 10.0},
+            {"region": "c", "kforge_us": 5.5, "inductor_us": 6.0, "floor_us": 0.5},
+            {"region": "d", "kforge_us": 30.0, "inductor_us": 33.0, "floor_us": 20.0},
+            {"region": "e", "kforge_us": None}]
+    for r in rows[:4]:
+        r["launch_aware_floor_us"] = max(r["floor_us"], launch)
+        r["launch_plus_floor_us"] = launch + r["floor_us"]
+    s = bench._summary(rows)
+    assert (s["timed"], s["kforge_at_least_inductor"], s["fraction_at_least_inductor"]) == (4, 3, 0.75)
+    assert s["median_kforge_over_floor"] == pytest.approx((1.5 + 6.0) / 2)       # 1.2, 1.5, 6, 11
+    assert s["median_kforge_over_launch_aware_floor"] == pytest.approx(1.2)  # 1.1, 1.2, 1.2, 1.5
+    assert s["median_kforge_over_launch_plus_floor"] == pytest.approx(1.0)     # 0.8, 1.0, 1.0, 1.2
+    assert s["regions_floor_ge_5us"] == 2 and s["median_kforge_over_floor_where_floor_ge_5us"] == pytest.approx(1.35)
+    assert s["no_correct_kernel"] == ["e"]
+    assert bench._median([]) is None and bench._median([3.0, 1.0, 2.0]) == 2.0
