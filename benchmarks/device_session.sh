@@ -16,6 +16,9 @@
 #   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
 #                                                            capture with regions, search 4 region cards, the
 #                                                            model under eager / compile default / reduce-overhead
+#   device run: bash benchmarks/device_session.sh probe     benchmarks/region_compile_probe.py (a region winner under
+#                                                            compile, four ways, profiled), the newest CUDA attacks,
+#                                                            the hand-written regions with the launch probe
 # Logs and JSON land in $OUT; figures go to docs/benchmarks.md with the command that made them.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
@@ -85,5 +88,17 @@ PY
     # baseline, search of 6 cards 98 s, then n + 2 compiled forwards per mode)
     timeout 560 python3 benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 4 \
         --no-inductor-baseline 2>&1 | grep -v "^DEBUG" | tee "$OUT/region_e2e_gemma.txt" | tail -40 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|rest" >&2; exit 2 ;;
+  probe)
+    # why a region winner slowed the compiled model (region_e2e of 2026-12-02: 0.55x in default mode, 0.53x in
+    # reduce-overhead, with one region kernel): plain / ATen path / region / region released, profiles; then the
+    # corpus's newest CUDA attacks and the hand-written regions with the launch probe
+    TORCH_LOGS=perf_hints timeout 330 python3 benchmarks/region_compile_probe.py gemma4_e2b --layers 2 2>"$OUT/probe.err" \
+        | grep -v "^DEBUG" | tee "$OUT/probe.txt" | tail -60
+    grep -i "skipping cudagraph" "$OUT/probe.err" | sort | uniq -c | head -5
+    timeout 150 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" --timeout=60 \
+        tests/test_gpu_attacks.py -k "${KF_ATTACKS:-process_calls or judge or rlimit or shrink_arena or kernel_spin}" 2>&1 \
+        | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
+    timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|rest|probe" >&2; exit 2 ;;
 esac

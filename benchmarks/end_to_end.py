@@ -26,22 +26,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kforge  # noqa: E402
-from kforge.models import build, greedy_decode  # noqa: E402
-from seed_workloads import DEFAULTS  # noqa: E402
+from kforge.models import greedy_decode  # noqa: E402
+from seed_workloads import DEFAULTS, LANGUAGE, seed_model  # noqa: E402
 
-LANGUAGE = ("gemma4_e2b", "qwen35_moe")
 
 
 def _session(name: str, args) -> tuple[kforge.Session, torch.nn.Module, object, float]:
-    opts = dict(DEFAULTS[name])
-    dtype = getattr(torch, opts.pop("dtype"))
-    if args.layers and name in LANGUAGE + ("sd35_transformer",):
-        opts["layers"] = args.layers
-    if name in LANGUAGE and args.attn:
-        opts["attn_implementation"] = args.attn
-    model, inputs = build(name, device=args.device, dtype=dtype, **opts)
-    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
+    model, inputs = seed_model(name, args.device, attn=args.attn,
+                               layers=args.layers if name in LANGUAGE + ("sd35_transformer",) else None)
     archive = ROOT / "benchmarks" / "results" / f"{name}_store.tgz"
     workdir = Path(tempfile.mkdtemp(prefix=f"e2e-{name}-"))
     pipeline_s = None

@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,19 +30,9 @@ def _model(name: str, args):
         return kforge.example(name, device=args.device)
     except (KeyError, ValueError):
         pass
-    from kforge.models import build
-    from seed_workloads import DEFAULTS
+    from seed_workloads import seed_model
 
-    opts = dict(DEFAULTS[name])
-    dtype = getattr(torch, opts.pop("dtype"))
-    if args.layers:
-        opts["layers"] = args.layers
-    if name in ("gemma4_e2b", "qwen35_moe"):
-        opts["attn_implementation"] = args.attn
-    model, inputs = build(name, device=args.device, dtype=dtype, **opts)
-    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
-    return model, inputs
+    return seed_model(name, args.device, layers=args.layers, attn=args.attn)
 
 
 def main() -> None:

@@ -92,23 +92,32 @@ def _compiled_op_us(card, device: str) -> float | None:
         return None
 
 
+LANGUAGE = ("gemma4_e2b", "qwen35_moe")
+
+
+def seed_model(name: str, device: str, *, layers: int | None = None, attn: str | None = None,
+               dtype: str | None = None, **opts):
+    """A seed workload as the benchmarks run it: (model, inputs), with DEFAULTS' dtype and options,
+    ``layers`` where given, the language models' attention implementation, and Qwen's routed experts
+    as F.linear calls kforge can see. Other ``opts`` (resolution, tokens, ...) go to ``build``."""
+    base = dict(DEFAULTS.get(name, {}))
+    torch_dtype = getattr(torch, dtype or base.pop("dtype", "float32"))
+    base.pop("dtype", None)
+    base.update({k: v for k, v in opts.items() if v})
+    if layers:
+        base["layers"] = layers
+    if attn and name in LANGUAGE:
+        base["attn_implementation"] = attn
+    model, inputs = build(name, device=device, dtype=torch_dtype, **base)
+    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    return model, inputs
+
+
 def run_model(name: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
-    opts = dict(DEFAULTS.get(name, {}))
-    if args.layers:
-        opts["layers"] = args.layers
-    if args.resolution:
-        opts["resolution"] = args.resolution
-    if args.tokens:
-        opts["tokens"] = args.tokens
-    dtype = getattr(torch, args.dtype or opts.pop("dtype"))
-    opts.pop("dtype", None)
-    extra = {}
-    if args.attn and name in ("gemma4_e2b", "qwen35_moe"):
-        extra["attn_implementation"] = args.attn
-    model, inputs = build(name, device=DEVICE, dtype=dtype, **opts, **extra)
-    if name == "qwen35_moe" and hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")  # routed experts as F.linear calls kforge can see
+    model, inputs = seed_model(name, DEVICE, layers=args.layers, attn=args.attn, dtype=args.dtype,
+                               resolution=args.resolution, tokens=args.tokens)
     build_s = time.perf_counter() - t0
     # NB: the session's store is the unit of resumption: unpacked from the previous call's archive
     # when there is one, so trees, verdicts and winners carry over between device calls.
@@ -161,7 +170,7 @@ def run_model(name: str, args: argparse.Namespace) -> None:
         return
     e2e = session.end_to_end(compile=not args.skip_compile)
     apply_s = time.perf_counter() - t3
-    summary = {"kind": "model", "model": name, "dtype": str(dtype), "variants": len(cards),
+    summary = {"kind": "model", "model": name, "dtype": str(next((p.dtype for p in model.parameters()), None)), "variants": len(cards),
                "native_variants": len(native), "winners": len(session.results.winners),
                "kernels_installed": e2e.kernels_installed, "kernels_skipped": e2e.skipped, "dispatch": e2e.dispatch,
                "forward_eager_us": e2e.eager_us, "forward_kforge_us": e2e.kforge_us,
