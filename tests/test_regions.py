@@ -217,3 +217,45 @@ def test_region_benchmark_summary_reports_each_floor_and_the_median_of_an_even_c
     assert s["regions_floor_ge_5us"] == 2 and s["median_kforge_over_floor_where_floor_ge_5us"] == pytest.approx(1.35)
     assert s["no_correct_kernel"] == ["e"]
     assert bench._median([]) is None and bench._median([3.0, 1.0, 2.0]) == 2.0
+
+
+def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monkeypatch):
+    """A region kernel sends the graph through kforge's own AOTAutograd pass; Inductor's inner compile
+    must still be told which inputs are parameters (else reduce-overhead's CUDA graphs copy every
+    weight on each replay): the same static inputs as plain torch.compile's."""
+    import torch._inductor.compile_fx as cfx
+
+    from kforge.deploy._graph import compile_with
+
+    from kforge.deploy import DeployedKernel
+
+    key = session.cards.by_op("region")[0].key
+    session.optimize(proposer="builtin", iterations=1, cards=[key], confirm=False)
+    correct = [c for c in session.store.candidates(key) if c.status is not None and c.status.is_correct]
+    assert correct, "the built-in generator made no correct region kernel"
+    kernels = [DeployedKernel(session.cards[key].variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))]
+    seen: list[tuple[int, tuple]] = []
+    real = cfx._compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        seen.append((len(example_inputs), tuple(kwargs.get("static_input_idxs") or ())))
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(cfx, "_compile_fx_inner", spy)
+    model, x = session.model, session.batches[0]
+    runs = {}
+    for name, ks in (("plain", []), ("region", kernels)):
+        seen.clear()
+        torch._dynamo.reset()
+        compiled = compile_with(model, ks, dynamic=False)
+        # NB: a cache hit compiles nothing
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+            compiled(x)
+        torch._dynamo.reset()
+        runs[name] = (list(seen), compiled.kforge_backend.replaced)
+    n_params = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+    (plain_inputs, plain_static), = runs["plain"][0]
+    (region_inputs, region_static), = runs["region"][0]
+    assert runs["region"][1] and not runs["plain"][1]
+    assert len(plain_static) == n_params > 0
+    assert len(region_static) == n_params, (region_static, region_inputs)

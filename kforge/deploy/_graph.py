@@ -12,6 +12,7 @@ registers its own) rewrite the forward graph, and compiles that graph with the c
 """
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -185,8 +186,9 @@ class KforgeBackend:
             # its own AOTAutograd over it again: the graph is already functional, so that is a re-trace).
             # What Inductor returns then takes its arguments unpacked, which AOTAutograd's runtime
             # does not do for a forward compiler's result: box it (tests/test_regions.py).
-            compiled = compiler(aten_gm, aten_inputs)
-            return make_boxed_func(compiled) if compiler is self._inductor else compiled
+            if compiler is not self._inductor:
+                return compiler(aten_gm, aten_inputs)
+            return make_boxed_func(_inductor_keeping_static_inputs(self._inductor, aten_gm, aten_inputs))
 
         return aot_autograd(fw_compiler=forward)(gm, example_inputs)
 
@@ -200,6 +202,33 @@ class KforgeBackend:
     @property
     def replaced(self) -> list[str]:
         return [s for g in self.graphs for s in g.replaced]
+
+
+def _inductor_keeping_static_inputs(inductor: Any, aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Callable:
+    """Inductor over an ATen graph that AOTAutograd (run by kforge's backend) made, with the model's
+    parameters and buffers still known as static inputs.
+
+    Inductor runs AOTAutograd over the graph again, and that second pass sees a graph dynamo did not
+    make, so it marks no input static; in ``reduce-overhead`` mode CUDA graphs then copy every
+    parameter into the graph's memory on each replay (all of the model's weights, every forward).
+    The first pass knows which inputs are static (this compiler runs inside it): those indices are
+    handed to Inductor's inner compile. The graph's inputs are the same in both passes.
+    """
+    from torch._inductor import compile_fx as cfx
+
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    static = tuple(getattr(metadata, "static_input_indices", None) or ())
+
+    def inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+        if static and len(example_inputs) == len(aten_inputs):
+            kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(static))
+        return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
+
+    extra = {}
+    if getattr(inductor, "name", None) and "compile_region_name" in inspect.signature(cfx.compile_fx).parameters:
+        extra["compile_region_name"] = inductor.name   # torch >= 2.12 names the compiled region
+    return cfx.compile_fx(aten_gm, aten_inputs, inner_compile=inner, config_patches=dict(inductor.config), **extra)
 
 
 def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str = "inductor",
