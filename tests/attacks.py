@@ -66,11 +66,9 @@ CPU_ATTACKS = {a.name: a for a in [
 ]}
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA),
-# and on eager's CPU timing (not yet written for CUDA)
-# and, not yet written for CUDA, the process calls of review 3 (the same runner.c and seccomp filter hold there)
-CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager", "attack_process_calls",
-            "attack_deadline_judge", "attack_sched_judge", "attack_idle_judge", "attack_rlimit_judge",
-            "attack_rlimit_user", "attack_shrink_arena", "attack_kernel_spin_eager"}
+# and on eager's CPU timing by host threads spinning on its cores (on CUDA eager's time is the GPU's: host threads
+# are attack_thread_count.cu, work left on the GPU attack_kernel_spin_eager.cu)
+CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),
@@ -78,6 +76,12 @@ CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, *
     Attack("attack_modify_restore", None, statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
     Attack("attack_static_ctor", "load-time-code", statuses("WRONG_RESULT")),
     Attack("attack_thread_count", "forbidden-call", statuses("TIMING_MISMATCH", *SLOW_BUT_CORRECT)),
+    # the times arena is the runner's only memfd there (the others are device memory): the twin computes an honest
+    # softmax and shrinks it right after the runner's last write of a batch (too early: the runner's own SIGBUS,
+    # CRASHED; INFRA_ERROR, a judge killed, would be the attack working)
+    Attack("attack_shrink_arena", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
+    # a second CUDA context reached through cudaGetDriverEntryPointByVersion: no forbidden name, passes the screen
+    Attack("attack_kernel_spin_eager", None, statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
 ]}}
 
 def attack_table(backend: str) -> dict[str, Attack]:
