@@ -80,8 +80,8 @@ CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, *
     # softmax and shrinks it right after the runner's last write of a batch (too early: the runner's own SIGBUS,
     # CRASHED; INFRA_ERROR, a judge killed, would be the attack working)
     Attack("attack_shrink_arena", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
-    # a second CUDA context reached through cudaGetDriverEntryPointByVersion: no forbidden name, passes the screen
-    Attack("attack_kernel_spin_eager", None, statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    # a second CUDA context reached through cudaGetDriverEntryPointByVersion (the screen refuses it since)
+    Attack("attack_kernel_spin_eager", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
 ]}}
 
 def attack_table(backend: str) -> dict[str, Attack]:

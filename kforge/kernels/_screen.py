@@ -115,6 +115,14 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaDeviceSetSharedMemConfig",
         "cudaSetDevice", "cudaCtxResetPersistingL2Cache",
     ),
+    # NB: a driver entry point found by name reaches any driver function (a second context on the GPU
+    # escapes the runner's device sync and its events: attack_kernel_spin_eager.cu)
+    "reaches the CUDA driver around the runtime": (
+        "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion", "cuGetProcAddress",
+        "cuGetProcAddress_v2", "cuInit", "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
+        "cuCtxDestroy", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetCurrent", "cuDevicePrimaryCtxRetain",
+        "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxSetFlags", "cuGreenCtxCreate", "cudaCtxCreate",
+    ),
 }
 FORBIDDEN: dict[str, str] = {name: why for why, names in _GROUPS.items() for name in names}
 _FORBIDDEN_PREFIX = re.compile(r"^(?:_?Py[A-Z_]|__libc_|__NR_|SYS_[a-z]|__sys_|__x64_sys|_dl_|__dl_)")

@@ -39,7 +39,8 @@
 // after the runner is gone (its contexts die with it) and refuse (timing_mismatch) an evaluation whose
 // interleaved eager reads much slower; and/or a probe on the judge's stream before eager (an empty kernel between
 // two events) must find the GPU idle.
-// Screen: PASSES (no forbidden name, no include outside the allow-list): only the judge stands in its way.
+// Screen: REJECTED (forbidden-call: cudaGetDriverEntryPointByVersion, added to the screen after this attack
+// was written); with the screen off only the judge stands in its way.
 #include "kforge.h"
 #include <stdint.h>
 #include <time.h>
