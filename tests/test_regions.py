@@ -259,3 +259,39 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     assert runs["region"][1] and not runs["plain"][1]
     assert len(plain_static) == n_params > 0
     assert len(region_static) == n_params, (region_static, region_inputs)
+
+
+def test_end_to_end_does_not_time_region_kernels_in_eager_and_says_why(session):
+    """Region kernels run in graph mode only: the eager check must not time them (an eager forward
+    'with' them is the forward without them) and the report says they were not run there."""
+    import json
+
+    from kforge.deploy import DeployedKernel
+    from kforge.deploy._fallback import Comparison
+    from kforge.deploy._report import measure
+
+    key = session.cards.by_op("region")[0].key
+    if not session.store.candidates(key):
+        session.optimize(proposer="builtin", iterations=1, cards=[key], confirm=False)
+    correct = [c for c in session.store.candidates(key) if c.status is not None and c.status.is_correct]
+    assert correct, "the built-in generator made no correct region kernel"
+    dk = DeployedKernel(session.cards[key].variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))
+    sig = dk.variant.signature
+    calls = []
+
+    def compare(a, b):   # any arm holding the kernel reads 10% faster
+        calls.append((a.kernels, b.kernels))
+        return Comparison(90.0 if a.kernels else 100.0, 90.0 if b.kernels else 100.0, 1.0)
+
+    args, kwargs = session._inputs()
+    report = measure(session.model, args, kwargs, [dk], [10.0], device="cpu", modes=("default",),
+                     backend="aot_eager", compare=compare)
+    eager = next(f for f in report.fallback if f.mode == "eager")
+    assert eager.not_in_mode == (sig,) and eager.kept == () and eager.left_out == () and eager.forwards_built == 0
+    assert calls[0] == ((), ()), calls          # eager's time, no arm with the region kernel
+    default = next(f for f in report.fallback if f.mode == "default")
+    assert default.kept == (sig,) and ((sig,), ()) in calls
+    row = next(r for r in report.rows if r.label == "eager + kforge")
+    assert row.kernels == 0 and report.kernels_installed == 0
+    assert f"not run {sig}: region kernels run in graph mode only" in report.table()
+    assert json.loads(json.dumps(report.to_json()))["fallback"][0]["not_in_mode"] == [sig]

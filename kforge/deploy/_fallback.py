@@ -37,7 +37,7 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        return self.without_us / self.with_us
+        return self.without_us / self.with_us if self.with_us > 0 else 1.0
 
     def describe(self) -> str:
         if abs(self.without_us - self.with_us) <= self.noise_us:
@@ -64,10 +64,13 @@ class FallbackReport:
     left_out: tuple[LeftOut, ...]
     model: Comparison        # the kept set against no kernels (when nothing is kept: all of them)
     forwards_built: int
+    not_in_mode: tuple[str, ...] = ()   # kernels this mode cannot run (region kernels in eager), not timed
 
     def lines(self) -> list[str]:
-        out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}"]
+        out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}" if self.forwards_built
+               else f"{self.mode}: no kernel this mode can run, nothing timed"]
         out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
+        out += [f"  not run {sig}: region kernels run in graph mode only (torch.compile)" for sig in self.not_in_mode]
         return out
 
 

@@ -1,7 +1,7 @@
 """The end-to-end report: the model's forward with and without kforge, eager and in each torch.compile mode."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -9,6 +9,7 @@ import torch
 from ..evaluate import bench
 from ._deployment import Deployment
 from ._fallback import Arm, Compare, Comparison, FallbackReport, interleaved, keep_faster
+from ._select import _patched_eagerly
 from ._graph import compile_with
 from ._launch import DeployedKernel
 
@@ -88,7 +89,8 @@ class EndToEnd:
                           "output_rel_diff": r.output_rel_diff, "kernels": r.kernels, "error": r.error}
                          for r in self.rows],
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
-                              "model": cmp(f.model),
+                              "model": cmp(f.model) if f.forwards_built else None,
+                              "not_in_mode": list(f.not_in_mode),
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
                 "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
@@ -175,14 +177,30 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
 
     build = eager_arms(model, forward)
     eager = build([])
-    kept, cmp = check(kernels, build, "eager", eager)
+    # NB: region kernels run in graph mode only: timing the eager model "with" them times it without
+    # them (the check then reported them as no faster, within noise, which says nothing)
+    eager_kernels = [(k, g) for k, g in zip(kernels, gains) if _patched_eagerly(k.variant.op)]
+    graph_only = tuple(k.variant.signature for k in kernels if not _patched_eagerly(k.variant.op))
+    if guard and eager_kernels:
+        kept, report = keep_faster([k for k, _ in eager_kernels], [g for _, g in eager_kernels], build, compare,
+                                   "eager", eager)
+        reports.append(replace(report, not_in_mode=graph_only))
+        cmp = report.model
+    elif guard:
+        kept, cmp = [], None
+        if graph_only:
+            reports.append(FallbackReport("eager", (), (), Comparison(0.0, 0.0, 0.0), 0, graph_only))
+    else:
+        kept = [k for k, _ in eager_kernels]
+        cmp = compare(build(kept), eager)
+    kept = list(kept)
     if kept:
         with Deployment(kept, model if isinstance(model, torch.nn.Module) else None) as dep, torch.no_grad():
             diff = relative_difference(reference, forward(model))
         dispatch = "C" if all(k.fast for k in dep.kernels) else "Python"
     else:
         diff, dispatch = 0.0, None
-    eager_us = cmp.without_us if kernels else compare(eager, eager).with_us
+    eager_us = cmp.without_us if cmp is not None else compare(eager, eager).with_us
     kforge_us = cmp.with_us if kept else eager_us
     rows.append(Row("eager", eager_us))
     compile_us = compile_kforge_us = None
