@@ -1,11 +1,13 @@
-"""Why a region winner can make a compiled model slower: one model under torch.compile (default mode),
-four ways in one run, timed interleaved against plain compile, with a profile of each.
+"""Why a region winner can make a compiled model slower: one model under torch.compile, in each of
+``--modes`` (default and reduce-overhead), several ways in one run, timed interleaved against plain
+compile; in default mode with a profile of each. Each line says how many times the kernel ran.
 
   plain        torch.compile through kforge's backend with no kernels (as plain torch.compile)
   aten path    the same, but through the ATen path region winners take (AOTAutograd run by kforge's
                backend, a pass that changes nothing, then Inductor): what that path alone costs
   region       the largest region card's winner (a short built-in search) in the graph
-  region eager the same graph, the kernel released (the run op falls back to the region's reference)
+  region eager the same graph, the kernel released (the run op falls back to the region's reference;
+               default mode only: a CUDA graph replays the launch it captured)
 
     python benchmarks/region_compile_probe.py gemma4_e2b --layers 2
     python benchmarks/region_compile_probe.py tiny_transformer --device cpu   # a smoke test
@@ -109,14 +111,17 @@ def main() -> None:
                     f"{[g.nodes for g in kb.graphs]}, replaced {len(kb.replaced)}")
         plain = Arm(lambda: forward(made["plain"]))
         for name in [n for n in made if n != "plain"]:
+            before = dk.calls
             cmp = compare(Arm(lambda n=name: forward(made[n])), plain)
             say(f"{mode:<16} {name:<12} {cmp.with_us:9.1f} us against plain {cmp.without_us:9.1f} us: "
-                f"{cmp.without_us / cmp.with_us:.3f}x")
-        RUN_TABLE.release(dk)
-        cmp = compare(Arm(lambda: forward(made["region"])), plain)
-        say(f"{mode:<16} {'region eager':<12} {cmp.with_us:9.1f} us against plain {cmp.without_us:9.1f} us: "
-            f"{cmp.without_us / cmp.with_us:.3f}x")
-        RUN_TABLE.register(dk)
+                f"{cmp.without_us / cmp.with_us:.3f}x; kernel launches {dk.calls - before}")
+        if mode == "default":
+            RUN_TABLE.release(dk)
+            before = dk.calls
+            cmp = compare(Arm(lambda: forward(made["region"])), plain)
+            say(f"{mode:<16} {'region eager':<12} {cmp.with_us:9.1f} us against plain {cmp.without_us:9.1f} us: "
+                f"{cmp.without_us / cmp.with_us:.3f}x; kernel launches {dk.calls - before}")
+            RUN_TABLE.register(dk)
         if mode == "default":
             _profile(made, forward, args.device, log)
 

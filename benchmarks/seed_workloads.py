@@ -170,7 +170,7 @@ def run_model(name: str, args: argparse.Namespace) -> None:
         return
     e2e = session.end_to_end(compile=not args.skip_compile)
     apply_s = time.perf_counter() - t3
-    summary = {"kind": "model", "model": name, "dtype": str(next((p.dtype for p in model.parameters()), None)), "variants": len(cards),
+    summary = {"kind": "model", "model": name, "dtype": "torch." + (args.dtype or DEFAULTS.get(name, {}).get("dtype", "float32")), "variants": len(cards),
                "native_variants": len(native), "winners": len(session.results.winners),
                "kernels_installed": e2e.kernels_installed, "kernels_skipped": e2e.skipped, "dispatch": e2e.dispatch,
                "forward_eager_us": e2e.eager_us, "forward_kforge_us": e2e.kforge_us,

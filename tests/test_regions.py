@@ -200,15 +200,16 @@ def test_region_benchmark_summary_reports_each_floor_and_the_median_of_an_even_c
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
-    launch = 5.0
     rows = [{"region": "a", "kforge_us": 6.0, "inductor_us": 7.0, "floor_us": 1.0},
+            {"region": bench.LAUNCH_PROBE, "kforge_us": 5.0, "inductor_us": 4.0, "floor_us": 0.0},
             {"region": "b", "kforge_us": 12.0, "inductor_us": 11.0, "floor_us": 10.0},
             {"region": "c", "kforge_us": 5.5, "inductor_us": 6.0, "floor_us": 0.5},
             {"region": "d", "kforge_us": 30.0, "inductor_us": 33.0, "floor_us": 20.0},
             {"region": "e", "kforge_us": None}]
-    for r in rows[:4]:
-        r["launch_aware_floor_us"] = max(r["floor_us"], launch)
-        r["launch_plus_floor_us"] = launch + r["floor_us"]
+    rows, probe, launch = bench._apply_launch_floor(rows)
+    assert launch == 5.0 and probe["inductor_us"] == 4.0 and [r["region"] for r in rows] == list("abcde")
+    assert rows[0]["launch_aware_floor_us"] == 5.0 and rows[0]["launch_plus_floor_us"] == 6.0
+    assert "launch_aware_floor_us" not in rows[4]
     s = bench._summary(rows)
     assert (s["timed"], s["kforge_at_least_inductor"], s["fraction_at_least_inductor"]) == (4, 3, 0.75)
     assert s["median_kforge_over_floor"] == pytest.approx((1.5 + 6.0) / 2)       # 1.2, 1.5, 6, 11
@@ -258,7 +259,8 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     (region_inputs, region_static), = runs["region"][0]
     assert runs["region"][1] and not runs["plain"][1]
     assert len(plain_static) == n_params > 0
-    assert len(region_static) == n_params, (region_static, region_inputs)
+    assert (region_static, region_inputs) == (plain_static, plain_inputs)
+    assert kernels[0].calls > 0, "the graph ran the region's reference, not its kernel (no Deployment installed)"
 
 
 def test_end_to_end_does_not_time_region_kernels_in_eager_and_says_why(session):
@@ -293,5 +295,7 @@ def test_end_to_end_does_not_time_region_kernels_in_eager_and_says_why(session):
     assert default.kept == (sig,) and ((sig,), ()) in calls
     row = next(r for r in report.rows if r.label == "eager + kforge")
     assert row.kernels == 0 and report.kernels_installed == 0
-    assert f"not run {sig}: region kernels run in graph mode only" in report.table()
+    assert f"not run {sig}: runs in graph mode only" in report.table()
+    assert all(r.error is None for r in report.rows), [(r.label, r.error) for r in report.rows]
+    assert dk.calls > 0      # the compiled model's output check ran the kernel, with no Deployment installed
     assert json.loads(json.dumps(report.to_json()))["fallback"][0]["not_in_mode"] == [sig]

@@ -70,7 +70,7 @@ class FallbackReport:
         out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}" if self.forwards_built
                else f"{self.mode}: no kernel this mode can run, nothing timed"]
         out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
-        out += [f"  not run {sig}: region kernels run in graph mode only (torch.compile)" for sig in self.not_in_mode]
+        out += [f"  not run {sig}: runs in graph mode only (torch.compile)" for sig in self.not_in_mode]
         return out
 
 

@@ -179,18 +179,22 @@ class KforgeBackend:
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.aot_autograd import make_boxed_func
 
-        def forward(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Callable:
+        def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs: list, forward: bool) -> Callable:
             for aten_pass in self.aten_passes:
                 record.replaced.extend(aten_pass(aten_gm))
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
-            # its own AOTAutograd over it again: the graph is already functional, so that is a re-trace).
-            # What Inductor returns then takes its arguments unpacked, which AOTAutograd's runtime
-            # does not do for a forward compiler's result: box it (tests/test_regions.py).
+            # its own AOTAutograd over it again: the graph is already functional, so that is a re-trace;
+            # so do the aot_* backends). What they return takes its arguments unpacked, which
+            # AOTAutograd's runtime does not do for a compiler's result: box it (tests/test_regions.py).
             if compiler is not self._inductor:
-                return compiler(aten_gm, aten_inputs)
-            return make_boxed_func(_inductor_keeping_static_inputs(self._inductor, aten_gm, aten_inputs))
+                return make_boxed_func(compiler(aten_gm, aten_inputs))
+            return make_boxed_func(_inductor_keeping_static_inputs(
+                dict(self._inductor.config), aten_gm, aten_inputs, static=forward,
+                name=getattr(self._inductor, "name", None)))
 
-        return aot_autograd(fw_compiler=forward)(gm, example_inputs)
+        # NB: a backward graph's inputs are saved activations and gradients: no parameter index applies
+        return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
+                            bw_compiler=lambda g, i: compile_aten(g, i, False))(gm, example_inputs)
 
     def get_compiler_config(self) -> dict | None:
         return self._inductor.get_compiler_config() if self._inductor is not None else None
@@ -204,31 +208,37 @@ class KforgeBackend:
         return [s for g in self.graphs for s in g.replaced]
 
 
-def _inductor_keeping_static_inputs(inductor: Any, aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Callable:
-    """Inductor over an ATen graph that AOTAutograd (run by kforge's backend) made, with the model's
-    parameters and buffers still known as static inputs.
+def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule, aten_inputs: list, *,
+                                    static: bool = True, name: str | None = None) -> Callable:
+    """Inductor (with ``config``, a mode's options) over an ATen graph that AOTAutograd, run by
+    kforge's backend, made, with the model's parameters and buffers still known as static inputs.
 
     Inductor runs AOTAutograd over the graph again, and that second pass sees a graph dynamo did not
     make, so it marks no input static; in ``reduce-overhead`` mode CUDA graphs then copy every
     parameter into the graph's memory on each replay (all of the model's weights, every forward).
-    The first pass knows which inputs are static (this compiler runs inside it): those indices are
-    handed to Inductor's inner compile. The graph's inputs are the same in both passes.
+    The first pass knows which inputs are static (this compiler runs inside it): with ``static``
+    (a forward graph) those indices are handed to Inductor's inner compile; the forward graph's
+    inputs are the same list in both passes. The second pass's AOTAutograd cache is off: its key
+    holds that pass's own static indices (none), so a hit would skip the inner compile.
     """
+    from torch._functorch import config as functorch_config
     from torch._inductor import compile_fx as cfx
 
     context = torch._guards.TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None) if context is not None else None
-    static = tuple(getattr(metadata, "static_input_indices", None) or ())
+    indices = tuple(getattr(metadata, "static_input_indices", None) or ()) if static else ()
 
     def inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-        if static and len(example_inputs) == len(aten_inputs):
-            kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(static))
+        if indices and len(example_inputs) == len(aten_inputs):
+            kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(indices))
         return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
 
     extra = {}
-    if getattr(inductor, "name", None) and "compile_region_name" in inspect.signature(cfx.compile_fx).parameters:
-        extra["compile_region_name"] = inductor.name   # torch >= 2.12 names the compiled region
-    return cfx.compile_fx(aten_gm, aten_inputs, inner_compile=inner, config_patches=dict(inductor.config), **extra)
+    if name and "compile_region_name" in inspect.signature(cfx.compile_fx).parameters:
+        extra["compile_region_name"] = name   # torch >= 2.12 names the compiled region
+    no_cache = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
+    with functorch_config.patch(**no_cache):
+        return cfx.compile_fx(aten_gm, aten_inputs, inner_compile=inner, config_patches=config, **extra)
 
 
 def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str = "inductor",

@@ -209,6 +209,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         for mode in modes:
             label = f"compile {mode}"
             torch._dynamo.reset()
+            marks = (len(rows), len(reports), len(compiled_rows))
             try:
                 with recompile_room(len(kernels) + 4):
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
@@ -227,6 +228,9 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                         compile_us = vs_eager.with_us
                         compile_kforge_us = compiled_rows[-1].us
             except Exception as exc:  # one mode that does not compile here does not lose the others
+                # NB: what the mode got before it failed goes (its check's report, a plain row), else the
+                # report would show a kept set that never ran and two rows of one label
+                del rows[marks[0]:], reports[marks[1]:], compiled_rows[marks[2]:]
                 rows.append(Row(label, None, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             finally:
                 torch._dynamo.reset()

@@ -79,30 +79,42 @@ def _stable_sort(graph: fx.Graph) -> None:
 
 
 def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
-    """A torch.compile backend that runs region winners: ``kernels`` are ``DeployedKernel``s (a
-    ``Deployment``'s, installed, so that ``kforge::run`` finds them by name). ``inner``: "eager"
-    runs the rest of the graph op by op, "inductor" hands the rewritten graph to Inductor."""
+    """A torch.compile backend that runs region winners: ``kernels`` are ``DeployedKernel``s.
+    ``inner``: "eager" runs the rest of the graph op by op, "inductor" hands the rewritten graph to
+    Inductor (default options)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    table = {dk.variant.key: dk.run_name for dk in kernels if dk.variant.op == "region"}
+    graph_pass = region_pass(kernels)
 
-    def forward(gm: fx.GraphModule, example_inputs):
-        replace_regions(gm, table)
+    def compile_aten(gm: fx.GraphModule, example_inputs, forward: bool):
+        if graph_pass is not None:
+            graph_pass(gm)
         if inner == "inductor":
             from torch._functorch.aot_autograd import make_boxed_func
-            from torch._inductor.compile_fx import compile_fx
 
-            return make_boxed_func(compile_fx(gm, example_inputs))  # NB: see deploy/_graph.py
+            from ..deploy._graph import _inductor_keeping_static_inputs
+
+            return make_boxed_func(_inductor_keeping_static_inputs({}, gm, example_inputs, static=forward))
         return gm
 
-    return aot_autograd(fw_compiler=forward)
+    return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
+                        bw_compiler=lambda g, i: compile_aten(g, i, False))
 
 
 def region_pass(kernels: Iterable[Any]):
-    """The ATen pass that puts the region winners among ``kernels`` into a graph (None without any)."""
-    regions = [dk for dk in kernels if dk.variant.op == "region"]
+    """The ATen pass that puts the region winners among ``kernels`` into a graph (None without any).
+    A kernel it puts in is registered for ``kforge::run`` (else the call runs the region's reference)."""
+    from ..deploy._runop import RUN_TABLE
+
+    regions = {dk.variant.key: dk for dk in kernels if dk.variant.op == "region"}
     if not regions:
         return None
-    table = {dk.variant.key: dk.run_name for dk in regions}
-    signature = {dk.variant.key: dk.variant.signature for dk in regions}
-    return lambda gm: [signature[key] for key in replace_regions(gm, table)]
+    table = {key: dk.run_name for key, dk in regions.items()}
+
+    def apply(gm: fx.GraphModule) -> list[str]:
+        done = replace_regions(gm, table)
+        for key in done:
+            RUN_TABLE.register(regions[key])
+        return [regions[key].variant.signature for key in done]
+
+    return apply
