@@ -12,7 +12,6 @@ registers its own) rewrite the forward graph, and compiles that graph with the c
 """
 from __future__ import annotations
 
-import inspect
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -188,9 +187,8 @@ class KforgeBackend:
             # AOTAutograd's runtime does not do for a compiler's result: box it (tests/test_regions.py).
             if compiler is not self._inductor:
                 return make_boxed_func(compiler(aten_gm, aten_inputs))
-            return make_boxed_func(_inductor_keeping_static_inputs(
-                dict(self._inductor.config), aten_gm, aten_inputs, static=forward,
-                name=getattr(self._inductor, "name", None)))
+            return make_boxed_func(_inductor_keeping_static_inputs(dict(self._inductor.config), aten_gm,
+                                                                   aten_inputs, static=forward))
 
         # NB: a backward graph's inputs are saved activations and gradients: no parameter index applies
         return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
@@ -209,7 +207,7 @@ class KforgeBackend:
 
 
 def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule, aten_inputs: list, *,
-                                    static: bool = True, name: str | None = None) -> Callable:
+                                    static: bool = True) -> Callable:
     """Inductor (with ``config``, a mode's options) over an ATen graph that AOTAutograd, run by
     kforge's backend, made, with the model's parameters and buffers still known as static inputs.
 
@@ -233,12 +231,9 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
             kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(indices))
         return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
 
-    extra = {}
-    if name and "compile_region_name" in inspect.signature(cfx.compile_fx).parameters:
-        extra["compile_region_name"] = name   # torch >= 2.12 names the compiled region
     no_cache = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with functorch_config.patch(**no_cache):
-        return cfx.compile_fx(aten_gm, aten_inputs, inner_compile=inner, config_patches=config, **extra)
+        return cfx.compile_fx(aten_gm, aten_inputs, inner_compile=inner, config_patches=config)
 
 
 def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str = "inductor",

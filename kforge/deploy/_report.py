@@ -167,33 +167,28 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
     rows: list[Row] = []
     reports: list[FallbackReport] = []
 
-    def check(kept: Sequence[DeployedKernel], make: Callable[[Sequence[DeployedKernel]], Arm], mode: str,
-              none: Arm) -> tuple[list[DeployedKernel], Comparison]:
+    def check(ks: Sequence[DeployedKernel], gs: Sequence[float], make: Callable[[Sequence[DeployedKernel]], Arm],
+              mode: str, none: Arm) -> tuple[list[DeployedKernel], Comparison]:
         if guard:
-            kept, report = keep_faster(kernels, gains, make, compare, mode, none)
+            kept, report = keep_faster(ks, gs, make, compare, mode, none)
             reports.append(report)
             return list(kept), report.model
-        return list(kept), compare(make(kept), none)
+        return list(ks), compare(make(ks), none)
 
     build = eager_arms(model, forward)
     eager = build([])
     # NB: region kernels run in graph mode only: timing the eager model "with" them times it without
     # them (the check then reported them as no faster, within noise, which says nothing)
-    eager_kernels = [(k, g) for k, g in zip(kernels, gains) if _patched_eagerly(k.variant.op)]
-    graph_only = tuple(k.variant.signature for k in kernels if not _patched_eagerly(k.variant.op))
-    if guard and eager_kernels:
-        kept, report = keep_faster([k for k, _ in eager_kernels], [g for _, g in eager_kernels], build, compare,
-                                   "eager", eager)
-        reports.append(replace(report, not_in_mode=graph_only))
-        cmp = report.model
-    elif guard:
-        kept, cmp = [], None
-        if graph_only:
+    in_eager = [k for k in kernels if _patched_eagerly(k.variant.op)]
+    graph_only = tuple(k.variant.signature for k in kernels if k not in in_eager)
+    kept, cmp = [], None
+    if in_eager:
+        kept, cmp = check(in_eager, [g for k, g in zip(kernels, gains) if k in in_eager], build, "eager", eager)
+    if guard and graph_only:
+        if in_eager:
+            reports[-1] = replace(reports[-1], not_in_mode=graph_only)
+        else:
             reports.append(FallbackReport("eager", (), (), Comparison(0.0, 0.0, 0.0), 0, graph_only))
-    else:
-        kept = [k for k, _ in eager_kernels]
-        cmp = compare(build(kept), eager)
-    kept = list(kept)
     if kept:
         with Deployment(kept, model if isinstance(model, torch.nn.Module) else None) as dep, torch.no_grad():
             diff = relative_difference(reference, forward(model))
@@ -216,7 +211,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     plain = make([])
                     vs_eager = compare(plain, eager)
                     rows.append(Row(label, vs_eager.with_us, "eager", vs_eager))
-                    ckept, ccmp = check(kernels, make, mode, plain) if kernels else ([], None)
+                    ckept, ccmp = check(kernels, gains, make, mode, plain) if kernels else ([], None)
                     cdiff = None
                     if ckept:
                         compiled = made[tuple(sorted(dk.run_name for dk in ckept))]

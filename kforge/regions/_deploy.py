@@ -79,26 +79,12 @@ def _stable_sort(graph: fx.Graph) -> None:
 
 
 def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
-    """A torch.compile backend that runs region winners: ``kernels`` are ``DeployedKernel``s.
-    ``inner``: "eager" runs the rest of the graph op by op, "inductor" hands the rewritten graph to
-    Inductor (default options)."""
-    from torch._dynamo.backends.common import aot_autograd
+    """A torch.compile backend that runs the region winners among ``kernels`` (``DeployedKernel``s)
+    and nothing else of kforge's: graph mode's backend with those kernels. ``inner``: "eager" runs
+    the rest of the graph op by op, "inductor" hands the rewritten graph to Inductor (default options)."""
+    from ..deploy._graph import KforgeBackend
 
-    graph_pass = region_pass(kernels)
-
-    def compile_aten(gm: fx.GraphModule, example_inputs, forward: bool):
-        if graph_pass is not None:
-            graph_pass(gm)
-        if inner == "inductor":
-            from torch._functorch.aot_autograd import make_boxed_func
-
-            from ..deploy._graph import _inductor_keeping_static_inputs
-
-            return make_boxed_func(_inductor_keeping_static_inputs({}, gm, example_inputs, static=forward))
-        return gm
-
-    return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
-                        bw_compiler=lambda g, i: compile_aten(g, i, False))
+    return KforgeBackend([dk for dk in kernels if dk.variant.op == "region"], inner=inner)
 
 
 def region_pass(kernels: Iterable[Any]):
