@@ -220,10 +220,24 @@ def test_region_benchmark_summary_reports_each_floor_and_the_median_of_an_even_c
     assert bench._median([]) is None and bench._median([3.0, 1.0, 2.0]) == 2.0
 
 
-def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monkeypatch):
+class _WithTensorConstant(torch.nn.Module):
+    """The model, and beside it a value scaled by a tensor made in forward (as Gemma's
+    ``torch.tensor(hidden_size ** 0.5)``): AOTAutograd's graph holds it as a tensor constant, which
+    Inductor's second pass lifts in front of the inputs (torch 2.11 registers it as a buffer)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor):
+        return self.inner(x), x.amax() * torch.tensor(3.0, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("wrap", [False, True], ids=["model", "with_tensor_constant"])
+def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monkeypatch, wrap):
     """A region kernel sends the graph through kforge's own AOTAutograd pass; Inductor's inner compile
     must still be told which inputs are parameters (else reduce-overhead's CUDA graphs copy every
-    weight on each replay): the same static inputs as plain torch.compile's."""
+    weight on each replay): as many inputs left non-static as plain torch.compile leaves."""
     import torch._inductor.compile_fx as cfx
 
     from kforge.deploy._graph import compile_with
@@ -244,6 +258,8 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
 
     monkeypatch.setattr(cfx, "_compile_fx_inner", spy)
     model, x = session.model, session.batches[0]
+    if wrap:
+        model = _WithTensorConstant(model)
     runs = {}
     for name, ks in (("plain", []), ("region", kernels)):
         seen.clear()
@@ -251,15 +267,19 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
         compiled = compile_with(model, ks, dynamic=False)
         # NB: a cache hit compiles nothing
         with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
-            compiled(x)
+            out = compiled(x)
         torch._dynamo.reset()
-        runs[name] = (list(seen), compiled.kforge_backend.replaced)
+        runs[name] = (list(seen), compiled.kforge_backend.replaced, out)
     n_params = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
     (plain_inputs, plain_static), = runs["plain"][0]
     (region_inputs, region_static), = runs["region"][0]
     assert runs["region"][1] and not runs["plain"][1]
     assert len(plain_static) == n_params > 0
-    assert (region_static, region_inputs) == (plain_static, plain_inputs)
+    # every input but the model's own inputs is static: in both, the same number is not
+    assert region_inputs - len(region_static) == plain_inputs - len(plain_static) == 1
+    assert len(region_static) == len(set(region_static)) and max(region_static) < region_inputs
+    if wrap:
+        torch.testing.assert_close(runs["region"][2][1], runs["plain"][2][1])
     assert kernels[0].calls > 0, "the graph ran the region's reference, not its kernel (no Deployment installed)"
 
 

@@ -12,6 +12,7 @@ registers its own) rewrite the forward graph, and compiles that graph with the c
 """
 from __future__ import annotations
 
+import logging
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,6 +24,8 @@ from ..ops import Unsupported, inplace_binder, spec_for
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
+
+log = logging.getLogger("kforge.deploy")
 
 GraphPass = Callable[[torch.fx.GraphModule], Sequence[str]]   # rewrites in place, returns what it replaced
 # Given a compile's kernels, a pass over AOTAutograd's ATen forward graph, or None when none of them needs one.
@@ -226,9 +229,19 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
     metadata = getattr(context, "fw_metadata", None) if context is not None else None
     indices = tuple(getattr(metadata, "static_input_indices", None) or ()) if static else ()
 
+    # NB: the second pass lifts the ATen graph's own tensors (AOTAutograd's tensor constants, which torch
+    # 2.11 registers as buffers, e.g. Gemma's ``torch.tensor(hidden_size ** 0.5)``) in front of its inputs:
+    # they are static too, and shift every index by their number (tests/test_regions.py)
+    lifted = sum(1 for _ in aten_gm.parameters()) + sum(1 for _ in aten_gm.buffers())
+
     def inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-        if indices and len(example_inputs) == len(aten_inputs):
-            kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(indices))
+        if indices and len(example_inputs) == len(aten_inputs) + lifted:
+            kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(range(lifted))
+                                                 | {i + lifted for i in indices})
+        elif indices:
+            log.warning("kforge: Inductor's inner compile got %d inputs where %d + %d were expected; its CUDA "
+                        "graphs (mode='reduce-overhead') will copy the model's weights on each replay",
+                        len(example_inputs), len(aten_inputs), lifted)
         return cfx.compile_fx_inner(gm, example_inputs, **kwargs)
 
     no_cache = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
