@@ -106,6 +106,18 @@ def main() -> None:
     for name, dep in deps.items():
         rows[f"hit_{name}"] = (install_python if name == "python" else dep.install, lambda: x.softmax(-1), dep.remove)
     rows["miss"] = (deps["c"].install, lambda: other.softmax(-1), deps["c"].remove)
+    # graph mode: what a compiled graph's call of the kernel costs (Inductor's wrapper code calls the op)
+    from kforge.deploy._runop import RUN_TABLE
+    run = torch.ops.kforge.run.default
+    graph_c, graph_null = DeployedKernel(variant, kernel), DeployedKernel(variant, null)
+    for dk in (graph_c, graph_null):
+        RUN_TABLE.register(dk)
+    torch.testing.assert_close(run(graph_c.run_name, [x])[0], expected)
+    aten_softmax = torch.ops.aten._softmax.default
+    rows["graph_aten"] = (nothing, lambda: aten_softmax(x, -1, False), nothing)
+    rows["graph_kforge"] = (nothing, lambda: run(graph_c.run_name, [x]), nothing)
+    rows["graph_kforge_null"] = (nothing, lambda: run(graph_null.run_name, [x]), nothing)
+    rows["direct_null"] = (nothing, lambda: graph_null((x,)), nothing)
     us = measure(rows, device)
     fast = deps["c"].kernels[0].fast
     print(f"\n== host cost per call on {device_info(device).name}, softmax {tuple(x.shape)} "
@@ -119,6 +131,11 @@ def main() -> None:
     print(f"kforge guard miss -> eager:                   {us['miss']:6.2f} us  (eager for that shape: "
           f"{us['eager_other']:.2f} us)")
     print(f"torch.empty_strided alone:                    {us['alloc']:6.2f} us")
+    print("graph mode (the calls a compiled graph makes):")
+    print(f"  aten._softmax.default:                      {us['graph_aten']:6.2f} us")
+    print(f"  kforge::run, the kernel:                    {us['graph_kforge']:6.2f} us")
+    print(f"  kforge::run, kernel that returns at once:   {us['graph_kforge_null']:6.2f} us  (op + table + launcher)")
+    print(f"  the launcher alone, kernel returns at once:  {us['direct_null']:6.2f} us")
     print(f"kernel calls: C {deps['c'].kernels[0].calls}, Python {deps['python'].kernels[0].calls}")
     print("operators without a winner are not patched: they cost exactly eager")
     print_measured_costs(device, fast)

@@ -69,6 +69,49 @@ def test_compile_puts_the_kernels_in_inductors_graph_and_matches_eager(tmp_path)
     s.close()
 
 
+def test_a_holder_that_lets_a_kernel_go_leaves_it_to_the_others(tmp_path):
+    """A compiled model and a Deployment's compiled model each hold the same winner (the same binary
+    and variant: one run name). Removing the Deployment must not send the first model's calls to
+    eager; a kernel nobody holds drops out of the table."""
+    import gc
+
+    from kforge.deploy import Deployment
+    from kforge.deploy._graph import compile_with
+
+    s, model, x, _ = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    (mine,), _, _ = s._deployable(True)
+    (theirs,), _, _ = s._deployable(True)
+    assert mine is not theirs and mine.run_name == theirs.run_name
+    torch._dynamo.reset()
+    compiled = compile_with(model, [mine], backend="eager", dynamic=False)
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected)
+        assert mine.calls == 1
+        deployment = Deployment([theirs], model=model)
+        other = deployment.compile(backend="eager", dynamic=False)
+        torch.testing.assert_close(other(x), expected)
+        assert theirs.calls == 1 and RUN_TABLE.entry(mine.run_name)[0] is theirs
+        deployment.remove()
+        torch.testing.assert_close(compiled(x), expected)
+        assert mine.calls == 2, "the Deployment's removal sent the compiled model's calls to eager"
+        assert theirs.calls == 1 and RUN_TABLE.entry(mine.run_name)[0] is mine
+        RUN_TABLE.release(mine)
+        compiled(x)
+        assert mine.calls == 2 and RUN_TABLE.entry(mine.run_name)[0] is None
+        RUN_TABLE.register(mine)
+        RUN_TABLE.register(theirs)
+        assert RUN_TABLE.entry(mine.run_name)[0] is theirs
+        del theirs, deployment, other
+        torch._dynamo.reset()   # dynamo's cache held the other model's graph, and through it its kernel
+        gc.collect()
+        assert RUN_TABLE.entry(mine.run_name)[0] is mine, "a kernel nobody else holds stayed in the table"
+        compiled(x)
+        assert mine.calls == 3
+    torch._dynamo.reset()
+    s.close()
+
+
 def test_tensor_method_spellings_are_replaced_too_and_modes_are_accepted(tmp_path):
     s, model, x, cards = _winners(tmp_path, "tiny_transformer", ("softmax", "log_softmax"))
     with torch.no_grad():

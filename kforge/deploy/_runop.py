@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 
 import torch
 
@@ -16,28 +17,50 @@ from ._launch import DeployedKernel
 
 
 class RunTable:
-    """Process-wide: which kernel each run name launches (None: run the operator eagerly)."""
+    """Process-wide: which kernel each run name launches (None: run the operator eagerly).
+
+    Several holders can register kernels of the same run name (a Deployment, a compiled model of the
+    session, an artifact loaded twice): the same binary and variant. The name launches the newest
+    kernel still registered, so one holder's ``release`` never takes the kernel from the others. The
+    table holds kernels weakly: a kernel nobody else holds (its compiled model gone) drops out.
+    """
 
     def __init__(self):
-        self._entries: dict[str, tuple[DeployedKernel | None, Variant]] = {}
+        self._holders: dict[str, list[weakref.ref[DeployedKernel]]] = {}
+        # what each name runs now: (a weak reference to the newest live kernel or None, its variant)
+        self._entries: dict[str, tuple[weakref.ref[DeployedKernel] | None, Variant]] = {}
         self._lock = threading.Lock()
 
     def register(self, dk: DeployedKernel) -> None:
         with self._lock:
-            self._entries[dk.run_name] = (dk, dk.variant)
+            holders = self._holders.setdefault(dk.run_name, [])
+            holders[:] = [r for r in holders if r() is not None and r() is not dk] + [weakref.ref(dk)]
+            self._entries[dk.run_name] = (holders[-1], dk.variant)
 
     def release(self, dk: DeployedKernel) -> None:
-        """From now on graphs calling ``dk`` run its operator eagerly (and no longer hold the kernel)."""
+        """``dk``'s holder is done with it: graphs calling its name run another holder's kernel of the
+        same name, or the operator eagerly when none is left."""
         with self._lock:
-            entry = self._entries.get(dk.run_name)
-            if entry is not None and entry[0] is dk:  # another holder of the same kernel keeps it
-                self._entries[dk.run_name] = (None, dk.variant)
+            if dk.run_name in self._holders:
+                self._holders[dk.run_name] = [r for r in self._holders[dk.run_name] if r() is not dk]
+                self._refresh(dk.run_name, dk.variant)
+
+    def _refresh(self, name: str, variant: Variant) -> DeployedKernel | None:
+        holders = [r for r in self._holders.get(name, ()) if r() is not None]
+        self._holders[name] = holders
+        self._entries[name] = (holders[-1] if holders else None, variant)
+        return holders[-1]() if holders else None
 
     def entry(self, name: str) -> tuple[DeployedKernel | None, Variant]:
         found = self._entries.get(name)
         if found is None:  # a graph compiled elsewhere names a kernel not loaded here
-            found = (None, Variant.from_json(json.loads(name.split("|", 1)[1])))
-        return found
+            return None, Variant.from_json(json.loads(name.split("|", 1)[1]))
+        ref, variant = found
+        dk = ref() if ref is not None else None
+        if dk is None and ref is not None:   # the newest kernel is gone: an older holder's, or eager
+            with self._lock:
+                dk = self._refresh(name, variant)
+        return dk, variant
 
 
 RUN_TABLE = RunTable()
