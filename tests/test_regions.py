@@ -250,10 +250,14 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     assert correct, "the built-in generator made no correct region kernel"
     kernels = [DeployedKernel(session.cards[key].variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))]
     seen: list[tuple[int, tuple]] = []
+    free: list[list] = []   # the shapes of the inputs left non-static
     real = cfx._compile_fx_inner
 
     def spy(gm, example_inputs, **kwargs):
-        seen.append((len(example_inputs), tuple(kwargs.get("static_input_idxs") or ())))
+        static = tuple(kwargs.get("static_input_idxs") or ())
+        seen.append((len(example_inputs), static))
+        free.append([tuple(t.shape) if isinstance(t, torch.Tensor) else t for i, t in enumerate(example_inputs)
+                     if i not in static])
         return real(gm, example_inputs, **kwargs)
 
     monkeypatch.setattr(cfx, "_compile_fx_inner", spy)
@@ -277,6 +281,7 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     assert len(plain_static) == n_params > 0
     # every input but the model's own inputs is static: in both, the same number is not
     assert region_inputs - len(region_static) == plain_inputs - len(plain_static) == 1
+    assert free == [[tuple(x.shape)]] * 2, "the input left to copy on each replay must be the model's input"
     assert len(region_static) == len(set(region_static)) and max(region_static) < region_inputs
     if wrap:
         torch.testing.assert_close(runs["region"][2][1], runs["plain"][2][1])

@@ -55,7 +55,8 @@ class Deployment:
 
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
-        run their operators eagerly from now on."""
+        run their operators eagerly from now on, unless another holder (a model compiled by the
+        session, another deployment) still holds the same kernel: those graphs keep running it."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

@@ -232,10 +232,11 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
     # NB: the second pass lifts the ATen graph's own tensors (AOTAutograd's tensor constants, which torch
     # 2.11 registers as buffers, e.g. Gemma's ``torch.tensor(hidden_size ** 0.5)``) in front of its inputs:
     # they are static too, and shift every index by their number (tests/test_regions.py)
-    lifted = sum(1 for _ in aten_gm.parameters()) + sum(1 for _ in aten_gm.buffers())
+    lifted = (sum(1 for _ in aten_gm.named_parameters(remove_duplicate=False))
+              + sum(1 for _ in aten_gm.named_buffers(remove_duplicate=False)))   # as that pass counts them
 
     def inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-        if indices and len(example_inputs) == len(aten_inputs) + lifted:
+        if indices and not kwargs.get("is_backward") and len(example_inputs) == len(aten_inputs) + lifted:
             kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(range(lifted))
                                                  | {i + lifted for i in indices})
         elif indices and not kwargs.get("is_backward") and bool(kwargs.get("cudagraphs", True)):
