@@ -239,7 +239,8 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
         if indices and not kwargs.get("is_backward") and len(example_inputs) == len(aten_inputs) + lifted:
             kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(range(lifted))
                                                  | {i + lifted for i in indices})
-        elif indices and not kwargs.get("is_backward") and bool(kwargs.get("cudagraphs", True)):
+        elif (indices and not kwargs.get("is_backward") and bool(kwargs.get("cudagraphs", True))
+              and any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)):
             log.warning("kforge: Inductor's inner compile got %d inputs where %d + %d were expected; its CUDA "
                         "graphs (mode='reduce-overhead') will copy the model's weights on each replay",
                         len(example_inputs), len(aten_inputs), lifted)
