@@ -218,9 +218,9 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
     make, so it marks no input static; in ``reduce-overhead`` mode CUDA graphs then copy every
     parameter into the graph's memory on each replay (all of the model's weights, every forward).
     The first pass knows which inputs are static (this compiler runs inside it): with ``static``
-    (a forward graph) those indices are handed to Inductor's inner compile; the forward graph's
-    inputs are the same list in both passes. The second pass's AOTAutograd cache is off: its key
-    holds that pass's own static indices (none), so a hit would skip the inner compile.
+    (a forward graph) those indices are handed to Inductor's inner compile, shifted past the tensors
+    the second pass lifts in front of the graph's inputs. The second pass's AOTAutograd cache is off:
+    its key holds that pass's own static indices (none), so a hit would skip the inner compile.
     """
     from torch._functorch import config as functorch_config
     from torch._inductor import compile_fx as cfx
@@ -236,11 +236,12 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
               + sum(1 for _ in aten_gm.named_buffers(remove_duplicate=False)))   # as that pass counts them
 
     def inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-        if indices and not kwargs.get("is_backward") and len(example_inputs) == len(aten_inputs) + lifted:
+        forward = bool(indices) and not kwargs.get("is_backward")
+        if forward and len(example_inputs) == len(aten_inputs) + lifted:
             kwargs["static_input_idxs"] = sorted(set(kwargs.get("static_input_idxs") or ()) | set(range(lifted))
                                                  | {i + lifted for i in indices})
-        elif (indices and not kwargs.get("is_backward") and bool(kwargs.get("cudagraphs", True))
-              and any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)):
+        elif forward and bool(kwargs.get("cudagraphs", True)) and any(isinstance(t, torch.Tensor) and t.is_cuda
+                                                                      for t in example_inputs):
             log.warning("kforge: Inductor's inner compile got %d inputs where %d + %d were expected; its CUDA "
                         "graphs (mode='reduce-overhead') will copy the model's weights on each replay",
                         len(example_inputs), len(aten_inputs), lifted)
