@@ -37,13 +37,17 @@ def _session(name: str, args) -> tuple[kforge.Session, torch.nn.Module, object, 
     archive = ROOT / "benchmarks" / "results" / f"{name}_store.tgz"
     workdir = Path(tempfile.mkdtemp(prefix=f"e2e-{name}-"))
     pipeline_s = None
-    if archive.exists():
+    if archive.exists() and not args.fresh:
         with tarfile.open(archive) as tar:
             tar.extractall(workdir, filter="data")
         rows = [json.loads(x) for x in (ROOT / "benchmarks" / "results" / f"{name}.jsonl").read_text().splitlines()]
         models = [r for r in rows if r.get("kind") == "model"]
         pipeline_s = models[-1].get("pipeline_s") if models else None
-    s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
+    try:
+        s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
+    except kforge.store.WorkdirError as exc:
+        raise SystemExit(f"{archive.name} was made from a different model than this one ({exc}); run at the seed "
+                         "store's depth (--layers as in its .jsonl), or pass --fresh to capture without its winners")
     if s._cards is None:
         s.capture()  # no store: no winners either, the table still shows eager against compile
     return s, model, inputs, pipeline_s
@@ -155,6 +159,7 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=0, help="language models: greedy-decode this many tokens")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens before decoding")
     ap.add_argument("--no-guard", action="store_true", help="keep every winner (no model-level check)")
+    ap.add_argument("--fresh", action="store_true", help="ignore the seed store: capture anew (no winners)")
     ap.add_argument("--diagnose", action="store_true", help="profile where the kforge forward's time goes")
     args = ap.parse_args()
     os.environ.setdefault("KFORGE_CACHE", str(Path(tempfile.gettempdir()) / "kforge-cache"))
