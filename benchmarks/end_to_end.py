@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kforge  # noqa: E402
-from kforge.models import greedy_decode  # noqa: E402
+from kforge.models import compare_decode, forward_as  # noqa: E402
 from seed_workloads import DEFAULTS, LANGUAGE, seed_model  # noqa: E402
 
 
@@ -34,6 +34,10 @@ from seed_workloads import DEFAULTS, LANGUAGE, seed_model  # noqa: E402
 def _session(name: str, args) -> tuple[kforge.Session, torch.nn.Module, object, float]:
     model, inputs = seed_model(name, args.device, attn=args.attn,
                                layers=args.layers if name in LANGUAGE + ("sd35_transformer",) else None)
+    if args.experts and hasattr(model, "set_experts_implementation"):
+        # NB: the seed searched Qwen's experts as F.linear calls ("eager"); under torch.compile with
+        # dynamic=False those recompile for every expert's token count (H200, 2026-12-02)
+        model.set_experts_implementation(args.experts)
     archive = ROOT / "benchmarks" / "results" / f"{name}_store.tgz"
     workdir = Path(tempfile.mkdtemp(prefix=f"e2e-{name}-"))
     pipeline_s = None
@@ -98,6 +102,73 @@ def _diagnose(s: kforge.Session, model, inputs, device: str) -> dict:
     return out
 
 
+def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
+    """Greedy decode at batch 1 under eager, each compile mode, and each with the kernels the
+    model-level check kept in that mode, timed interleaved in one run (compare_decode); an arm
+    whose mode kept no kernel is the plain arm itself and is not decoded twice."""
+    import contextlib
+
+    from kforge.deploy import Deployment
+    from kforge.deploy._graph import compile_with
+    from kforge.deploy._report import _patched_eagerly
+
+    kernels, _, _ = s._deployable(True)
+    kept = {r.mode: set(r.kept) for r in e2e.fallback}
+
+    def kept_in(mode: str) -> list:
+        if args.no_guard or mode not in kept:
+            return kernels
+        return [dk for dk in kernels if dk.variant.signature in kept[mode]]
+
+    @contextlib.contextmanager
+    def installed(dep):
+        dep.install()
+        try:
+            yield
+        finally:
+            dep.remove()
+
+    arms = {"eager": contextlib.nullcontext}
+    same_as: dict[str, str] = {}
+    eager_ks = [dk for dk in kept_in("eager") if _patched_eagerly(dk.variant.op)]   # region kernels: graph mode only
+    if eager_ks:
+        dep = Deployment(eager_ks, model)
+        arms["eager + kforge"] = lambda: installed(dep)
+    else:
+        same_as["eager + kforge"] = "eager"
+    torch._dynamo.reset()
+    # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    forwards = {}
+    for mode in modes:
+        for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kept_in(mode))):
+            if label.endswith("+ kforge") and not ks:
+                same_as[label] = f"compile {mode}"
+                continue
+            try:
+                forwards[label] = compile_with(model.forward, ks, mode=mode, dynamic=False)
+            except Exception as exc:
+                forwards[label] = exc
+            fwd = forwards[label]
+            arms[label] = (lambda fwd=fwd: forward_as(model, fwd)) if not isinstance(fwd, Exception) else \
+                (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
+    results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
+    out: dict = {}
+    for label, arm in results.items():
+        print(arm.line("eager"), flush=True)
+        out[label] = {"tokens_per_s": arm.decode.tokens_per_s if arm.decode else None, "over_eager": arm.ratio,
+                      "same_tokens": arm.same_tokens, "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
+                      "cache": arm.decode.cache if arm.decode else None}
+        fwd = forwards.get(label)
+        if fwd is not None and not isinstance(fwd, Exception):
+            out[label]["replaced"] = fwd.kforge_backend.replaced
+    for label, plain in same_as.items():
+        print(f"decode {label}: the same as {plain} (the model-level check kept no kernel in this mode)")
+        out[label] = {"same_as": plain}
+    torch._dynamo.reset()
+    return out
+
+
 def run(name: str, args) -> dict:
     t0 = time.perf_counter()
     s, model, inputs, pipeline_s = _session(name, args)
@@ -107,37 +178,7 @@ def run(name: str, args) -> dict:
     print(f"\n## {name} (forward{' = prefill of ' + str(inputs.shape[1]) + ' tokens' if name in LANGUAGE else ''})")
     print(e2e.table(), flush=True)
     if name in LANGUAGE and args.decode:
-        from kforge.deploy._graph import compile_with
-
-        prompt = inputs[:, : args.prompt]
-        kernels, _, _ = s._deployable(True)
-        ref = greedy_decode(model, prompt, args.decode)
-        decode = {"eager": {"tokens_per_s": ref.tokens_per_s, "cache": ref.cache}}
-        print(f"decode eager: {ref.tokens_per_s:.1f} tokens/s ({ref.cache} cache)")
-        with s.apply(all_winners=True):
-            d = greedy_decode(model, prompt, args.decode)
-        same, rel = d.agrees_with(ref)
-        decode["eager + kforge"] = {"tokens_per_s": d.tokens_per_s, "same_tokens": same, "logit_rel_diff": rel}
-        print(f"decode eager + kforge: {d.tokens_per_s:.1f} tokens/s ({d.tokens_per_s / ref.tokens_per_s:.3f}x), "
-              f"tokens {'identical' if same else 'DIFFER'}, logits {rel:.1e}")
-        for mode in modes:
-            for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kernels)):
-                torch._dynamo.reset()
-                try:
-                    fwd = compile_with(model.forward, ks, mode=mode, dynamic=False)
-                    d = greedy_decode(model, prompt, args.decode, forward=fwd)
-                except Exception as exc:
-                    decode[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                    print(f"decode {label}: failed: {decode[label]['error']}")
-                    continue
-                same, rel = d.agrees_with(ref)
-                decode[label] = {"tokens_per_s": d.tokens_per_s, "same_tokens": same, "logit_rel_diff": rel,
-                                 "replaced": fwd.kforge_backend.replaced}
-                print(f"decode {label}: {d.tokens_per_s:.1f} tokens/s ({d.tokens_per_s / ref.tokens_per_s:.3f}x), "
-                      f"tokens {'identical' if same else 'DIFFER'}, logits {rel:.1e}, "
-                      f"{len(fwd.kforge_backend.replaced)} kforge nodes", flush=True)
-        torch._dynamo.reset()
-        result["decode"] = decode
+        result["decode"] = _decode(s, model, inputs[:, : args.prompt], args, modes, e2e)
     if args.diagnose:
         result["diagnose"] = _diagnose(s, model, inputs, args.device)
         print(json.dumps(result["diagnose"], indent=1, default=str))
@@ -157,6 +198,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--attn", default=None, help="attn_implementation for the language models (eager/sdpa)")
     ap.add_argument("--decode", type=int, default=0, help="language models: greedy-decode this many tokens")
+    ap.add_argument("--experts", default=None, help="MoE models: the experts implementation for every row "
+                    "(e.g. grouped_mm, transformers' default; the seed store searched them as eager F.linear calls)")
+    ap.add_argument("--rounds", type=int, default=5, help="decode: interleaved rounds (each arm once a round)")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens before decoding")
     ap.add_argument("--no-guard", action="store_true", help="keep every winner (no model-level check)")
     ap.add_argument("--fresh", action="store_true", help="ignore the seed store: capture anew (no winners)")

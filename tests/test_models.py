@@ -197,3 +197,65 @@ def test_gemma4_with_the_published_vocabulary_runs():
     assert model.dtype == torch.bfloat16
     with torch.no_grad():
         assert model(ids).logits.shape == (1, 8, 262144)
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+def test_compare_decode_interleaves_its_arms_and_compares_with_the_first():
+    _import_or_skip("transformers")
+    import contextlib
+
+    model, ids = models.gemma4_e2b(dtype=torch.float32, layers=1, tokens=8,
+                                   overrides={**SMALL_LM, "vocab_size_per_layer_input": 4096})
+    entered: list[str] = []
+
+    def arm(label, inner=contextlib.nullcontext):
+        @contextlib.contextmanager
+        def enter():
+            entered.append(label)
+            with inner():
+                yield
+        return enter
+
+    @contextlib.contextmanager
+    def boosted():  # token 7 wins every step: other tokens, other logits
+        def boost(_module, _args, out):
+            out[..., 7] += 1e4
+            return out
+        hook = model.lm_head.register_forward_hook(boost)
+        try:
+            yield
+        finally:
+            hook.remove()
+
+    def broken():
+        raise RuntimeError("this arm cannot build")
+
+    arms = {"eager": arm("eager"), "same": arm("same"), "broken": broken, "boosted": arm("boosted", boosted)}
+    result = models.compare_decode(model, ids, 4, arms, rounds=3)
+    assert list(result) == ["eager", "same", "broken", "boosted"]
+    ref = result["eager"]
+    assert ref.ratio == 1.0 and ref.same_tokens and ref.decode.cache == "static" and len(ref.decode.tokens) == 4
+    assert result["same"].same_tokens and result["same"].logit_rel_diff == 0.0 and result["same"].ratio > 0
+    assert result["boosted"].decode.tokens == (7, 7, 7, 7) != ref.decode.tokens
+    assert not result["boosted"].same_tokens and result["boosted"].logit_rel_diff > 0.1
+    assert result["broken"].decode is None and "this arm cannot build" in result["broken"].error
+    assert "failed: RuntimeError: this arm cannot build" in result["broken"].line("eager")
+    # one warm-up each, then three rounds, each starting one arm further along
+    live = ["eager", "same", "boosted"]
+    assert entered[:3] == live
+    rounds = [entered[3 + 3 * r: 6 + 3 * r] for r in range(3)]
+    assert rounds == [live, live[1:] + live[:1], live[2:] + live[:2]]
+    # the boosted arm took its hook off: decoding again gives the reference's tokens
+    again = models.compare_decode(model, ids, 4, {"eager": contextlib.nullcontext}, rounds=1)
+    assert again["eager"].decode.tokens == ref.decode.tokens
+
+
+def test_compare_decode_rejects_what_it_cannot_measure():
+    model = torch.nn.Linear(2, 2)
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="new_tokens must be at least 2"):
+        models.compare_decode(model, ids, 1, {"eager": lambda: None})
+    with pytest.raises(ValueError, match="at least one arm"):
+        models.compare_decode(model, ids, 4, {})

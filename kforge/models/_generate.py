@@ -1,9 +1,11 @@
 """Language models measured as they are used: prefill latency and greedy decode with a static KV cache."""
 from __future__ import annotations
 
+import contextlib
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -79,3 +81,110 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int = 3
     tokens = tuple(out.sequences[0, input_ids.shape[1]:].tolist())
     logits = torch.stack([step[0].float().cpu() for step in out.logits])
     return Decode(tokens, logits, (new_tokens - 1) / steps_s, "static" if cache else f"dynamic ({why})")
+
+
+@dataclass(frozen=True)
+class DecodeArm:
+    """One way of decoding in ``compare_decode``: its result (None if it failed), and against the
+    reference arm its speed ratio (median of the per-round ratios), tokens and logits."""
+
+    label: str
+    decode: Decode | None
+    ratio: float | None = None          # tokens/s over the reference's, paired per round; 1.0 for the reference
+    same_tokens: bool | None = None
+    logit_rel_diff: float | None = None
+    error: str | None = None
+
+    def line(self, reference: str) -> str:
+        if self.decode is None:
+            return f"decode {self.label}: failed: {self.error}"
+        text = f"decode {self.label}: {self.decode.tokens_per_s:.1f} tokens/s"
+        if self.label != reference:
+            text += (f" ({self.ratio:.3f}x {reference}, same run), tokens {'identical' if self.same_tokens else 'DIFFER'}"
+                     f", logits {self.logit_rel_diff:.1e}")
+        return text + f" ({self.decode.cache} cache)"
+
+
+@contextlib.contextmanager
+def forward_as(model: nn.Module, forward: Callable) -> Iterator[None]:
+    """``model.forward`` is ``forward`` (e.g. a compiled one) inside the block."""
+    model.forward = forward
+    try:
+        yield
+    finally:
+        del model.forward
+
+
+def compare_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
+                   arms: Mapping[str, Callable[[], ContextManager[Any]]], *, rounds: int = 5) -> dict[str, DecodeArm]:
+    """Greedy decode under each arm, timed interleaved in one run: every round decodes once under
+    each arm (the order rotating by a round), so a drift of the host or the GPU's clocks shows in
+    all arms alike. The first arm is the reference: each other arm's ``ratio`` is the median of its
+    per-round ratios of tokens/s against the reference's, its tokens and logits are compared with
+    the reference's. ``arms`` maps a label to a factory of the context the arm decodes in (e.g.
+    ``lambda: session.apply()`` or ``lambda: forward_as(model, compiled)``); an arm that raises
+    is reported with its error and left out of the rounds. The reference decides the KV cache:
+    static where the model has one, else dynamic."""
+    if new_tokens < 2:
+        raise ValueError("new_tokens must be at least 2: decode speed is measured over the steps after the first")
+    if not arms:
+        raise ValueError("compare_decode needs at least one arm (the first is the reference)")
+    device = input_ids.device
+    labels = list(arms)
+    cache: str | None = "static"
+    why = ""
+    warm: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for label in labels:
+        try:
+            with arms[label]():
+                if label == labels[0]:
+                    try:
+                        out = _generate(model, input_ids, new_tokens, cache)
+                    except Exception as exc:  # e.g. a linear-attention (recurrent state) layer the static cache lacks
+                        cache, why = None, f"{type(exc).__name__}: {str(exc)[:120]}"
+                        out = _generate(model, input_ids, new_tokens, cache)
+                else:
+                    out = _generate(model, input_ids, new_tokens, cache)
+                _generate(model, input_ids, 1, cache)  # a compiled forward compiles for both shapes here
+            warm[label] = out
+        except Exception as exc:
+            if label == labels[0]:
+                raise
+            failed[label] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    live = [x for x in labels if x in warm]
+
+    def steps(label: str) -> float:
+        with arms[label]():
+            times = []
+            for n in (new_tokens, 1):
+                _sync(device)
+                start = time.perf_counter()
+                _generate(model, input_ids, n, cache)
+                _sync(device)
+                times.append(time.perf_counter() - start)
+        return max(times[0] - times[1], 1e-9)
+
+    per_round: dict[str, list[float]] = {x: [] for x in live}
+    for r in range(rounds):
+        for label in live[r % len(live):] + live[:r % len(live)]:
+            per_round[label].append(steps(label))
+
+    def decode_of(label: str) -> Decode:
+        out = warm[label]
+        tokens = tuple(out.sequences[0, input_ids.shape[1]:].tolist())
+        logits = torch.stack([step[0].float().cpu() for step in out.logits])
+        return Decode(tokens, logits, (new_tokens - 1) / statistics.median(per_round[label]),
+                      "static" if cache else f"dynamic ({why})")
+
+    ref = decode_of(labels[0])
+    result: dict[str, DecodeArm] = {}
+    for label in labels:
+        if label in failed:
+            result[label] = DecodeArm(label, None, error=failed[label])
+            continue
+        d = ref if label == labels[0] else decode_of(label)
+        same, rel = d.agrees_with(ref)
+        ratio = statistics.median(a / b for a, b in zip(per_round[labels[0]], per_round[label]))
+        result[label] = DecodeArm(label, d, ratio, same, rel)
+    return result
