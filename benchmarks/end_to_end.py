@@ -177,14 +177,15 @@ def run(name: str, args) -> dict:
     result = {"model": name, "device": args.device, "pipeline_s": pipeline_s, **e2e.to_json()}
     print(f"\n## {name} (forward{' = prefill of ' + str(inputs.shape[1]) + ' tokens' if name in LANGUAGE else ''})")
     print(e2e.table(), flush=True)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"end_to_end_{name}.json").write_text(json.dumps(result, indent=1, default=str))  # kept if decode dies
     if name in LANGUAGE and args.decode:
         result["decode"] = _decode(s, model, inputs[:, : args.prompt], args, modes, e2e)
     if args.diagnose:
         result["diagnose"] = _diagnose(s, model, inputs, args.device)
         print(json.dumps(result["diagnose"], indent=1, default=str))
     result["e2e_s"] = time.perf_counter() - t0
-    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
-    out.mkdir(parents=True, exist_ok=True)
     (out / f"end_to_end_{name}.json").write_text(json.dumps(result, indent=1, default=str))
     s.close()
     return result
