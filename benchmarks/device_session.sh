@@ -78,7 +78,7 @@ PY
   maxautotune)
     # NB: its own call: on 2026-12-02 Inductor's autotuning of ResNet-50's convolutions outran a 150 s step,
     # and then a 560 s call (Triton conv templates). KF_CONV_BACKENDS=ATEN keeps max-autotune's GEMM
-    # autotuning and CUDA graphs but times only ATen's convolutions (what the 2026-12-02f figures used).
+    # autotuning and CUDA graphs but times only ATen's convolutions (what the 2026-12-02g figures used).
     [ -n "${KF_CONV_BACKENDS:-}" ] && export TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=$KF_CONV_BACKENDS
     timeout 540 python3 benchmarks/end_to_end.py resnet50 --modes max-autotune 2>&1 | grep -v "^DEBUG" \
         | grep -v "^  triton_\|^  convolution\|^AUTOTUNE\|^strides:\|^dtypes:\|^SingleProcess\|^Autotune\|^{\"num_choices" \
