@@ -249,3 +249,23 @@ def test_compile_modes_on_the_gpu_keep_outputs(tmp_path):
             # NB: Inductor's f32 convolutions and fused reductions differ from eager's by ~1e-4 relative
             # (measured on the H200: 7e-5 absolute); what this checks is that nothing else changes
             torch.testing.assert_close(dep.compile(model, mode=mode)(x), model(x), rtol=2e-3, atol=2e-4)
+
+
+def test_the_check_reads_paired_differences_when_the_forward_drifts():
+    """The forward slows down half-way through a comparison (both arms alike). The two medians then
+    say the kernels cost 39 us a forward; the rounds, each timing both arms next to each other, say
+    they save 1 us. The verdict and the reason follow the rounds."""
+    from kforge.deploy._fallback import comparison_of
+
+    with_us = [100.0, 100.0, 100.0, 60.0, 60.0]
+    without_us = [101.0, 101.0, 61.0, 61.0, 61.0]   # the third round: the drift fell between the arms
+    c = comparison_of(with_us, without_us)
+    assert (c.with_us, c.without_us, c.paired_us) == (100.0, 61.0, 1.0)
+    assert c.saved_us == 1.0 and c.speedup == pytest.approx(61.0 / 60.0)
+    assert c.faster and "saves 1.0 us a forward, paired per round; medians 100.0 us against 61.0 us" in c.describe()
+    steady = comparison_of([90.0, 91.0, 90.0, 89.0, 90.0, 90.0], [100.0, 100.0, 101.0, 100.0, 99.0, 100.0])
+    assert steady.faster and steady.paired_us == 10.0
+    assert "saves 10.0 us a forward, paired per round" in steady.describe()
+    slower = comparison_of([110.0, 111.0, 110.0, 110.0], [100.0, 100.0, 101.0, 100.0])
+    assert not slower.faster and not slower.within_noise and "costs 10.0 us a forward" in slower.describe()
+    assert slower.speedup == pytest.approx(100.0 / 110.0)

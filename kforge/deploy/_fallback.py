@@ -24,25 +24,47 @@ from ._launch import DeployedKernel
 
 @dataclass(frozen=True)
 class Comparison:
-    """Forward latency with and without a set of kernels, timed interleaved (medians, us)."""
+    """Forward latency with and without a set of kernels, timed interleaved (medians, us).
+
+    ``paired_us``: the median of the per-round differences (without - with; positive: faster with
+    the kernels), where the two arms were timed next to each other. It is what the verdict reads
+    when present: a forward whose time drifts during the run (both arms alike) moves the two
+    medians apart by chance, but not the paired differences."""
 
     with_us: float
     without_us: float
     noise_us: float     # a difference within this is not a measurement
+    paired_us: float | None = None
+
+    @property
+    def saved_us(self) -> float:
+        """Time a forward saves with the kernels (negative: costs)."""
+        return self.paired_us if self.paired_us is not None else self.without_us - self.with_us
+
+    @property
+    def within_noise(self) -> bool:
+        return abs(self.saved_us) <= self.noise_us
 
     @property
     def faster(self) -> bool:
         """Measurably faster with the kernels than without."""
-        return self.without_us - self.with_us > self.noise_us
+        return self.saved_us > self.noise_us
 
     @property
     def speedup(self) -> float:
-        return self.without_us / self.with_us if self.with_us > 0 else 1.0
+        if self.paired_us is None:
+            return self.without_us / self.with_us if self.with_us > 0 else 1.0
+        spent = self.without_us - self.paired_us
+        return self.without_us / spent if spent > 0 else 1.0
 
     def describe(self) -> str:
-        if abs(self.without_us - self.with_us) <= self.noise_us:
+        if self.within_noise:
             return f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us)"
-        return f"{self.speedup:.3f}x ({self.with_us:.1f} us against {self.without_us:.1f} us)"
+        if self.paired_us is None:
+            return f"{self.speedup:.3f}x ({self.with_us:.1f} us against {self.without_us:.1f} us)"
+        verb = "saves" if self.paired_us > 0 else "costs"
+        return (f"{self.speedup:.3f}x ({verb} {abs(self.paired_us):.1f} us a forward, paired per round; "
+                f"medians {self.with_us:.1f} us against {self.without_us:.1f} us)")
 
 
 @dataclass(frozen=True)
@@ -182,4 +204,4 @@ def comparison_of(with_us: Sequence[float], without_us: Sequence[float]) -> Comp
     mad = statistics.median([abs(d - med) for d in diffs]) * 1.4826
     se = 1.2533 * mad / max(len(diffs), 1) ** 0.5
     wa, wb = statistics.median(with_us), statistics.median(without_us)
-    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)))
+    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)), med)

@@ -84,7 +84,8 @@ class EndToEnd:
     def to_json(self) -> dict:
         def cmp(c: Comparison | None) -> dict | None:
             return None if c is None else {"with_us": c.with_us, "without_us": c.without_us, "noise_us": c.noise_us,
-                                           "speedup": c.speedup, "within_noise": abs(c.with_us - c.without_us) <= c.noise_us}
+                                           "speedup": c.speedup, "within_noise": c.within_noise,
+                                           "paired_us": c.paired_us}
         return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
                           "output_rel_diff": r.output_rel_diff, "kernels": r.kernels, "error": r.error}
                          for r in self.rows],
