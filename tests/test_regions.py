@@ -288,6 +288,64 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     assert kernels[0].calls > 0, "the graph ran the region's reference, not its kernel (no Deployment installed)"
 
 
+class _WithCache(torch.nn.Module):
+    """The model, and a buffer it writes in place each forward at a position it is given, as a
+    static KV cache is written in decoding."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("cache", torch.zeros(4, 8))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor):
+        out = self.inner(x)
+        self.cache.index_copy_(0, pos, out.reshape(-1)[:8].reshape(1, 8))
+        return out
+
+
+def test_region_graphs_keep_input_mutations_inside_the_graph(session, monkeypatch):
+    """A buffer written in place (a static KV cache) stays a mutation inside the graph Inductor
+    compiles, as under plain torch.compile: kforge's own AOTAutograd pass must not turn it into an
+    extra output that the runtime copies back into the whole buffer after every call."""
+    import torch._inductor.compile_fx as cfx
+
+    from kforge.deploy import DeployedKernel
+    from kforge.deploy._graph import compile_with
+
+    key = session.cards.by_op("region")[0].key
+    session.optimize(proposer="builtin", iterations=1, cards=[key], confirm=False)
+    correct = [c for c in session.store.candidates(key) if c.status is not None and c.status.is_correct]
+    assert correct, "the built-in generator made no correct region kernel"
+    kernels = [DeployedKernel(session.cards[key].variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))]
+    outputs: list[int] = []
+    real = cfx._compile_fx_inner
+
+    def spy(gm, example_inputs, **kwargs):
+        outputs.append(len(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(cfx, "_compile_fx_inner", spy)
+    x = session.batches[0]
+    eager = _WithCache(session.model)
+    with torch.no_grad():
+        for i in (2, 0):
+            eager(x, torch.tensor([i]))
+    runs = {}
+    for name, ks in (("plain", []), ("region", kernels)):
+        outputs.clear()
+        model = _WithCache(session.model)
+        torch._dynamo.reset()
+        compiled = compile_with(model, ks, dynamic=False)
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+            for i in (2, 0):
+                compiled(x, torch.tensor([i]))
+        torch._dynamo.reset()
+        runs[name] = (list(outputs), compiled.kforge_backend.replaced)
+        torch.testing.assert_close(model.cache, eager.cache)
+    assert runs["region"][1] and not runs["plain"][1]
+    assert runs["region"][0] == runs["plain"][0], "the region graph returns the mutated buffer as an extra output"
+
+
 def test_end_to_end_does_not_time_region_kernels_in_eager_and_says_why(session):
     """Region kernels run in graph mode only: the eager check must not time them (an eager forward
     'with' them is the forward without them) and the report says they were not run there."""

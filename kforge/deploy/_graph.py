@@ -193,9 +193,13 @@ class KforgeBackend:
             return make_boxed_func(_inductor_keeping_static_inputs(dict(self._inductor.config), aten_gm,
                                                                    aten_inputs, static=forward))
 
-        # NB: a backward graph's inputs are saved activations and gradients: no parameter index applies
+        # NB: a backward graph's inputs are saved activations and gradients: no parameter index applies.
+        # keep_inference_input_mutations as Inductor's own pass has it: a buffer written in place (a
+        # static KV cache) stays a copy_ inside the graph instead of an extra output the runtime copies
+        # back into the whole buffer after every call (tests/test_regions.py)
         return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
-                            bw_compiler=lambda g, i: compile_aten(g, i, False))(gm, example_inputs)
+                            bw_compiler=lambda g, i: compile_aten(g, i, False),
+                            keep_inference_input_mutations=True)(gm, example_inputs)
 
     def get_compiler_config(self) -> dict | None:
         return self._inductor.get_compiler_config() if self._inductor is not None else None
