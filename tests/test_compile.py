@@ -261,6 +261,7 @@ def test_the_check_reads_paired_differences_when_the_forward_drifts():
     without_us = [101.0, 101.0, 61.0, 61.0, 61.0]   # the third round: the drift fell between the arms
     c = comparison_of(with_us, without_us)
     assert (c.with_us, c.without_us, c.paired_us) == (100.0, 61.0, 1.0)
+    assert c.rounds == tuple(zip(with_us, without_us))   # kept in order: a drift shows in the report's JSON
     assert c.saved_us == 1.0 and c.speedup == pytest.approx(61.0 / 60.0)
     assert c.faster and "saves 1.0 us a forward, paired per round; medians 100.0 us against 61.0 us" in c.describe()
     steady = comparison_of([90.0, 91.0, 90.0, 89.0, 90.0, 90.0], [100.0, 100.0, 101.0, 100.0, 99.0, 100.0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -35,6 +35,7 @@ class Comparison:
     without_us: float
     noise_us: float     # a difference within this is not a measurement
     paired_us: float | None = None
+    rounds: tuple[tuple[float, float], ...] = field(default=(), repr=False)   # (with, without) per round, in order
 
     @property
     def saved_us(self) -> float:
@@ -204,4 +205,4 @@ def comparison_of(with_us: Sequence[float], without_us: Sequence[float]) -> Comp
     mad = statistics.median([abs(d - med) for d in diffs]) * 1.4826
     se = 1.2533 * mad / max(len(diffs), 1) ** 0.5
     wa, wb = statistics.median(with_us), statistics.median(without_us)
-    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)), med)
+    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)), med, tuple(zip(with_us, without_us)))

@@ -85,7 +85,7 @@ class EndToEnd:
         def cmp(c: Comparison | None) -> dict | None:
             return None if c is None else {"with_us": c.with_us, "without_us": c.without_us, "noise_us": c.noise_us,
                                            "speedup": c.speedup, "within_noise": c.within_noise,
-                                           "paired_us": c.paired_us}
+                                           "paired_us": c.paired_us, "rounds": [list(r) for r in c.rounds]}
         return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
                           "output_rel_diff": r.output_rel_diff, "kernels": r.kernels, "error": r.error}
                          for r in self.rows],
