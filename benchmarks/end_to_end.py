@@ -112,13 +112,23 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
     from kforge.deploy._graph import compile_with
     from kforge.deploy._report import _patched_eagerly
 
-    kernels, _, _ = s._deployable(True)
+    from kforge.deploy._report import recompile_room
+
+    kernels, _, _ = s._deployable(not args.no_guard)   # the set end_to_end started from
     kept = {r.mode: set(r.kept) for r in e2e.fallback}
 
-    def kept_in(mode: str) -> list:
-        if args.no_guard or mode not in kept:
+    def kept_in(mode: str) -> list | None:
+        """The kernels to decode with in ``mode``; None where the check did not run (the mode failed)."""
+        if args.no_guard:
             return kernels
+        if mode not in kept:
+            return None if kernels else []
         return [dk for dk in kernels if dk.variant.signature in kept[mode]]
+
+    def why_same(mode: str) -> str:
+        if not kernels:
+            return "the session has no kernel to deploy"
+        return "the model-level check kept no kernel in this mode"
 
     @contextlib.contextmanager
     def installed(dep):
@@ -129,21 +139,23 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
             dep.remove()
 
     arms = {"eager": contextlib.nullcontext}
-    same_as: dict[str, str] = {}
-    eager_ks = [dk for dk in kept_in("eager") if _patched_eagerly(dk.variant.op)]   # region kernels: graph mode only
+    same_as: dict[str, tuple[str, str]] = {}
+    unchecked: list[str] = []
+    eager_ks = [dk for dk in kept_in("eager") or [] if _patched_eagerly(dk.variant.op)]   # regions: graph mode only
     if eager_ks:
         dep = Deployment(eager_ks, model)
         arms["eager + kforge"] = lambda: installed(dep)
     else:
-        same_as["eager + kforge"] = "eager"
+        same_as["eager + kforge"] = ("eager", why_same("eager"))
     torch._dynamo.reset()
-    # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     forwards = {}
     for mode in modes:
         for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kept_in(mode))):
+            if ks is None:
+                unchecked.append(label)
+                continue
             if label.endswith("+ kforge") and not ks:
-                same_as[label] = f"compile {mode}"
+                same_as[label] = (f"compile {mode}", why_same(mode))
                 continue
             try:
                 forwards[label] = compile_with(model.forward, ks, mode=mode, dynamic=False)
@@ -152,7 +164,9 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
             fwd = forwards[label]
             arms[label] = (lambda fwd=fwd: forward_as(model, fwd)) if not isinstance(fwd, Exception) else \
                 (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
-    results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
+    # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
+    with recompile_room(4 * len(arms) + 8):
+        results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
     out: dict = {}
     for label, arm in results.items():
         print(arm.line("eager"), flush=True)
@@ -162,9 +176,12 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
         fwd = forwards.get(label)
         if fwd is not None and not isinstance(fwd, Exception):
             out[label]["replaced"] = fwd.kforge_backend.replaced
-    for label, plain in same_as.items():
-        print(f"decode {label}: the same as {plain} (the model-level check kept no kernel in this mode)")
-        out[label] = {"same_as": plain}
+    for label, (plain, why) in same_as.items():
+        print(f"decode {label}: the same as {plain} ({why})")
+        out[label] = {"same_as": plain, "why": why}
+    for label in unchecked:
+        print(f"decode {label}: not decoded (the model-level check did not run in this mode: see the table)")
+        out[label] = {"error": "the model-level check did not run in this mode"}
     torch._dynamo.reset()
     return out
 

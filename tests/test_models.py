@@ -252,10 +252,63 @@ def test_compare_decode_interleaves_its_arms_and_compares_with_the_first():
     assert again["eager"].decode.tokens == ref.decode.tokens
 
 
+def test_compare_decode_reads_a_slower_arm_as_slower_and_survives_an_arm_failing_later():
+    """An arm that sleeps in every forward reads as far slower (the ratio's direction); an arm that
+    fails in its second round is reported with the round and the others are still measured; rounds
+    are rounded up to a multiple of the arms (each goes first equally often)."""
+    _import_or_skip("transformers")
+    import contextlib
+    import time
+
+    model, ids = models.gemma4_e2b(dtype=torch.float32, layers=1, tokens=8,
+                                   overrides={**SMALL_LM, "vocab_size_per_layer_input": 4096})
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def slow():  # 0.3 s a forward: far beyond what a loaded CPU adds to this model's step
+        entered.append("slow")
+        hook = model.register_forward_pre_hook(lambda *_: time.sleep(0.3))
+        try:
+            yield
+        finally:
+            hook.remove()
+
+    @contextlib.contextmanager
+    def flaky():  # warm-up and the first round pass, the second round raises
+        entered.append("flaky")
+        if entered.count("flaky") == 3:
+            raise RuntimeError("lost the device")
+        yield
+
+    @contextlib.contextmanager
+    def eager():
+        entered.append("eager")
+        yield
+
+    result = models.compare_decode(model, ids, 4, {"eager": eager, "slow": slow, "flaky": flaky}, rounds=2)
+    assert result["slow"].ratio < 0.6 and result["slow"].same_tokens
+    assert result["slow"].decode.tokens_per_s < result["eager"].decode.tokens_per_s
+    assert result["flaky"].decode is None and result["flaky"].error.startswith("RuntimeError in round 2: lost the device")
+    assert entered.count("eager") == entered.count("slow") == 1 + 3   # 2 rounds become 3 (three arms)
+    assert entered.count("flaky") == 3
+
+
 def test_compare_decode_rejects_what_it_cannot_measure():
     model = torch.nn.Linear(2, 2)
     ids = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="new_tokens must be at least 2"):
         models.compare_decode(model, ids, 1, {"eager": lambda: None})
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        models.compare_decode(model, ids, 4, {"eager": lambda: None}, rounds=0)
     with pytest.raises(ValueError, match="at least one arm"):
         models.compare_decode(model, ids, 4, {})
+
+
+def test_forward_as_gives_back_what_the_instance_had():
+    model = torch.nn.Linear(2, 2)
+    own = lambda x: x  # noqa: E731
+    with models.forward_as(model, own):
+        with models.forward_as(model, lambda x: 2 * x):
+            assert model.forward(1) == 2
+        assert model.forward is own
+    assert "forward" not in model.__dict__

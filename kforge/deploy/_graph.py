@@ -185,8 +185,8 @@ class KforgeBackend:
             for aten_pass in self.aten_passes:
                 record.replaced.extend(aten_pass(aten_gm))
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
-            # its own AOTAutograd over it again: the graph is already functional, so that is a re-trace;
-            # so do the aot_* backends). What they return takes its arguments unpacked, which
+            # its own AOTAutograd over it again: a re-trace of a functional graph, apart from the copy_
+            # into inputs an inference graph keeps; so do the aot_* backends). What they return takes its arguments unpacked, which
             # AOTAutograd's runtime does not do for a compiler's result: box it (tests/test_regions.py).
             if compiler is not self._inductor:
                 return make_boxed_func(compiler(aten_gm, aten_inputs))

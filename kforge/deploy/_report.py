@@ -196,8 +196,8 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         dispatch = "C" if all(k.fast for k in dep.kernels) else "Python"
     else:
         diff, dispatch = 0.0, None
-    eager_us = cmp.without_us if cmp is not None else compare(eager, eager).with_us
-    kforge_us = cmp.with_us if kept else eager_us
+    eager_us = cmp.without_us if cmp is not None else compare(eager, eager).without_us
+    kforge_us = cmp.with_paired_us if kept else eager_us
     rows.append(Row("eager", eager_us))
     compile_us = compile_kforge_us = None
     compiled_rows: list[Row] = []
@@ -211,17 +211,17 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
                     plain = make([])
                     vs_eager = compare(plain, eager)
-                    rows.append(Row(label, vs_eager.with_us, "eager", vs_eager))
+                    rows.append(Row(label, vs_eager.with_paired_us, "eager", vs_eager))
                     ckept, ccmp = check(kernels, gains, make, mode, plain) if kernels else ([], None)
                     cdiff = None
                     if ckept:
                         compiled = made[tuple(sorted(dk.run_name for dk in ckept))]
                         with torch.no_grad():
                             cdiff = relative_difference(reference, forward(compiled))
-                    compiled_rows.append(Row(f"{label} + kforge", ccmp.with_us if ckept else vs_eager.with_us,
+                    compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else vs_eager.with_paired_us,
                                              label, ccmp if ckept else None, cdiff, len(ckept)))
                     if compile_us is None:
-                        compile_us = vs_eager.with_us
+                        compile_us = vs_eager.with_paired_us
                         compile_kforge_us = compiled_rows[-1].us
             except Exception as exc:  # one mode that does not compile here does not lose the others
                 # NB: what the mode got before it failed goes (its check's report, a plain row), else the

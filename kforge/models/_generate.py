@@ -105,28 +105,40 @@ class DecodeArm:
         return text + f" ({self.decode.cache} cache)"
 
 
+_UNSET = object()
+
+
 @contextlib.contextmanager
 def forward_as(model: nn.Module, forward: Callable) -> Iterator[None]:
-    """``model.forward`` is ``forward`` (e.g. a compiled one) inside the block."""
+    """``model.forward`` is ``forward`` (e.g. a compiled one) inside the block; after it, what the
+    instance had before (its own forward set by someone else, or the class's)."""
+    before = model.__dict__.get("forward", _UNSET)
     model.forward = forward
     try:
         yield
     finally:
-        del model.forward
+        if before is _UNSET:
+            del model.forward
+        else:
+            model.forward = before
 
 
 def compare_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
                    arms: Mapping[str, Callable[[], ContextManager[Any]]], *, rounds: int = 5) -> dict[str, DecodeArm]:
     """Greedy decode under each arm, timed interleaved in one run: every round decodes once under
     each arm (the order rotating by a round), so a drift of the host or the GPU's clocks shows in
-    all arms alike. The first arm is the reference: each other arm's ``ratio`` is the median of its
-    per-round ratios of tokens/s against the reference's, its tokens and logits are compared with
-    the reference's. ``arms`` maps a label to a factory of the context the arm decodes in (e.g.
-    ``lambda: session.apply()`` or ``lambda: forward_as(model, compiled)``); an arm that raises
-    is reported with its error and left out of the rounds. The reference decides the KV cache:
-    static where the model has one, else dynamic."""
+    all arms alike; ``rounds`` is rounded up to a multiple of the number of arms, so that each arm
+    goes first equally often. The first arm is the reference: each other arm's ``ratio`` is the
+    median of its per-round ratios of tokens/s against the reference's, its tokens and logits are
+    compared with the reference's. ``arms`` maps a label to a factory of the context the arm decodes
+    in (e.g. ``lambda: session.apply()`` or ``lambda: forward_as(model, compiled)``); an arm that
+    raises, in its warm-up or in a round, is reported with its error and its timings are dropped;
+    the others go on. The reference's errors are raised (there is nothing to compare with). The
+    reference decides the KV cache: static where the model has one, else dynamic."""
     if new_tokens < 2:
         raise ValueError("new_tokens must be at least 2: decode speed is measured over the steps after the first")
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1 (got {rounds}): each round decodes once under every arm")
     if not arms:
         raise ValueError("compare_decode needs at least one arm (the first is the reference)")
     device = input_ids.device
@@ -166,9 +178,17 @@ def compare_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
         return max(times[0] - times[1], 1e-9)
 
     per_round: dict[str, list[float]] = {x: [] for x in live}
-    for r in range(rounds):
-        for label in live[r % len(live):] + live[:r % len(live)]:
-            per_round[label].append(steps(label))
+    total = -(-rounds // len(live)) * len(live)
+    for r in range(total):
+        order = [x for x in live[r % len(live):] + live[:r % len(live)] if x not in failed]
+        for label in order:
+            try:
+                per_round[label].append(steps(label))
+            except Exception as exc:
+                if label == labels[0]:
+                    raise
+                failed[label] = f"{type(exc).__name__} in round {r + 1}: {str(exc)[:200]}"
+                del per_round[label]
 
     def decode_of(label: str) -> Decode:
         out = warm[label]
