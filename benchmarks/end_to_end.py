@@ -102,10 +102,11 @@ def _diagnose(s: kforge.Session, model, inputs, device: str) -> dict:
     return out
 
 
-def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
+def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
     """Greedy decode at batch 1 under eager, each compile mode, and each with the kernels the
-    model-level check kept in that mode, timed interleaved in one run (compare_decode); an arm
-    whose mode kept no kernel is the plain arm itself and is not decoded twice."""
+    model-level check kept in that mode: one interleaved run (compare_decode) a compile mode, eager
+    its reference, ``save(results so far)`` after each; an arm whose mode kept no kernel is the
+    plain arm itself and is not decoded twice."""
     import contextlib
 
     from kforge.deploy import Deployment
@@ -138,24 +139,30 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
         finally:
             dep.remove()
 
-    arms = {"eager": contextlib.nullcontext}
-    same_as: dict[str, tuple[str, str]] = {}
-    unchecked: list[str] = []
+    out: dict = {}
+    eager_arms = {"eager": contextlib.nullcontext}
     eager_ks = [dk for dk in kept_in("eager") or [] if _patched_eagerly(dk.variant.op)]   # regions: graph mode only
     if eager_ks:
         dep = Deployment(eager_ks, model)
-        arms["eager + kforge"] = lambda: installed(dep)
+        eager_arms["eager + kforge"] = lambda: installed(dep)
     else:
-        same_as["eager + kforge"] = ("eager", why_same("eager"))
-    torch._dynamo.reset()
-    forwards = {}
-    for mode in modes:
-        for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kept_in(mode))):
+        out["eager + kforge"] = _same("eager + kforge", "eager", why_same("eager"))
+    # NB: one compare_decode a compile mode (eager the reference in each), the result saved after each:
+    # a mode that kills the process (reduce-overhead decode segfaulted on the H200) leaves the others
+    groups = [(None, dict(eager_arms))] if not modes else []
+    for i, mode in enumerate(modes):
+        arms = dict(eager_arms) if i == 0 else {"eager": contextlib.nullcontext}
+        groups.append((mode, arms))
+    for mode, arms in groups:
+        torch._dynamo.reset()
+        forwards = {}
+        for label, ks in (((f"compile {mode}", []), (f"compile {mode} + kforge", kept_in(mode))) if mode else ()):
             if ks is None:
-                unchecked.append(label)
+                print(f"decode {label}: not decoded (the model-level check did not run in this mode: see the table)")
+                out[label] = {"error": "the model-level check did not run in this mode"}
                 continue
             if label.endswith("+ kforge") and not ks:
-                same_as[label] = (f"compile {mode}", why_same(mode))
+                out[label] = _same(label, f"compile {mode}", why_same(mode))
                 continue
             try:
                 forwards[label] = compile_with(model.forward, ks, mode=mode, dynamic=False)
@@ -164,26 +171,27 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e) -> dict:
             fwd = forwards[label]
             arms[label] = (lambda fwd=fwd: forward_as(model, fwd)) if not isinstance(fwd, Exception) else \
                 (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
-    # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
-    with recompile_room(4 * len(arms) + 8):
-        results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
-    out: dict = {}
-    for label, arm in results.items():
-        print(arm.line("eager"), flush=True)
-        out[label] = {"tokens_per_s": arm.decode.tokens_per_s if arm.decode else None, "over_eager": arm.ratio,
-                      "same_tokens": arm.same_tokens, "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
-                      "cache": arm.decode.cache if arm.decode else None}
-        fwd = forwards.get(label)
-        if fwd is not None and not isinstance(fwd, Exception):
-            out[label]["replaced"] = fwd.kforge_backend.replaced
-    for label, (plain, why) in same_as.items():
-        print(f"decode {label}: the same as {plain} ({why})")
-        out[label] = {"same_as": plain, "why": why}
-    for label in unchecked:
-        print(f"decode {label}: not decoded (the model-level check did not run in this mode: see the table)")
-        out[label] = {"error": "the model-level check did not run in this mode"}
+        # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
+        with recompile_room(4 * len(arms) + 8):
+            results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
+        print(f"decode, one interleaved run{f' with compile {mode}' if mode else ''}:")
+        for label, arm in results.items():
+            print("  " + arm.line("eager"), flush=True)
+            key = label if label not in out else f"{label} (with compile {mode})"
+            out[key] = {"tokens_per_s": arm.decode.tokens_per_s if arm.decode else None, "over_eager": arm.ratio,
+                        "same_tokens": arm.same_tokens, "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
+                        "cache": arm.decode.cache if arm.decode else None}
+            fwd = forwards.get(label)
+            if fwd is not None and not isinstance(fwd, Exception):
+                out[key]["replaced"] = fwd.kforge_backend.replaced
+        save(out)
     torch._dynamo.reset()
     return out
+
+
+def _same(label: str, plain: str, why: str) -> dict:
+    print(f"decode {label}: the same as {plain} ({why})")
+    return {"same_as": plain, "why": why}
 
 
 def run(name: str, args) -> dict:
@@ -198,7 +206,11 @@ def run(name: str, args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"end_to_end_{name}.json").write_text(json.dumps(result, indent=1, default=str))  # kept if decode dies
     if name in LANGUAGE and args.decode:
-        result["decode"] = _decode(s, model, inputs[:, : args.prompt], args, modes, e2e)
+        def save(decode: dict) -> None:
+            result["decode"] = decode
+            (out / f"end_to_end_{name}.json").write_text(json.dumps(result, indent=1, default=str))
+
+        result["decode"] = _decode(s, model, inputs[:, : args.prompt], args, modes, e2e, save)
     if args.diagnose:
         result["diagnose"] = _diagnose(s, model, inputs, args.device)
         print(json.dumps(result["diagnose"], indent=1, default=str))
