@@ -12,6 +12,8 @@
 #   device run: bash benchmarks/device_session.sh vision    benchmarks/device_e2e.sh vision (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh maxautotune  ResNet-50 end to end under max-autotune (a call of its own)
 #   device run: bash benchmarks/device_session.sh sd35t     the SD3.5 transformer end to end (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh decode    tests/test_models_gpu.py, every case (which compiled
+#                                                            decode arm segfaulted on 2026-12-02), -v
 #   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
 #                                                            capture with regions, search 4 region cards, the
 #                                                            model under eager / compile default / reduce-overhead
@@ -83,6 +85,12 @@ PY
     timeout 540 python3 benchmarks/end_to_end.py resnet50 --modes max-autotune 2>&1 | grep -v "^DEBUG" \
         | grep -v "^  triton_\|^  convolution\|^AUTOTUNE\|^strides:\|^dtypes:\|^SingleProcess\|^Autotune\|^{\"num_choices" \
         | tee "$OUT/e2e_resnet50_max_autotune.txt" | tail -16 ;;
+  decode)
+    # NB: -v names each case as it ends: a segfault kills pytest, the last name printed is the case before it
+    KFORGE_GPU_REPRO=1 timeout 300 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
+        -o addopts="" tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
+        | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E |File .*(cudagraph|launcher|kforge)" \
+        | cut -c1-300 | head -40 ;;
   sd35t)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
     timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes default,reduce-overhead 2>&1 \
@@ -109,5 +117,5 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|probe|cluster" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|probe|cluster" >&2; exit 2 ;;
 esac
