@@ -338,12 +338,13 @@ class Session:
         ``fullgraph=True``, ...). With ``guard=True`` (default) the compiled model's forward on the
         session's inputs is timed with and without the kernels against plain torch.compile in the
         same mode, and kernels that do not make it measurably faster are left out (the result's
-        ``kforge_fallback`` says which and by how much). ``result.kforge_backend.graphs`` lists what
+        ``kforge_fallback`` says which and by how much), as are kernels no call in the compiled graphs
+        matches and a kept set that moves the output from eager's further than plain compile does. ``result.kforge_backend.graphs`` lists what
         each compiled graph got. ``backend="eager"`` skips Inductor (debugging).
         """
-        from .deploy._fallback import interleaved, keep_faster
+        from .deploy._fallback import interleaved
         from .deploy._graph import compile_with
-        from .deploy._report import compiled_arms, recompile_room
+        from .deploy._report import check_compiled, compiled_arms, recompile_room, relative_difference
 
         model = model if model is not None else self.model
         kernels, gains, _ = self._deployable(all_winners=True)
@@ -351,9 +352,14 @@ class Session:
             return compile_with(model, kernels, backend=backend, **torch_compile_kwargs)
         args, kwargs = self._inputs()
         mode = torch_compile_kwargs.pop("mode", None)
-        make, made = compiled_arms(model, lambda m: m(*args, **kwargs), mode, backend, **torch_compile_kwargs)
-        with recompile_room(len(kernels) + 4):  # NB: one dynamo cache entry per kernel set tried
-            kept, report = keep_faster(kernels, gains, make, interleaved(self.device), mode or "default")
+        forward = lambda m: m(*args, **kwargs)  # noqa: E731
+        make, made = compiled_arms(model, forward, mode, backend, **torch_compile_kwargs)
+        with recompile_room(len(kernels) + 4), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried
+            reference = forward(model)
+            none = make([])
+            plain_diff = relative_difference(reference, forward(made[()]))
+            kept, _, report, _ = check_compiled(kernels, gains, make, made, interleaved(self.device), mode or "default",
+                                                none, forward, reference, plain_diff)
         compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
         if compiled is None:
             compiled = compile_with(model, kept, backend=backend, mode=mode, **torch_compile_kwargs)

@@ -19,9 +19,10 @@ from kforge.proposers.builtin import strategies_for
 from kforge.ops import CardStatus, CardVerdict
 
 
-def _winners(tmp_path, example: str, ops: tuple[str, ...]):
+def _winners(tmp_path, example: str, ops: tuple[str, ...], tamper=None):
     """A session of a built-in example whose cards of ``ops`` have validated winners (built-in
-    kernels; verdicts set directly: timing on a shared CPU is not what these tests are about)."""
+    kernels; verdicts set directly: timing on a shared CPU is not what these tests are about).
+    ``tamper(source)``: the source stored as the winner instead (one that fooled the per-call check)."""
     model, x = kforge.example(example)
     s = kforge.Session(model, x, device="cpu", workdir=tmp_path / f"wd-{example}")
     s.capture(timing_budget_ms=2)
@@ -34,7 +35,7 @@ def _winners(tmp_path, example: str, ops: tuple[str, ...]):
         src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
         ev = s.evaluator.evaluate(card, src, s.store)
         assert ev.status.is_correct, ev.summary()
-        cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
+        cid = s.store.add_candidate(card.key, None, "test", tamper(src) if tamper else src, intent="built-in")
         s.store.set_evaluation(cid, ev)
         s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=1.5,
                                                   kernel_us=card.eager_us / 1.5, eager_us=card.eager_us,
@@ -231,6 +232,60 @@ def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_pat
     row = next(r for r in helped.rows if r.label == "compile default + kforge")
     assert row.kernels == 1 and row.output_rel_diff < 1e-6 and row.comparison.faster
     assert json.dumps(helped.to_json())
+    s.close()
+
+
+def test_a_kernel_no_compiled_call_matches_is_not_timed_or_kept(tmp_path):
+    """The model compile runs takes another path than the one captured (here: its input padded, so
+    max_pool2d sees other shapes): the winner is in no graph. Timing it would credit it with the
+    noise (on the H200 an unplaced Qwen kernel read 1.020x, "kept"); it is reported, not timed."""
+    import torch.nn.functional as F
+
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
+    (sig,) = [c.signature for c in cards]
+
+    class Padded(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(F.pad(x, (1, 1, 1, 1)))
+
+    torch._dynamo.reset()
+    compiled = s.compile(Padded(model), backend="aot_eager", dynamic=False)
+    report = compiled.kforge_fallback
+    assert report.not_placed == (sig,) and report.kept == () and report.forwards_built == 0
+    assert compiled.kforge_backend.replaced == []
+    assert f"not run {sig}: no call in this mode's compiled graphs has its signature" in "\n".join(report.lines())
+    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    (default,) = [f for f in e2e.fallback if f.mode == "default"]
+    assert default.not_placed == () and default.kept == (sig,), "on the captured path the same kernel is placed"
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_a_kernel_set_that_changes_the_models_output_is_dropped_though_faster(tmp_path, monkeypatch):
+    """A winner that fooled its per-call checks (its stored source scales the output by 1.5; the recheck
+    at install, which catches this one, is switched off here to reach the next line of defence) and
+    that the timing says is faster: the model's output moves from eager's far beyond plain compile's
+    own difference, so every mode drops it, and the report says by how much."""
+    monkeypatch.setattr(kforge.Session, "_rechecked", lambda self, kernels: (list(kernels), []))
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",),
+                                  tamper=lambda src: src.replace("y_st(y, o, acc);", "y_st(y, o, acc * 1.5f);"))
+    (sig,) = [c.signature for c in cards]
+    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    for label in ("eager + kforge", "compile default + kforge"):
+        row = next(r for r in e2e.rows if r.label == label)
+        assert row.kernels == 0, label
+    assert e2e.kernels_installed == 0 and e2e.output_rel_diff == 0.0
+    plain = next(r for r in e2e.rows if r.label == "compile default")
+    assert plain.output_rel_diff is not None and plain.output_rel_diff < 1e-6, "plain compile's own difference"
+    for f in e2e.fallback:
+        assert f.kept == () and f.wrong_output and "differs from eager's by" in f.wrong_output, f.mode
+        assert "dropped every kernel" in "\n".join(f.lines())
+    assert json.loads(json.dumps(e2e.to_json()))["fallback"][0]["wrong_output"]
+    torch._dynamo.reset()
     s.close()
 
 

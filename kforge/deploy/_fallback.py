@@ -92,12 +92,17 @@ class FallbackReport:
     model: Comparison        # the kept set against no kernels (when nothing is kept: all of them)
     forwards_built: int
     not_in_mode: tuple[str, ...] = ()   # kernels this mode cannot run (region kernels in eager), not timed
+    not_placed: tuple[str, ...] = ()    # kernels no call in this mode's graphs matched: never ran, not timed
+    wrong_output: str | None = None     # why the set that was faster was dropped: it changed the model's output
 
     def lines(self) -> list[str]:
         out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}" if self.forwards_built
                else f"{self.mode}: no kernel this mode can run, nothing timed"]
+        if self.wrong_output:
+            out.append(f"  dropped every kernel: {self.wrong_output}")
         out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
         out += [f"  not run {sig}: runs in graph mode only (torch.compile)" for sig in self.not_in_mode]
+        out += [f"  not run {sig}: no call in this mode's compiled graphs has its signature" for sig in self.not_placed]
         return out
 
 

@@ -1,6 +1,7 @@
 """The end-to-end report: the model's forward with and without kforge, eager and in each torch.compile mode."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -14,6 +15,7 @@ from ._graph import compile_with
 from ._launch import DeployedKernel
 
 MODES = ("default", "max-autotune", "reduce-overhead")
+log = logging.getLogger("kforge")
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ class EndToEnd:
                          for r in self.rows],
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
-                              "not_in_mode": list(f.not_in_mode),
+                              "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
+                              "wrong_output": f.wrong_output,
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
                 "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
@@ -155,6 +158,74 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
     return build, made
 
 
+def output_tolerance(reference: Any) -> float:
+    """How far (relative L2, first output tensor) a model with kernels may move from eager's output
+    beyond what its plain baseline moves: each kernel was checked against eager per call, so this
+    catches what a per-call check cannot (a kernel placed where its call's check did not reach)."""
+    t = first_tensor(reference)
+    if t is None:
+        return float("inf")
+    return 1e-3 if t.dtype in (torch.float32, torch.float64) else 5e-2
+
+
+def wrong_output(diff: float | None, plain_diff: float | None, reference: Any, baseline: str) -> str | None:
+    """Why a kernel set's output is not the model's (None: it is): its difference from eager's output
+    beyond twice the baseline's own difference and the dtype's tolerance, or not a number."""
+    if diff is None:
+        return None
+    allowed = max(2.0 * (plain_diff or 0.0), output_tolerance(reference))
+    if diff <= allowed:   # NB: a NaN fails this
+        return None
+    return (f"with them the output differs from eager's by {diff:.1e} (relative), {baseline} by "
+            f"{plain_diff or 0.0:.1e}; at most {allowed:.1e} is allowed")
+
+
+def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels: Sequence[DeployedKernel]
+           ) -> tuple[list[DeployedKernel], tuple[str, ...]]:
+    """The kernels some compiled graph of the model really calls, and the signatures of those it does
+    not (no call in the graph has their shapes, e.g. a call on a path compile does not take): a
+    forward compiled with all of them runs once, and its graphs say what they got. A kernel that never
+    runs cannot make the model faster, and timing it would credit it with the noise."""
+    if not kernels:
+        return [], ()
+    arm = make(kernels)
+    with torch.no_grad():
+        arm.forward()   # compiles
+    compiled = made[tuple(sorted(dk.run_name for dk in kernels))]
+    got = set(compiled.kforge_backend.replaced)
+    inside = [k for k in kernels if k.variant.signature in got]
+    return inside, tuple(k.variant.signature for k in kernels if k.variant.signature not in got)
+
+
+def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], make: Callable, made: dict,
+                   compare: Compare, mode: str, none: Arm, forward: Callable[[Any], Any], reference: Any,
+                   plain_diff: float | None, guard: bool = True
+                   ) -> tuple[list[DeployedKernel], Comparison | None, FallbackReport | None, float | None]:
+    """One compile mode's model-level check: (kept kernels, their comparison with plain compile, the
+    report, their output's difference from eager's). Kernels no compiled graph calls are left out
+    untimed; the set the timing keeps is dropped if it changes the model's output (``wrong_output``)."""
+    inside, missing = placed(make, made, kernels)
+    gains = [g for k, g in zip(kernels, gains) if k in inside]
+    if guard:
+        kept, report = keep_faster(inside, gains, make, compare, mode, none)
+        report = replace(report, not_placed=missing)
+        cmp = report.model
+    else:
+        kept, report = list(inside), None
+        cmp = compare(make(kept), none) if kept else None
+    diff = None
+    if kept:
+        with torch.no_grad():
+            diff = relative_difference(reference, forward(made[tuple(sorted(dk.run_name for dk in kept))]))
+        why = wrong_output(diff, plain_diff, reference, f"plain compile ({mode})")
+        if why is not None:
+            log.warning("kforge: %s: %s", mode, why)
+            if report is not None:
+                report = replace(report, kept=(), wrong_output=why)
+            kept, diff = [], None
+    return list(kept), cmp, report, diff
+
+
 def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKernel], gains: Sequence[float], *,
             device: str, modes: Sequence[str] = MODES, compile: bool = True, guard: bool = True,
             backend: str = "inductor", compare: Compare | None = None, skipped: Sequence[tuple[str, str]] = (),
@@ -194,6 +265,12 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         with Deployment(kept, model if isinstance(model, torch.nn.Module) else None) as dep, torch.no_grad():
             diff = relative_difference(reference, forward(model))
         dispatch = "C" if all(k.fast for k in dep.kernels) else "Python"
+        why = wrong_output(diff, 0.0, reference, "eager itself")
+        if why is not None:
+            log.warning("kforge: eager: %s", why)
+            if guard:
+                reports[0] = replace(reports[0], kept=(), wrong_output=why)
+            kept, diff, dispatch = [], 0.0, None
     else:
         diff, dispatch = 0.0, None
     eager_us = cmp.without_us if cmp is not None else compare(eager, eager).without_us
@@ -211,13 +288,13 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
                     plain = make([])
                     vs_eager = compare(plain, eager)
-                    rows.append(Row(label, vs_eager.with_paired_us, "eager", vs_eager))
-                    ckept, ccmp = check(kernels, gains, make, mode, plain) if kernels else ([], None)
-                    cdiff = None
-                    if ckept:
-                        compiled = made[tuple(sorted(dk.run_name for dk in ckept))]
-                        with torch.no_grad():
-                            cdiff = relative_difference(reference, forward(compiled))
+                    with torch.no_grad():
+                        plain_diff = relative_difference(reference, forward(made[()]))
+                    rows.append(Row(label, vs_eager.with_paired_us, "eager", vs_eager, plain_diff))
+                    ckept, ccmp, creport, cdiff = ([], None, None, None) if not kernels else check_compiled(
+                        kernels, gains, make, made, compare, mode, plain, forward, reference, plain_diff, guard)
+                    if creport is not None:
+                        reports.append(creport)
                     compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else vs_eager.with_paired_us,
                                              label, ccmp if ckept else None, cdiff, len(ckept)))
                     if compile_us is None:
