@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kforge  # noqa: E402
-from kforge.models import compare_decode, forward_as  # noqa: E402
+from kforge.models import compare_decode, decode_steps, forward_as  # noqa: E402
 from seed_workloads import DEFAULTS, LANGUAGE, seed_model  # noqa: E402
 
 
@@ -164,13 +164,16 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
             if label.endswith("+ kforge") and not ks:
                 out[label] = _same(label, f"compile {mode}", why_same(mode))
                 continue
+            # NB: compiled as transformers' generate compiles (its CompileConfig): the decode steps only,
+            # dynamic=None. With dynamic=False Gemma's sliding-window cache length (a Python int)
+            # recompiled at every step until dynamo's limit, then ran eagerly (H200, 2026-12-03)
             try:
-                forwards[label] = compile_with(model.forward, ks, mode=mode, dynamic=False)
+                forwards[label] = compile_with(model.forward, ks, mode=mode, dynamic=None)
             except Exception as exc:
                 forwards[label] = exc
             fwd = forwards[label]
-            arms[label] = (lambda fwd=fwd: forward_as(model, fwd)) if not isinstance(fwd, Exception) else \
-                (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
+            arms[label] = (lambda fwd=fwd: forward_as(model, decode_steps(model, fwd))) \
+                if not isinstance(fwd, Exception) else (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
         # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
         with recompile_room(4 * len(arms) + 8):
             results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
@@ -179,7 +182,7 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
             print("  " + arm.line("eager"), flush=True)
             key = label if label not in out else f"{label} (with compile {mode})"
             out[key] = {"tokens_per_s": arm.decode.tokens_per_s if arm.decode else None, "over_eager": arm.ratio,
-                        "same_tokens": arm.same_tokens, "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
+                        "same_tokens": arm.same_tokens, "agreed": arm.agreed, "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
                         "cache": arm.decode.cache if arm.decode else None}
             fwd = forwards.get(label)
             if fwd is not None and not isinstance(fwd, Exception):

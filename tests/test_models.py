@@ -252,6 +252,56 @@ def test_compare_decode_interleaves_its_arms_and_compares_with_the_first():
     assert again["eager"].decode.tokens == ref.decode.tokens
 
 
+def test_decode_steps_compiles_the_steps_and_agreement_reads_the_common_context():
+    """decode_steps sends the one-token steps to the compiled forward and the prompt to the model's own;
+    an arm that parts from the reference at its third token agrees for two, and its logits are compared
+    where both decoded from the same context (up to the first difference), not after it."""
+    _import_or_skip("transformers")
+    import contextlib
+
+    model, ids = models.gemma4_e2b(dtype=torch.float32, layers=1, tokens=8,
+                                   overrides={**SMALL_LM, "vocab_size_per_layer_input": 4096})
+    shapes: list[int] = []
+
+    def compiled(*args, **kwargs):
+        shapes.append(kwargs["input_ids"].shape[1])
+        return type(model).forward(model, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def steps():
+        shapes.clear()
+        with models.forward_as(model, models.decode_steps(model, compiled)):
+            yield
+
+    ref = models.compare_decode(model, ids, 5, {"eager": contextlib.nullcontext}, rounds=1)["eager"].decode
+    target = next(t for t in range(4096) if t != ref.tokens[2])
+
+    @contextlib.contextmanager
+    def late():  # from the third token on, ``target`` wins every step
+        calls = []
+
+        def boost(_module, _args, out):
+            calls.append(1)
+            if len(calls) >= 3:
+                out[..., target] += 1e4
+            return out
+        hook = model.lm_head.register_forward_hook(boost)
+        try:
+            yield
+        finally:
+            hook.remove()
+
+    result = models.compare_decode(model, ids, 5, {"eager": contextlib.nullcontext, "steps": steps, "late": late},
+                                   rounds=1)
+    assert result["steps"].same_tokens and result["steps"].logit_rel_diff < 1e-5
+    assert shapes and set(shapes) == {1}, "the compiled forward got the decode steps only"
+    late_arm = result["late"]
+    assert not late_arm.same_tokens and late_arm.agreed == 2 and late_arm.decode.tokens[2] == target
+    assert late_arm.logit_rel_diff > 0.1, "the step where they part is compared (same context)"
+    assert "tokens identical for the first 2 of 5" in late_arm.line("eager")
+    assert ref.agreed(ref) == 5
+
+
 def test_compare_decode_reads_a_slower_arm_as_slower_and_survives_an_arm_failing_later():
     """An arm that sleeps in every forward reads as far slower (the ratio's direction); an arm that
     fails in its second round is reported with the round and the others are still measured; rounds

@@ -48,8 +48,9 @@ def test_compare_decode_alternates_compiled_forwards_on_cuda(modes, static_launc
     arms = {"eager": contextlib.nullcontext}
     forwards = {}
     for mode in modes:
-        forwards[mode] = compile_with(model.forward, [], mode=mode, dynamic=False)
-        arms[f"compile {mode}"] = lambda f=forwards[mode]: models.forward_as(model, f)
+        # NB: as the benchmark decodes (and transformers' generate compiles): the steps only, dynamic=None
+        forwards[mode] = compile_with(model.forward, [], mode=mode, dynamic=None)
+        arms[f"compile {mode}"] = lambda f=models.decode_steps(model, forwards[mode]): models.forward_as(model, f)
     try:
         with torch._inductor.config.patch(patch):
             result = models.compare_decode(model, ids, 8, arms, rounds=3)

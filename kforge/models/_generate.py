@@ -20,10 +20,24 @@ class Decode:
     tokens_per_s: float              # decode steps only: (N - 1) / (time for N tokens - time for 1)
     cache: str                       # "static", or "dynamic (why the static cache was not usable)"
 
-    def agrees_with(self, reference: "Decode", rtol: float = 2e-2) -> tuple[bool, float]:
-        """(same tokens as ``reference``, largest logit difference relative to the reference's scale)."""
+    def agreed(self, reference: "Decode") -> int:
+        """How many tokens, from the first, are the same as ``reference``'s."""
+        n = 0
+        for a, b in zip(self.tokens, reference.tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def agrees_with(self, reference: "Decode") -> tuple[bool, float]:
+        """(same tokens as ``reference``, largest logit difference relative to the reference's scale).
+
+        The logits are compared at the steps both decodes took from the same context: up to and
+        including the first differing token. After it, each continues its own text and their logits
+        differ by construction (in bfloat16 a near-tie between two tokens flips with any change of
+        summation order, which is where two correct decodes part)."""
         same = self.tokens == reference.tokens
-        n = min(len(self.logits), len(reference.logits))
+        n = min(len(self.logits), len(reference.logits), self.agreed(reference) + 1)
         diff = (self.logits[:n] - reference.logits[:n]).abs().max().item()
         scale = reference.logits[:n].abs().max().clamp_min(1e-12).item()
         return same, diff / scale
@@ -92,20 +106,40 @@ class DecodeArm:
     decode: Decode | None
     ratio: float | None = None          # tokens/s over the reference's, paired per round; 1.0 for the reference
     same_tokens: bool | None = None
-    logit_rel_diff: float | None = None
+    logit_rel_diff: float | None = None   # at the steps decoded from the reference's context (Decode.agrees_with)
     error: str | None = None
+    agreed: int | None = None           # leading tokens the same as the reference's
 
     def line(self, reference: str) -> str:
         if self.decode is None:
             return f"decode {self.label}: failed: {self.error}"
         text = f"decode {self.label}: {self.decode.tokens_per_s:.1f} tokens/s"
         if self.label != reference:
-            text += (f" ({self.ratio:.3f}x {reference}, same run), tokens {'identical' if self.same_tokens else 'DIFFER'}"
-                     f", logits {self.logit_rel_diff:.1e}")
+            tokens = "identical" if self.same_tokens else \
+                f"identical for the first {self.agreed} of {len(self.decode.tokens)}"
+            text += (f" ({self.ratio:.3f}x {reference}, same run), tokens {tokens}, logits {self.logit_rel_diff:.1e}"
+                     f" (same context)")
         return text + f" ({self.decode.cache} cache)"
 
 
 _UNSET = object()
+
+
+def decode_steps(model: nn.Module, compiled: Callable) -> Callable:
+    """A forward for ``generate`` that runs ``compiled`` on the decode steps (one new token) and the
+    model's own forward on the prefill, as transformers' generate does when it compiles (its
+    CompileConfig: the prompt's shape is not the steps' shape, so one compiled graph serves the
+    steps; compile ``compiled`` with ``dynamic=None`` as that config does, or a cache length kept as
+    a Python int, e.g. Gemma's sliding-window layers, recompiles at every step)."""
+    own = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        step = ids is not None and ids.dim() >= 2 and ids.shape[1] == 1
+        return (compiled if step else own)(*args, **kwargs)
+    return forward
 
 
 @contextlib.contextmanager
@@ -206,5 +240,5 @@ def compare_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
         d = ref if label == labels[0] else decode_of(label)
         same, rel = d.agrees_with(ref)
         ratio = statistics.median(a / b for a, b in zip(per_round[labels[0]], per_round[label]))
-        result[label] = DecodeArm(label, d, ratio, same, rel)
+        result[label] = DecodeArm(label, d, ratio, same, rel, agreed=d.agreed(ref))
     return result
