@@ -358,7 +358,7 @@ class Session:
             reference = forward(model)
             none = make([])
             plain_diff = relative_difference(reference, forward(made[()]))
-            kept, _, report, _ = check_compiled(kernels, gains, make, made, interleaved(self.device), mode or "default",
+            kept, _, report, _, _ = check_compiled(kernels, gains, make, made, interleaved(self.device), mode or "default",
                                                 none, forward, reference, plain_diff)
         compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
         if compiled is None:

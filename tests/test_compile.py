@@ -281,12 +281,34 @@ def test_a_kernel_set_that_changes_the_models_output_is_dropped_though_faster(tm
     assert e2e.kernels_installed == 0 and e2e.output_rel_diff == 0.0
     plain = next(r for r in e2e.rows if r.label == "compile default")
     assert plain.output_rel_diff is not None and plain.output_rel_diff < 1e-6, "plain compile's own difference"
+    for r in e2e.rows:   # the float64 model is the yardstick: every row that ran is near it (nothing kept)
+        assert r.float64_rel_diff is not None and r.float64_rel_diff < 1e-5, r.label
     for f in e2e.fallback:
-        assert f.kept == () and f.wrong_output and "differs from eager's by" in f.wrong_output, f.mode
+        assert f.kept == () and f.wrong_output and "differs from the float64 model's by" in f.wrong_output, f.mode
         assert "dropped every kernel" in "\n".join(f.lines())
     assert json.loads(json.dumps(e2e.to_json()))["fallback"][0]["wrong_output"]
     torch._dynamo.reset()
     s.close()
+
+
+def test_the_output_check_measures_from_float64_where_it_has_it():
+    """A deep bfloat16 model with random weights is far from its own float64 output already in eager
+    (Gemma 4 E2B, 35 layers: 0.78), and a compiled one differs from eager by as much: the check then
+    reads the distance from float64, not from eager; without a float64 output it reads eager's."""
+    from kforge.deploy._report import float64_output, wrong_output
+
+    bf16, f32 = torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2)
+    assert wrong_output(1.0, 1.0, bf16, "plain compile", err64=0.5, plain_err64=0.78) is None
+    assert "float64 model's by 5.0e-01" in wrong_output(1e-6, 0.0, f32, "plain compile", err64=0.5, plain_err64=1e-6)
+    assert wrong_output(float("nan"), 0.0, f32, "eager", err64=float("nan"), plain_err64=0.0)
+    assert wrong_output(float("nan"), 0.0, f32, "eager")
+    assert "from eager's by 2.0e-02" in wrong_output(2e-2, 1e-4, f32, "plain compile")
+    assert wrong_output(1e-4, 1e-4, f32, "plain compile") is None
+    model, x = kforge.example("tiny_cnn")
+    out = float64_output(model, (x,), {})
+    assert out.dtype == torch.float64 and next(model.parameters()).dtype == torch.float32, "a copy, not the model"
+    torch.testing.assert_close(out.float(), model(x).detach(), rtol=1e-4, atol=1e-5)
+    assert float64_output(lambda t: t, (x,), {}) is None
 
 
 @pytest.mark.gpu
