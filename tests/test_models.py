@@ -8,6 +8,7 @@ the published sizes without allocating them.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import sys
 
@@ -202,6 +203,23 @@ def test_gemma4_with_the_published_vocabulary_runs():
 # ----------------------------------------------------------------------------- decode
 
 
+@contextlib.contextmanager
+def _boosting(model, token: int, from_call: int = 1):
+    """Inside: ``token`` wins every step from the ``from_call``-th forward on (a hook on the LM head)."""
+    calls = []
+
+    def boost(_module, _args, out):
+        calls.append(1)
+        if len(calls) >= from_call:
+            out[..., token] += 1e4
+        return out
+    hook = model.lm_head.register_forward_hook(boost)
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def test_compare_decode_interleaves_its_arms_and_compares_with_the_first():
     _import_or_skip("transformers")
     import contextlib
@@ -218,16 +236,7 @@ def test_compare_decode_interleaves_its_arms_and_compares_with_the_first():
                 yield
         return enter
 
-    @contextlib.contextmanager
-    def boosted():  # token 7 wins every step: other tokens, other logits
-        def boost(_module, _args, out):
-            out[..., 7] += 1e4
-            return out
-        hook = model.lm_head.register_forward_hook(boost)
-        try:
-            yield
-        finally:
-            hook.remove()
+    boosted = lambda: _boosting(model, 7)  # noqa: E731 -- token 7 wins every step: other tokens, other logits
 
     def broken():
         raise RuntimeError("this arm cannot build")
@@ -276,20 +285,7 @@ def test_decode_steps_compiles_the_steps_and_agreement_reads_the_common_context(
     ref = models.compare_decode(model, ids, 5, {"eager": contextlib.nullcontext}, rounds=1)["eager"].decode
     target = next(t for t in range(4096) if t != ref.tokens[2])
 
-    @contextlib.contextmanager
-    def late():  # from the third token on, ``target`` wins every step
-        calls = []
-
-        def boost(_module, _args, out):
-            calls.append(1)
-            if len(calls) >= 3:
-                out[..., target] += 1e4
-            return out
-        hook = model.lm_head.register_forward_hook(boost)
-        try:
-            yield
-        finally:
-            hook.remove()
+    late = lambda: _boosting(model, target, from_call=3)  # noqa: E731 -- from the third token on
 
     result = models.compare_decode(model, ids, 5, {"eager": contextlib.nullcontext, "steps": steps, "late": late},
                                    rounds=1)
