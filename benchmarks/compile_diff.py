@@ -6,6 +6,9 @@ second token; a 1-layer float32 Gemma agrees to 1e-6. This locates it: dynamo al
 AOTAutograd ("aot_eager") or Inductor ("inductor"), per dtype and depth.
 
     python3 benchmarks/compile_diff.py gemma4_e2b --layers 35,15 --backends aot_eager,inductor --dtypes bfloat16
+
+With ``--float64`` every line also gives the distance from the same model computed in float64 (the
+truth the rounding of either side departs from): which of eager and compile is nearer to it.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kforge import models  # noqa: E402
-from kforge.deploy._report import first_tensor, relative_difference  # noqa: E402
+from kforge.deploy._report import first_tensor, float64_output, relative_difference  # noqa: E402
 
 
 def main() -> None:
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--attn", default="eager")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--float64", action="store_true", help="also the distance from the model computed in float64")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds: start no case after this")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -42,7 +46,12 @@ def main() -> None:
                 ref = model(ids)
                 again = model(ids)
             r = first_tensor(ref).float()
-            print(f"{args.model} {dtype} layers={layers}: eager twice {relative_difference(ref, again):.1e}", flush=True)
+            ref64 = float64_output(model, (ids,), {}) if args.float64 else None
+            from64 = lambda out: "" if ref64 is None else f", from float64 {relative_difference(ref64, out):.1e}"  # noqa: E731
+            agree64 = lambda out: "" if ref64 is None else (  # noqa: E731
+                f", argmax as float64's at {(first_tensor(out).float().argmax(-1) == ref64.argmax(-1)).float().mean().item():.1%}")
+            print(f"{args.model} {dtype} layers={layers}: eager twice {relative_difference(ref, again):.1e}"
+                  f"{from64(ref)}{agree64(ref)}", flush=True)
             for backend in args.backends.split(","):
                 if time.perf_counter() - t0 > args.deadline:
                     print("deadline: stop", flush=True)
@@ -55,7 +64,8 @@ def main() -> None:
                     o = first_tensor(out).float()
                     same = (o.argmax(-1) == r.argmax(-1)).float().mean().item()
                     print(f"  {backend:10s} rel diff {relative_difference(ref, out):.1e}, argmax agrees at {same:.1%} "
-                          f"of positions, finite {bool(torch.isfinite(o).all())} ({time.perf_counter() - t:.0f} s)",
+                          f"of positions{from64(out)}{agree64(out)}, finite {bool(torch.isfinite(o).all())} "
+                          f"({time.perf_counter() - t:.0f} s)",
                           flush=True)
                 except Exception as exc:
                     print(f"  {backend:10s} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
