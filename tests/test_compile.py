@@ -217,6 +217,24 @@ def test_nothing_is_kept_when_the_kernels_together_do_not_help():
     assert kept == [] and [lo.signature for lo in report.left_out] == ["a"]
 
 
+def test_a_saving_within_the_gap_between_two_plain_compilations_is_not_kept():
+    """Two compilations of one graph can run apart (2% on the H200): the A/A control's gap is added to
+    the noise, so a kernel saving less than it is left out, and one saving more is kept."""
+    small, large, aa = _Kernel("saves 15 us"), _Kernel("saves 40 us"), _Kernel("second plain compilation")
+    costs = {small.variant.signature: -15.0, large.variant.signature: -40.0, aa.variant.signature: +20.0}
+    build = lambda ks: Arm(lambda: None, ks)  # noqa: E731
+    kept, _ = keep_faster([small], [15.0], build, _model_time(costs), "default")
+    assert kept == [small], "without the control 15 us beats 5 us of noise"
+    kept, report = keep_faster([small], [15.0], build, _model_time(costs), "default", control=Arm(lambda: None, [aa]))
+    assert kept == [] and report.control.saved_us == -20.0
+    assert "two plain compilations differ by" in report.left_out[0].reason
+    assert "A/A control" in "\n".join(report.lines())
+    kept, report = keep_faster([large, small], [40.0, 15.0], build, _model_time(costs), "default",
+                               control=Arm(lambda: None, [aa]))
+    assert kept == [large] and report.model.faster and report.model.margin_us == 20.0
+    assert [lo.signature for lo in report.left_out] == ["saves 15 us"]
+
+
 def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_path):
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
     (sig,) = [c.signature for c in cards]
@@ -225,6 +243,8 @@ def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_pat
     assert eager_row.kernels == 0 and report.kernels_installed == 0
     assert [lo.signature for f in report.fallback for lo in f.left_out] == [sig, sig]
     assert {f.mode for f in report.fallback} == {"eager", "default"}
+    controls = {f.mode: f.control for f in report.fallback}
+    assert controls["eager"] is None and controls["default"] is not None, "compile modes time an A/A control"
     assert f"left out {sig}" in report.table()
     assert "each ratio is from one interleaved run" in report.table()
     helped = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))

@@ -9,12 +9,17 @@ in compile modes) for n kernels:
 start from all kernels; try leaving out each one, smallest expected gain first, and drop it when
 the model is not measurably slower without it; finally keep what is left only if it beats no
 kernels at all beyond the noise.
+
+In compile modes every arm is a compilation of its own, and two compilations of one graph need not
+run alike (on the H200 two arms that ran the same Qwen graph read 2% apart): the check times a second
+plain compilation, made afresh, against the first (the A/A control), and a saving must exceed the
+noise plus the gap between those two (``margin_us``).
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -36,6 +41,7 @@ class Comparison:
     noise_us: float     # a difference within this is not a measurement
     paired_us: float | None = None
     rounds: tuple[tuple[float, float], ...] = field(default=(), repr=False)   # (with, without) per round, in order
+    margin_us: float = 0.0   # a systematic gap a saving must exceed too (two plain compilations' A/A difference)
 
     @property
     def saved_us(self) -> float:
@@ -50,12 +56,12 @@ class Comparison:
 
     @property
     def within_noise(self) -> bool:
-        return abs(self.saved_us) <= self.noise_us
+        return abs(self.saved_us) <= self.noise_us + self.margin_us
 
     @property
     def faster(self) -> bool:
-        """Measurably faster with the kernels than without."""
-        return self.saved_us > self.noise_us
+        """Measurably faster with the kernels than without (beyond the noise and the margin)."""
+        return self.saved_us > self.noise_us + self.margin_us
 
     @property
     def speedup(self) -> float:
@@ -64,6 +70,9 @@ class Comparison:
 
     def describe(self) -> str:
         if self.within_noise:
+            if self.margin_us:
+                return (f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us) and the {self.margin_us:.1f} us "
+                        "that two plain compilations differ by")
             return f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us)"
         if self.paired_us is None:
             return f"{self.speedup:.3f}x ({self.with_us:.1f} us against {self.without_us:.1f} us)"
@@ -94,10 +103,14 @@ class FallbackReport:
     not_in_mode: tuple[str, ...] = ()   # kernels this mode cannot run (region kernels in eager), not timed
     not_placed: tuple[str, ...] = ()    # kernels no call in this mode's graphs matched: never ran, not timed
     wrong_output: str | None = None     # why the set that was faster was dropped: it changed the model's output
+    control: Comparison | None = None   # compile modes: a second plain compilation against the first (A/A)
 
     def lines(self) -> list[str]:
         out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}" if self.forwards_built
                else f"{self.mode}: no kernel this mode can run, nothing timed"]
+        if self.control is not None:
+            out.append(f"  A/A control: a second plain compilation against the first, {abs(self.control.saved_us):.1f} us "
+                       f"apart (noise +/-{self.control.noise_us:.1f} us); a saving must exceed noise and that gap")
         if self.wrong_output:
             out.append(f"  dropped every kernel: {self.wrong_output}")
         out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
@@ -130,12 +143,15 @@ Compare = Callable[[Arm, Arm], Comparison]
 
 
 def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[float], build: Build,
-                compare: Compare, mode: str, none: Arm | None = None) -> tuple[list[DeployedKernel], FallbackReport]:
+                compare: Compare, mode: str, none: Arm | None = None, control: Arm | None = None
+                ) -> tuple[list[DeployedKernel], FallbackReport]:
     """The kernels worth keeping for the model in ``mode``, and the report.
 
     ``build(subset)`` gives an Arm running the model with exactly those kernels (built once per
     subset); ``compare(with, without)`` times two arms interleaved; ``none``: the arm without
-    kernels when the caller has it already.
+    kernels when the caller has it already; ``control``: another arm without kernels, made the way
+    ``none`` was but separately (a second compilation): timed against ``none`` first, and every
+    saving must exceed the gap between the two as well as the noise.
     """
     order = sorted(range(len(kernels)), key=lambda i: -expected_gain_us[i])
     current = [kernels[i] for i in order]
@@ -144,6 +160,13 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
         return [], FallbackReport(mode, (), (), empty, 0)
     built = 1 if none is not None else 2
     none = none if none is not None else build([])
+    aa, margin = None, 0.0
+    if control is not None:
+        aa = compare(control, none)
+        margin = abs(aa.saved_us)
+        built += 1
+        plain_compare = compare
+        compare = lambda a, b: replace(plain_compare(a, b), margin_us=margin)  # noqa: E731
     arm = build(current)
     left_out: list[LeftOut] = []
     for dk in list(reversed(current)):
@@ -161,7 +184,7 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
         left_out.extend(LeftOut(k.variant.signature, final) for k in current)
         current = []
     kept = tuple(k.variant.signature for k in current)
-    return current, FallbackReport(mode, kept, tuple(left_out), final, built)
+    return current, FallbackReport(mode, kept, tuple(left_out), final, built, control=aa)
 
 
 def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, min_rounds: int = 6,

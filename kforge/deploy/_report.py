@@ -90,7 +90,8 @@ class EndToEnd:
         def cmp(c: Comparison | None) -> dict | None:
             return None if c is None else {"with_us": c.with_us, "without_us": c.without_us, "noise_us": c.noise_us,
                                            "speedup": c.speedup, "within_noise": c.within_noise,
-                                           "paired_us": c.paired_us, "rounds": [list(r) for r in c.rounds]}
+                                           "paired_us": c.paired_us, "margin_us": c.margin_us,
+                                           "rounds": [list(r) for r in c.rounds]}
         return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
                           "output_rel_diff": r.output_rel_diff, "float64_rel_diff": r.float64_rel_diff,
                           "kernels": r.kernels, "error": r.error}
@@ -98,7 +99,7 @@ class EndToEnd:
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
                               "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
-                              "wrong_output": f.wrong_output,
+                              "wrong_output": f.wrong_output, "control": cmp(f.control),
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
                 "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
@@ -159,6 +160,17 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
                                 **torch_compile_kwargs)
         made[key] = compiled
         return Arm(lambda: forward(compiled), kernels)
+
+    def control() -> Arm:
+        """A second plain compilation of the model, made afresh (Inductor's caches off while it
+        compiles, so its code and its tuning choices are its own): the A/A control."""
+        compiled = compile_with(model, [], backend=backend, mode=None if backend != "inductor" else mode,
+                                **torch_compile_kwargs)
+        with torch._inductor.config.patch(force_disable_caches=True), torch.no_grad():
+            forward(compiled)   # compiles
+        return Arm(lambda: forward(compiled))
+
+    build.control = control  # type: ignore[attr-defined]
     return build, made
 
 
@@ -247,11 +259,14 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
                               float | None]:
     """One compile mode's model-level check: (kept kernels, their comparison with plain compile, the
     report, their output's difference from eager's and from float64's). Kernels no compiled graph calls are left out
-    untimed; the set the timing keeps is dropped if it changes the model's output (``wrong_output``)."""
+    untimed; where some are placed, a second plain compilation (``make.control``, when the builder has
+    one) is the A/A control whose gap every saving must exceed; the set the timing keeps is dropped if it
+    changes the model's output (``wrong_output``)."""
     inside, missing = placed(make, made, kernels)
     gains = [g for k, g in zip(kernels, gains) if k in inside]
     if guard:
-        kept, report = keep_faster(inside, gains, make, compare, mode, none)
+        control = make.control() if inside and hasattr(make, "control") else None
+        kept, report = keep_faster(inside, gains, make, compare, mode, none, control)
         report = replace(report, not_placed=missing)
         cmp = report.model
     else:
@@ -335,7 +350,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
             torch._dynamo.reset()
             marks = (len(rows), len(reports), len(compiled_rows))
             try:
-                with recompile_room(len(kernels) + 4):
+                with recompile_room(len(kernels) + 5):
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
                     plain = make([])
                     vs_eager = compare(plain, eager)
