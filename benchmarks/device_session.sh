@@ -103,7 +103,7 @@ PY
         --float64 --deadline 250 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_diff_float64.txt" | tail -8 ;;
   sd35t)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
-    timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes default,reduce-overhead 2>&1 \
+    timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/e2e_sd35_transformer.txt" | tail -16 ;;
   cluster)
     # the local multi-device path's rate on this GPU (the Ray issue's GPU figure; Ray itself cannot travel here)
