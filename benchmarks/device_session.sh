@@ -14,6 +14,8 @@
 #   device run: bash benchmarks/device_session.sh sd35t     the SD3.5 transformer end to end (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh decode    tests/test_models_gpu.py, every case (which compiled
 #                                                            decode arm segfaulted on 2026-12-02), -v
+#   device run: bash benchmarks/device_session.sh control   the SD3.5 VAE end to end (its compile-mode check with the A/A
+#                                                            control), graph-mode and decode GPU tests (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
 #                                                            the float64 model (Gemma 4 E2B, 35 layers)
 #   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
@@ -89,14 +91,23 @@ PY
         | tee "$OUT/e2e_resnet50_max_autotune.txt" | tail -16 ;;
   decode)
     # NB: -v names each case as it ends: a segfault kills pytest, the last name printed is the case before it
-    KFORGE_GPU_REPRO=1 timeout 300 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
+    timeout 300 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
         -o addopts="" tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
         | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E |File .*(cudagraph|launcher|kforge)" \
         | cut -c1-300 | head -40 ;;
+  control)
+    # the compile-mode check with its A/A control where kernels are placed (the VAE's group_norm winners),
+    # then the graph-mode and decode GPU tests (carry [".whl"])
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    timeout 230 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/e2e_vae.txt" | grep -v "^\[transformers\]\|UserWarning\|warn" | tail -24
+    timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
+        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
+        | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
   accuracy)
     # the decode GPU test as it now compiles (steps only, dynamic=None), then which of eager and compile is
     # nearer the float64 model (Gemma 4 E2B, 35 layers, bf16 and float32)
-    KFORGE_GPU_REPRO=1 timeout 200 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
+    timeout 200 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
         -o addopts="" tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
         | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E " | cut -c1-300 | head -30
     timeout 330 python3 benchmarks/compile_diff.py gemma4_e2b --layers 35 --backends inductor --dtypes bfloat16,float32 \
@@ -127,5 +138,5 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|probe|cluster" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|probe|cluster" >&2; exit 2 ;;
 esac
