@@ -16,6 +16,8 @@
 #                                                            decode arm segfaulted on 2026-12-02), -v
 #   device run: bash benchmarks/device_session.sh control   the SD3.5 VAE end to end (its compile-mode check with the A/A
 #                                                            control), graph-mode and decode GPU tests (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
+#                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
 #                                                            the float64 model (Gemma 4 E2B, 35 layers)
 #   device run: bash benchmarks/device_session.sh region_e2e  region winners end to end (Gemma 4 E2B, 2 layers):
@@ -104,6 +106,17 @@ PY
     timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
         tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
         | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
+  owed)
+    # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
+    # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests
+    S="python3 benchmarks/seed_workloads.py"
+    timeout 150 $S gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen --no-e2e --skip-compile 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
+    timeout 150 $S qwen35_moe --layers 4 --ops softmax --iterations 50 --deepen --no-e2e --skip-compile 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/seed_qwen_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
+    timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
+        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
+        | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
   accuracy)
     # the decode GPU test as it now compiles (steps only, dynamic=None), then which of eager and compile is
     # nearer the float64 model (Gemma 4 E2B, 35 layers, bf16 and float32)
@@ -138,5 +151,5 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|probe|cluster" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|owed|probe|cluster" >&2; exit 2 ;;
 esac
