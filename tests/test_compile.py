@@ -331,6 +331,39 @@ def test_the_output_check_measures_from_float64_where_it_has_it():
     assert float64_output(lambda t: t, (x,), {}) is None
 
 
+
+def test_float64_output_switches_moe_experts_without_a_float64_kernel_to_plain_linear_calls():
+    """Qwen 3.5's experts run as one grouped_mm, which has no float64 kernel: the float64 copy takes
+    transformers' eager experts (the same function); a model without that switch gets no yardstick."""
+    from kforge.deploy._report import float64_output
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+            self.impl = "grouped_mm"
+
+        def set_experts_implementation(self, impl):
+            self.impl = impl
+
+        def forward(self, x):
+            if self.impl == "grouped_mm" and x.dtype == torch.float64:
+                raise RuntimeError("grouped_mm: no float64 kernel")
+            return x @ self.w
+
+    model, x = Experts(), torch.randn(3, 4)
+    out = float64_output(model, (x,), {})
+    assert out is not None and out.dtype == torch.float64 and model.impl == "grouped_mm", "the copy switched, not the model"
+    torch.testing.assert_close(out.float(), model(x).detach())
+
+    class NoSwitch(torch.nn.Module):
+        def forward(self, x):
+            if x.dtype == torch.float64:
+                raise RuntimeError("no float64 kernel")
+            return x
+
+    assert float64_output(NoSwitch(), (x,), {}) is None
+
 @pytest.mark.gpu
 def test_compile_modes_on_the_gpu_keep_outputs(tmp_path):
     pytest.importorskip("triton")
