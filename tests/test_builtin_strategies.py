@@ -39,6 +39,8 @@ SEEDS = {
     "softmax_router": lambda: variant("softmax", torch.empty(512, 256), -1),
     "group_norm_128": lambda: variant("group_norm", torch.empty(1, 512, 128, 128, dtype=BF), 32,
                                       torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
+    "group_norm_silu_128": lambda: variant("group_norm_silu", torch.empty(1, 512, 128, 128, dtype=BF), 32,
+                                           torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
     "layer_norm": lambda: variant("layer_norm", torch.empty(1, 4096, 1536, dtype=BF), (1536,),
                                   torch.empty(1536, dtype=BF), torch.empty(1536, dtype=BF)),
     "rms_norm": lambda: variant("rms_norm", torch.empty(1, 512, 1536, dtype=BF), (1536,),
@@ -73,6 +75,8 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         variant("rms_norm", x(3, 1030), (1030,), None, 1e-6),
         variant("group_norm", x(2, 8, 5, 3), 4, w(8), w(8)),
         variant("group_norm", x(1, 4, 64, 64), 2, None, None),
+        variant("group_norm_silu", x(2, 8, 5, 3), 4, w(8), w(8)),
+        variant("group_norm_silu", x(1, 6, 33, 20), 3, w(6), None),
         variant("batch_norm", x(2, 6, 5, 5), r(6).abs(), r(6).abs() + 0.5, r(6), r(6)),
         variant("adaptive_avg_pool2d", x(2, 3, 7, 9), (3, 4)),
         variant("adaptive_avg_pool2d", x(2, 5, 7, 7), (1, 1)),
@@ -159,7 +163,7 @@ def test_cpu_search_space_configs_are_correct():
 
 
 def test_every_operator_family_has_cpu_and_cuda_strategies():
-    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "adaptive_avg_pool2d",
+    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "rms_norm", "adaptive_avg_pool2d",
            "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
            "pad", "embedding", "batch_norm"}
     for op in ops:

@@ -93,6 +93,21 @@ register(OpSpec(
     reference=lambda x, p: F.group_norm(x[0], p["num_groups"], x[1], x[2], p["eps"]),
     doc="group normalization of an N,C,* tensor"))
 
+# NB: an epilogue fused onto an operator, as one operator of its own: no eager spelling to patch
+# (``targets`` is empty), so its cards come from the model's graph (``kforge.regions`` finds a
+# group_norm whose only reader is a SiLU) and its kernels run in graph mode, in place of both calls.
+# Under torch.compile Inductor fuses the SiLU into its group_norm; a kforge group_norm alone then
+# costs the model an extra pass over the tensor for the SiLU.
+register(OpSpec(
+    name="group_norm_silu", kind="normalization", targets=(),
+    inputs=("input", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_group_norm,
+    reference=lambda x, p: F.silu(F.group_norm(x[0], p["num_groups"], x[1], x[2], p["eps"])),
+    doc="silu(group_norm(x)): a group normalization whose only reader is a SiLU (graph mode only)"))
+
+# The fused operators above: (the operator whose call the graph holds, the pointwise op applied to
+# its result by its only reader).
+FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu")}
+
 
 def _bind_rms_norm(input, normalized_shape, weight=None, eps=None):
     return Call((input, weight), {"normalized_shape": tuple(normalized_shape),

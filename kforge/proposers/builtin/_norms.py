@@ -339,6 +339,8 @@ def _one_pass(v: Variant, c: dict, dev: DeviceInfo) -> str:
 
 # ----------------------------------------------------------------------------- group_norm (CUDA)
 
+_GN_OPS = ("group_norm", "group_norm_silu")   # the second with a SiLU epilogue on each output element
+
 def _gn_dims(v: Variant) -> tuple[int, int, int, int]:
     """(N, C, spatial size, groups)."""
     shape = v.inputs[0].shape
@@ -370,6 +372,7 @@ _GN = CUDA + r"""
 #define EPS {{EPS}}
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
+#define SILU {{SILU}}
 #define THREADS {{threads}}
 #define SPLIT {{split}}
 
@@ -392,7 +395,8 @@ __device__ __forceinline__ Welford chunk_stats(const x_t* __restrict__ xg, long 
     return block_welford<THREADS>(acc, scratch);
 }
 
-/* y = x * a + shift with a = rstd * w[c], shift = b[c] - mean * a (per channel, as torch). */
+/* y = x * a + shift with a = rstd * w[c], shift = b[c] - mean * a (per channel, as torch); then
+   y * sigmoid(y) where the operator is group_norm_silu. */
 template <int V>
 __device__ __forceinline__ void normalise(const x_t* __restrict__ xg, y_t* __restrict__ yg, const w_t* __restrict__ w,
                                           const b_t* __restrict__ b, int c0, long begin, long end, float mean, float rstd) {
@@ -403,7 +407,10 @@ __device__ __forceinline__ void normalise(const x_t* __restrict__ xg, y_t* __res
         float v[V];
         load_vec<V>(xg + i, v);
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[j] = v[j] * a + shift;
+        for (int j = 0; j < V; ++j) {
+            v[j] = v[j] * a + shift;
+            if (SILU) v[j] = v[j] / (1.f + __expf(-v[j]));
+        }
         store_vec<V>(yg + i, v);
     }
 }
@@ -477,7 +484,7 @@ def _gn_common(v: Variant, c: dict) -> dict:
     n, ch, hw, g = _gn_dims(v)
     sigs = _sigs(v)
     return dict(types=_types(v), GROUPS=n * g, G=g, CPG=ch // g, HW=hw, EPS=_eps(v),
-                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, **c)
+                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, SILU=v.op == "group_norm_silu", **c)
 
 
 def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
@@ -488,7 +495,7 @@ def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
     return split
 
 
-@strategy("group_norm", "cuda", "block_group", level=1,
+@strategy(_GN_OPS, "cuda", "block_group", level=1,
           doc="one block per (sample, group): Welford statistics over 16-byte loads, then the per-channel affine",
           space={"threads": (256, 512, 1024), "vec": (1, 2, 4, 8)}, applies=lambda v, d: _gn_ok(v),
           default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v)},
@@ -498,7 +505,7 @@ def _gn_block_group(v: Variant, c: dict, d: DeviceInfo) -> str:
     return fill(_GN, **_gn_common(v, {**c, "split": 1}))
 
 
-@strategy("group_norm", "cuda", "split", level=3,
+@strategy(_GN_OPS, "cuda", "split", level=3,
           doc="each group split over many blocks: Welford partials in the workspace, merged by the "
               "normalise pass (second read mostly from L2)",
           space={"split": (2, 4, 8, 16, 32, 64, 128, 256), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
@@ -524,6 +531,9 @@ _CPU_GN_HEAD = CPU + r"""
 #define EPS {{EPS}}
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
+#define SILU {{SILU}}
+
+static inline float epilogue(float y) { return SILU ? y / (1.f + expf(-y)) : y; }
 
 /* Normalise channels [c_begin, c_end) of group `grp` with its statistics. */
 static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t* y, long grp, long c_begin,
@@ -533,7 +543,7 @@ static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t*
         const long c = (grp % G) * CPG + cl, base = grp * GSIZE + cl * HW;
         const float a = HAS_W ? rstd * w_ld(w, c) : rstd;
         const float shift = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a;
-        for (long i = 0; i < HW; ++i) y_st(y, base + i, x_ld(x, base + i) * a + shift);
+        for (long i = 0; i < HW; ++i) y_st(y, base + i, epilogue(x_ld(x, base + i) * a + shift));
     }
 }
 """
@@ -591,14 +601,14 @@ def _cpu_gn_render(template: str, v: Variant) -> str:
     return fill(template, io=_cpu_io(v), **common)
 
 
-@strategy("group_norm", "cpu", "per_group", level=0,
+@strategy(_GN_OPS, "cpu", "per_group", level=0,
           doc="OpenMP over (sample, group): one double-precision statistics pass, then the per-channel affine",
           applies=lambda v, d: _gn_ok(v), default=lambda v, d: {})
 def _gn_per_group(v: Variant, c: dict, d: DeviceInfo) -> str:
     return _cpu_gn_render(_CPU_GN_PER_GROUP, v)
 
 
-@strategy("group_norm", "cpu", "per_channel", level=1,
+@strategy(_GN_OPS, "cpu", "per_channel", level=1,
           doc="OpenMP over channels (parallel even with few groups): per-channel partial sums, then normalise",
           applies=lambda v, d: _gn_ok(v), default=lambda v, d: {},
           fit=lambda v, d: 1.0 if _gn_dims(v)[0] * _gn_dims(v)[3] < 4 * d.sm_count else 0.0)
