@@ -16,6 +16,8 @@
 #                                                            decode arm segfaulted on 2026-12-02), -v
 #   device run: bash benchmarks/device_session.sh control   the SD3.5 VAE end to end (its compile-mode check with the A/A
 #                                                            control), graph-mode and decode GPU tests (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh fused     the SD3.5 VAE's group_norm -> SiLU pairs as fused cards,
+#                                                            searched and end to end under compile (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
 #                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
@@ -106,6 +108,17 @@ PY
     timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
         tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
         | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
+  fused)
+    # the SD3.5 VAE decoder's group_norm -> SiLU pairs as fused group_norm_silu cards (graph capture), searched
+    # with the built-in strategies, then the model under compile default with and without them (carry [".whl"]);
+    # then the Gemma attention softmax at the paper's 50 iterations if time is left
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    timeout 420 python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default \
+        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-4}" --no-inductor-baseline 2>&1 \
+        | grep -v "^DEBUG" | tee "$OUT/fused_vae.txt" | grep -v "Warning\|warn\|^ \|^$\|This call" | tail -30
+    timeout 110 python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
+        --no-e2e --skip-compile 2>&1 | grep -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
+        | grep -E "^##|winner|eager |failed|Error" | tail -6 ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests
@@ -151,5 +164,5 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|owed|probe|cluster" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|fused|owed|probe|cluster" >&2; exit 2 ;;
 esac

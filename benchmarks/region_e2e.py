@@ -4,6 +4,7 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
 
     python benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 8
     python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
+    python benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default   # fused cards
 
 Writes region_e2e_<model>.json to $OUT (or benchmarks/results/).
 """
@@ -32,17 +33,23 @@ def _model(name: str, args):
         pass
     from seed_workloads import seed_model
 
-    return seed_model(name, args.device, layers=args.layers, attn=args.attn)
+    from seed_workloads import LANGUAGE
+
+    layers = (args.layers or 2) if name in LANGUAGE else args.layers
+    return seed_model(name, args.device, layers=layers, attn=args.attn, resolution=args.resolution)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=None, help="language models: depth (2 when not given)")
     ap.add_argument("--attn", default="eager")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--max-cards", type=int, default=8, help="region cards searched, largest share first")
+    ap.add_argument("--ops", default="region", help="which cards to search: region cards, fused operators "
+                    "(group_norm_silu), or any operator, comma-separated")
+    ap.add_argument("--resolution", type=int, default=None, help="diffusion models: image size")
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--no-inductor-baseline", action="store_true",
                     help="skip compiling each region alone for the cards' Inductor ratio (saves capture time)")
@@ -51,12 +58,14 @@ def main() -> None:
     model, inputs = _model(args.model, args)
     s = kforge.Session(model, inputs, device=args.device, workdir=tempfile.mkdtemp(prefix="kforge-region-e2e-"))
     cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
-    regions = sorted((c for c in cards if c.op == "region"), key=lambda c: -c.share)[: args.max_cards]
+    ops = set(args.ops.split(","))
+    regions = sorted((c for c in cards if c.op in ops), key=lambda c: -c.share)[: args.max_cards]
     t1 = time.perf_counter()
-    print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions; "
-          f"searching {len(regions)} (capture {t1 - t0:.0f} s)", flush=True)
+    print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions, "
+          f"{sum(c.op == 'group_norm_silu' for c in cards)} fused group_norm+silu; searching {len(regions)} "
+          f"of {args.ops} (capture {t1 - t0:.0f} s)", flush=True)
     if not regions:
-        raise SystemExit("no region cards were captured: nothing to search")
+        raise SystemExit(f"no {args.ops} cards were captured: nothing to search")
     s.optimize(cards=[c.key for c in regions], iterations=args.iterations, confirm=False)
     t2 = time.perf_counter()
     searched = {c.key for c in regions}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import Unsupported, inplace_binder, spec_for
+from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, spec_for
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -79,13 +79,26 @@ def _input_nodes(node: torch.fx.Node, inputs: tuple) -> list[torch.fx.Node | Non
 def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -> list[str]:
     """Rewrite every call in ``gm`` that has a kernel for its exact signature into
     ``torch.ops.kforge.run``; returns the signatures replaced, one per node. Calls with symbolic
-    shapes, inputs that need gradients, or forms the operator's binder does not take stay as they are."""
+    shapes, inputs that need gradients (where the graph is traced with grad mode on: dynamo traces a
+    call under ``torch.no_grad()`` with it off, and guards on it), or forms the operator's binder does
+    not take stay as they are."""
     table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels}
     if not table:
         return []
-    ops = {op for op, _ in table}
+    # a fused operator's kernel (group_norm_silu) is looked up from its first call's node, bound by that
+    # call's own spec (same inputs and params), where the node's only reader is the epilogue
+    fused = {FUSED_EPILOGUES[op][0]: op for op, _ in table if op in FUSED_EPILOGUES}
+    ops = {op for op, _ in table} | set(fused)
+    # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
+    # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
+    # kernel reading a parameter (group_norm, layer_norm with weights) was put into a compiled model
+    # whose parameters require grad, e.g. the SD3.5 VAE's group_norm winners (inferred from this code)
+    grad = torch.is_grad_enabled()
     replaced: list[str] = []
+    erased: set[torch.fx.Node] = set()
     for node in list(gm.graph.nodes):
+        if node in erased:   # NB: a fused kernel's epilogue, already replaced
+            continue
         fn = _callable_of(node)
         spec = spec_for(fn) if fn is not None else None
         if spec is None or spec.name not in ops:
@@ -94,17 +107,33 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -
         try:
             call = inplace_binder(spec, fn)(*args, **kwargs)
             inputs = tuple(call.inputs)
-            if any(t is not None and (not isinstance(t, torch.Tensor) or t.requires_grad
+            if any(t is not None and (not isinstance(t, torch.Tensor) or (grad and t.requires_grad)
                                       or any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())))
                    for t in inputs):
                 continue
-            dk = table.get((spec.name, _fast_key(inputs, _param_values(spec.params, call.params))))
+            key = _fast_key(inputs, _param_values(spec.params, call.params))
+            epilogue = _epilogue(node, FUSED_EPILOGUES[fused[spec.name]][1]) if spec.name in fused else None
+            dk = table.get((fused[spec.name], key)) if epilogue is not None else None
+            if dk is None:
+                epilogue, dk = None, table.get((spec.name, key))
         except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
             continue
         if dk is None:
             continue
         sources = _input_nodes(node, inputs)
         if sources is None:
+            continue
+        if epilogue is not None:   # the kernel computes both: it stands where the epilogue's value was
+            RUN_TABLE.register(dk)
+            with gm.graph.inserting_before(epilogue):
+                run = gm.graph.call_function(torch.ops.kforge.run.default, (dk.run_name, sources))
+                result = gm.graph.call_function(operator.getitem, (run, 0))
+            result.meta.update(epilogue.meta)
+            epilogue.replace_all_uses_with(result)
+            erased.add(epilogue)
+            gm.graph.erase_node(epilogue)
+            gm.graph.erase_node(node)
+            replaced.append(dk.variant.signature)
             continue
         RUN_TABLE.register(dk)
         with gm.graph.inserting_before(node):
@@ -130,6 +159,21 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -
         gm.graph.lint()
         gm.recompile()
     return replaced
+
+
+_SILU = (torch.nn.functional.silu, torch.ops.aten.silu.default, torch.Tensor.silu if hasattr(torch.Tensor, "silu") else None)
+
+
+def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
+    """The node applying ``op`` ("silu") to ``node``'s value when it is that value's only reader."""
+    if op != "silu" or len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if _callable_of(user) not in [f for f in _SILU if f is not None] or not user.args or user.args[0] is not node:
+        return None
+    if user.kwargs.get("inplace") or (len(user.args) > 1 and user.args[1] is True):
+        return None   # NB: an in-place SiLU writes into the group_norm's output, which the kernel never makes
+    return user
 
 
 @dataclass

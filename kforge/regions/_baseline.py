@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import Variant
+from ..ops import Variant, get_spec
 from ._capture import no_recompile_limit as _no_recompile_limit
-from ._spec import REGION_SPEC, region_ir
+from ._spec import region_ir
 
 
 def inductor_baseline_us(variant: Variant, device: str | None = None, *, budget_ms: float = 100.0) -> float:
@@ -20,14 +20,21 @@ def inductor_baseline_us(variant: Variant, device: str | None = None, *, budget_
 
     device = device or variant.device
     variant = variant.on(device)
-    ir = region_ir(variant)
-    inputs = REGION_SPEC.random_inputs(variant, seed=0)
+    spec = get_spec(variant.op)
+    inputs = spec.random_inputs(variant, seed=0)
 
     # NB: compiled from the printed reference, a fresh code object per call, so that dynamo's
     # cache (keyed by code object) holds no earlier region's guards and nothing else is reset.
+    # A fused operator (find_fused) is compiled from its spec's reference.
     scope: dict = {}
-    exec(compile(ir.source(list(variant.inputs)), f"<kforge region {variant.key}>", "exec"), scope)
-    region = scope["region"]
+    if variant.op == "region":
+        exec(compile(region_ir(variant).source(list(variant.inputs)), f"<kforge region {variant.key}>", "exec"), scope)
+        region = scope["region"]
+    else:
+        params = variant.param_dict
+        exec(compile("def region(*xs):\n    return reference(list(xs), params)\n", f"<kforge {variant.key}>", "exec"),
+             {"reference": spec.reference, "params": params}, scope)
+        region = scope["region"]
     compiled = torch.compile(region, backend="inductor", dynamic=False, fullgraph=True)
     try:
         with torch.no_grad(), _no_recompile_limit():

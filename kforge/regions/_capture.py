@@ -18,9 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import Variant
-from ._finder import FoundRegion, find_regions
-from ._spec import REGION_SPEC, region_ir
+from ..ops import Variant, get_spec
+from ._finder import FoundRegion, find_fused, find_regions
 
 
 @dataclass
@@ -58,16 +57,20 @@ class _GraphRun:
             return self.gm(*args)
         wanted = {r.variant.key for r in self.regions
                   if len(self.owner.record(r.variant).examples) < self.owner.examples_per_variant}
-        seen: dict[str, list] = {r.variant.key: [None] * len(r.inputs) for r in self.regions
-                                 if r.variant.key in wanted}
+        # NB: per region of the graph, not per variant: two calls of one signature in a graph have
+        # inputs of their own, and an example must be one call's
+        seen: dict[int, list] = {id(r): [None] * len(r.inputs) for r in self.regions if r.variant.key in wanted}
         watch = self.watch
 
         class _Interp(fx.Interpreter):
             def run_node(self, n):
-                out = super().run_node(n)
+                try:
+                    out = super().run_node(n)
+                except RuntimeError:
+                    out = _with_traced_strides(self, n)
                 for r, i in watch.get(n, ()):
-                    if r.variant.key in seen and isinstance(out, torch.Tensor):
-                        seen[r.variant.key][i] = out.detach().clone()
+                    if id(r) in seen and isinstance(out, torch.Tensor):
+                        seen[id(r)][i] = out.detach().clone()
                 return out
 
         with torch.no_grad():
@@ -75,10 +78,32 @@ class _GraphRun:
         for r in self.regions:
             rec = self.owner.record(r.variant)
             rec.calls += 1
-            got = seen.get(r.variant.key)
+            got = seen.get(id(r))
             if got is not None and all(t is not None for t in got) and len(rec.examples) < self.owner.examples_per_variant:
                 rec.examples.append(got)
         return result
+
+
+def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
+    """Run node ``n`` again with every tensor argument laid out as the trace saw it.
+
+    NB: the ATen graph was traced on fake tensors, whose strides can differ from the real ones (on
+    the SD3.5 VAE decoder an attention output reached ``native_group_norm`` channels-last where the
+    trace had it contiguous, and the CPU kernel refused it): the graph's own semantics assume the
+    traced layout, so the arguments are copied into it. Raises what the node raised if that is not it."""
+    args, kwargs = interp.fetch_args_kwargs_from_env(n)
+
+    def relayout(value, node):
+        want = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if isinstance(value, torch.Tensor) and isinstance(want, torch.Tensor) and value.shape == want.shape \
+                and value.stride() != want.stride():
+            out = torch.empty_strided(want.shape, want.stride(), dtype=value.dtype, device=value.device)
+            return out.copy_(value)
+        return value
+
+    args = tuple(relayout(v, a) for v, a in zip(args, n.args))
+    kwargs = {k: relayout(v, n.kwargs.get(k)) for k, v in kwargs.items()}
+    return getattr(interp, n.op)(n.target, args, kwargs)
 
 
 class _Recorder:
@@ -93,7 +118,9 @@ class _Recorder:
 
     def compile(self, gm: fx.GraphModule, example_inputs) -> Callable:
         self.graphs += 1
-        return _GraphRun(gm, find_regions(gm.graph), self)
+        fused = find_fused(gm.graph)
+        skip = frozenset(n for f in fused for n in f.nodes)
+        return _GraphRun(gm, find_regions(gm.graph, skip=skip) + fused, self)
 
     def backend(self):
         from torch._dynamo.backends.common import aot_autograd
@@ -142,10 +169,11 @@ def covered_op_calls(variant: Variant) -> collections.Counter:
     """The operator-card keys one call of the region stands for (its operators run op by op)."""
     from ..capture._capture import CaptureLimits, _Recorder as _OpRecorder
 
-    inputs = REGION_SPEC.random_inputs(variant, seed=0)
+    spec = get_spec(variant.op)
+    inputs = spec.random_inputs(variant, seed=0)
     rec = _OpRecorder(None, CaptureLimits(), [0], set())
     with torch.no_grad(), rec:
-        region_ir(variant)(inputs)
+        spec.reference(inputs, variant.param_dict)   # a region's reference is its IR run op by op
     return collections.Counter(rec.sequence)
 
 
@@ -170,7 +198,8 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         key = variant.key
         if store is not None:
             for idx, ins in enumerate(rec.examples):
-                outs = REGION_SPEC.reference(ins, variant.param_dict)
+                outs = get_spec(variant.op).reference(ins, variant.param_dict)
+                outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 store.save_example(key, idx, [store.put_tensor(t) for t in ins], [store.put_tensor(o) for o in outs])
         timing = time_variant(variant, store, key, device, timing_budget_ms)
         inductor_us = None

@@ -173,6 +173,8 @@ class FoundRegion:
     def ops(self) -> tuple[str, ...]:
         from ._spec import region_ir
 
+        if self.variant.op != "region":   # a fused operator (find_fused)
+            return (self.variant.op,)
         return region_ir(self.variant).ops
 
 
@@ -215,11 +217,42 @@ def build_region(members: list[fx.Node], trans: dict[fx.Node, list[Piece]]) -> F
     return FoundRegion(variant, tuple(members), tuple(inputs), tuple(outputs))
 
 
-def find_regions(graph: fx.Graph, min_ops: int = 2) -> list[FoundRegion]:
-    """Every region of at least ``min_ops`` graph operators in ``graph`` (an ATen graph with "val" metadata)."""
+def find_fused(graph: fx.Graph) -> list[FoundRegion]:
+    """Every fused operator of ``ops.FUSED_EPILOGUES`` in an ATen graph: today a group_norm (with weight
+    and bias) whose output only a SiLU reads, as one ``group_norm_silu`` call. Its card stands for both
+    calls, as a region's does; its kernel replaces both in graph mode."""
+    from ..ops import get_spec
+
+    spec = get_spec("group_norm_silu")
+    found = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is not aten.native_group_norm.default:
+            continue
+        outs = list(node.users)
+        if len(outs) != 1 or outs[0].target is not operator.getitem or outs[0].args[1] != 0:
+            continue
+        (act,) = list(outs[0].users) if len(outs[0].users) == 1 else (None,)
+        if act is None or act.op != "call_function" or act.target is not aten.silu.default:
+            continue
+        a = _bind(node)
+        x, w, b = a["input"], a.get("weight"), a.get("bias")
+        if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, w, b)):
+            continue   # NB: no affine: nothing to hold an example of; the plain group_norm card stays
+        try:
+            call = spec.bind(_val(x), int(a["group"]), _val(w), _val(b), float(a["eps"]))
+            variant = spec.variant(call, [_val(act)])
+        except (Unsupported, TypeError, ValueError):
+            continue
+        found.append(FoundRegion(variant, (node, outs[0], act), (x, w, b), (act,)))
+    return found
+
+
+def find_regions(graph: fx.Graph, min_ops: int = 2, skip: frozenset = frozenset()) -> list[FoundRegion]:
+    """Every region of at least ``min_ops`` graph operators in ``graph`` (an ATen graph with "val"
+    metadata); nodes in ``skip`` (those of fused operators) join none."""
     nodes = list(graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
-    trans = {n: t for n in nodes if (t := translate(n)) is not None}
+    trans = {n: t for n in nodes if n not in skip and (t := translate(n)) is not None}
     assigned: set[fx.Node] = set()
     found: list[FoundRegion] = []
 

@@ -1,0 +1,104 @@
+"""A fused operator on the CPU: a group_norm whose only reader is a SiLU (every ResNet block of the
+SD3.5 VAE decoder) is found in the model's graph as one ``group_norm_silu`` card, searched with the
+built-in strategies, and its kernel replaces both calls under torch.compile."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kforge
+from kforge.deploy import DeployedKernel, Deployment
+from kforge.kernels import Kernel, compile_source
+from kforge.regions import capture_regions
+
+
+class Block(nn.Module):
+    """conv -> GroupNorm -> SiLU -> conv, twice the same shapes; then a GroupNorm read by two (no fusion)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.act = nn.SiLU()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.norm2 = nn.GroupNorm(2, 8)
+        self.tail = nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        h = self.conv2(self.act(self.norm(self.conv(x))))
+        h = self.conv2(torch.nn.functional.silu(self.norm2(h)))
+        t = self.tail(h)
+        return torch.nn.functional.silu(t) + t   # the norm's output has two readers: stays a group_norm
+
+
+def _model():
+    torch.manual_seed(0)
+    return Block().eval(), torch.randn(2, 4, 9, 7)
+
+
+def test_the_graph_capture_finds_group_norm_then_silu_as_one_fused_call():
+    model, x = _model()
+    found = capture_regions(model, [x])
+    assert found.error is None
+    fused = [r for r in found.records if r.variant.op == "group_norm_silu"]
+    assert len(fused) == 1 and fused[0].calls == 2, [(r.variant.op, r.calls) for r in found.records]
+    v = fused[0].variant
+    assert [s.shape for s in v.inputs] == [(2, 8, 9, 7), (8,), (8,)] and v.param_dict["num_groups"] == 2
+    assert len(fused[0].examples) == 2
+    # each example is one call's own inputs: the first call's reproduces silu(norm(conv(x)))
+    with torch.no_grad():
+        want = torch.nn.functional.silu(model.norm(model.conv(x)))
+    ins = fused[0].examples[0]
+    torch.testing.assert_close(ins[1], model.norm.weight.detach())
+    torch.testing.assert_close(torch.nn.functional.silu(torch.nn.functional.group_norm(ins[0], 2, ins[1], ins[2], 1e-5)),
+                               want)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    model, x = _model()
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path_factory.mktemp("fused"))
+    s.capture(timing_budget_ms=5.0)
+    yield s
+    s.close()
+
+
+def test_the_fused_card_takes_the_share_of_the_calls_it_stands_for(session):
+    frame = session.cards.to_frame()
+    fused = frame[frame.op == "group_norm_silu"]
+    assert len(fused) == 1 and fused.calls.iloc[0] == 2 and fused.kind.iloc[0] == "op"
+    assert fused.share.iloc[0] > 0 and 0.0 < frame.share.sum() <= 1.0 + 1e-9
+    # the two fused group_norms are inside it (their op card keeps its calls, its share moves to the
+    # fused card); the tail's group_norm (two readers) keeps its own share
+    gn = {int(r.calls): r.share for r in frame[frame.op == "group_norm"].itertuples()}
+    assert sorted(gn) == [1, 2] and gn[2] == 0.0 and gn[1] > 0
+
+
+def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
+    (card,) = session.cards.by_op("group_norm_silu")
+    session.optimize(proposer="builtin", iterations=2, cards=[card.key], confirm=False)
+    cands = session.store.candidates(card.key)
+    assert cands and all(c.strategy.startswith("group_norm_silu.cpu.") for c in cands)
+    correct = [c for c in cands if c.status is not None and c.status.is_correct]
+    assert correct, [(c.strategy, c.status, c.evaluation.message) for c in cands]
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))
+    model, x = session.model, session.batches[0]
+    with torch.no_grad():
+        expected = model(x)
+    for backend in ("eager", "aot_eager"):
+        dep = Deployment([kernel], None)
+        before = kernel.calls
+        with dep:
+            torch._dynamo.reset()
+            compiled = dep.compile(model, backend=backend, dynamic=False)
+            with torch.no_grad():
+                got = compiled(x)
+            torch._dynamo.reset()
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert compiled.kforge_backend.replaced == [card.variant.signature] * 2, backend
+        assert kernel.calls == before + 2, "the kernel itself ran, once a fused pair"
+        graph_ops = [str(n.target) for g in compiled.kforge_backend.graphs for n in g.gm.graph.nodes
+                     if n.op == "call_function"] if hasattr(compiled.kforge_backend.graphs[0], "gm") else None
+        if graph_ops is not None:
+            assert sum("silu" in t for t in graph_ops) == 1, graph_ops   # only the tail's SiLU is left
