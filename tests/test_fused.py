@@ -102,3 +102,45 @@ def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
                      if n.op == "call_function"] if hasattr(compiled.kforge_backend.graphs[0], "gm") else None
         if graph_ops is not None:
             assert sum("silu" in t for t in graph_ops) == 1, graph_ops   # only the tail's SiLU is left
+
+
+def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
+    """The kernels have no backward: a graph traced with grad mode on, whose parameters require grad,
+    keeps the operators; traced under no_grad (inference), it takes the kernel (the test above)."""
+    (card,) = session.cards.by_op("group_norm_silu")
+    src = next(c for c in session.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(src, "cpu", "native").path))
+    model, x = session.model, session.batches[0]
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, backend="eager", dynamic=False)
+        compiled(x)
+        torch._dynamo.reset()
+    assert compiled.kforge_backend.replaced == []
+
+
+def test_the_capture_interpreter_lays_arguments_out_as_traced():
+    """The ATen graph was traced on fake tensors; where a real argument's layout differs and the
+    operator refuses it, the capture runs it again on a copy laid out as the trace had it."""
+    import torch.fx as fx
+
+    from kforge.regions._capture import _with_traced_strides
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(4, 6)
+    y = g.call_function(torch.ops.aten.view.default, (x, [24]))
+    g.output(y)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    real = torch.arange(24.0).reshape(6, 4).t()   # [4, 6], transposed: view refuses it
+
+    class Interp(fx.Interpreter):
+        def run_node(self, n):
+            try:
+                return super().run_node(n)
+            except RuntimeError:
+                return _with_traced_strides(self, n)
+
+    with pytest.raises(RuntimeError):
+        gm(real)
+    torch.testing.assert_close(Interp(gm).run(real), real.contiguous().view(24))
