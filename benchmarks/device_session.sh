@@ -41,7 +41,7 @@ case "${1:-}" in
     timeout 360 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=120 \
         tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py \
         "tests/test_compile.py" "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -40
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -40
     timeout 150 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -30
     timeout 60 python3 -m kforge.cli capture --example tiny_cnn --device cuda --workdir /tmp/wd_cli --json \
         > "$OUT/cli_capture.json" 2> "$OUT/cli_capture.err"
@@ -59,10 +59,10 @@ PY
     # hand-written regions (the clock cross-check on large sets; the losers of the last run)
     timeout 300 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" --timeout=150 \
         tests/test_gpu.py tests/test_gpu_attacks.py tests/test_regions_gpu.py 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -30
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/gpu_tests.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -30
     timeout 100 python3 benchmarks/evaluator.py --device cuda 2>&1 | tee "$OUT/evaluator_cuda.txt" | tail -25
     timeout 170 python3 benchmarks/regions.py --iterations "${KF_ITERATIONS:-6}" --models "" --deadline 130 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -16 ;;
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -16 ;;
   final)
     # what a session's last call needs: graph-mode tests, the measured dispatch cost, the vision end to end
     # NB: 150 s: at 80 s the graph-mode tests were cut twice after their first test
@@ -71,9 +71,9 @@ PY
     [ "${KF_DEPLOY_OVERHEAD:-0}" = 1 ] && timeout 60 python3 benchmarks/deploy_overhead.py --device cuda 2>&1 \
         | tee "$OUT/deploy_overhead.txt" | tail -8
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
-    timeout 150 python3 benchmarks/end_to_end.py resnet50 --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+    timeout 150 python3 benchmarks/end_to_end.py resnet50 --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_resnet50.txt" | tail -22
-    timeout 160 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+    timeout 160 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_vae.txt" | tail -22 ;;
   regions)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
@@ -82,7 +82,7 @@ PY
     # NB: KF_ITERATIONS candidates a region (the default, eager's numerics, then one-choice neighbours)
     timeout 420 python3 benchmarks/regions.py --iterations "${KF_ITERATIONS:-5}" --layers 2 --max-model-regions 5 \
         --deadline 330 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/regions.txt" | tail -60 ;;
   vision)
     bash benchmarks/device_e2e.sh vision ;;
   maxautotune)
@@ -90,23 +90,23 @@ PY
     # and then a 560 s call (Triton conv templates). KF_CONV_BACKENDS=ATEN keeps max-autotune's GEMM
     # autotuning and CUDA graphs but times only ATen's convolutions (what the 2026-12-02g figures used).
     [ -n "${KF_CONV_BACKENDS:-}" ] && export TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=$KF_CONV_BACKENDS
-    timeout 540 python3 benchmarks/end_to_end.py resnet50 --modes max-autotune 2>&1 | grep -v "^DEBUG" \
+    timeout 540 python3 benchmarks/end_to_end.py resnet50 --modes max-autotune 2>&1 | grep --line-buffered -v "^DEBUG" \
         | grep -v "^  triton_\|^  convolution\|^AUTOTUNE\|^strides:\|^dtypes:\|^SingleProcess\|^Autotune\|^{\"num_choices" \
         | tee "$OUT/e2e_resnet50_max_autotune.txt" | tail -16 ;;
   decode)
     # NB: -v names each case as it ends: a segfault kills pytest, the last name printed is the case before it
     timeout 300 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
-        -o addopts="" tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
+        -o addopts="" tests/test_models_gpu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
         | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E |File .*(cudagraph|launcher|kforge)" \
         | cut -c1-300 | head -40 ;;
   control)
     # the compile-mode check with its A/A control where kernels are placed (the VAE's group_norm winners),
     # then the graph-mode and decode GPU tests (carry [".whl"])
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
-    timeout 230 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep -v "^DEBUG" \
+    timeout 230 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_vae.txt" | grep -v "^\[transformers\]\|UserWarning\|warn" | tail -24
     timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
-        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
+        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
         | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
   fused)
     # the SD3.5 VAE decoder's group_norm -> SiLU pairs as fused group_norm_silu cards (graph capture), searched
@@ -115,54 +115,54 @@ PY
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
     timeout "${KF_VAE_S:-400}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \
         --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-4}" --no-inductor-baseline 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/fused_vae.txt" | grep -v "Warning\|warn\|^ \|^$\|This call" | tail -30
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" | grep -v "Warning\|warn\|^ \|^$\|This call" | tail -30
     [ -n "${KF_SOFTMAX_S:-}" ] && timeout "$KF_SOFTMAX_S" python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
-        --no-e2e --skip-compile 2>&1 | grep -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
+        --no-e2e --skip-compile 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
         | grep -E "^##|winner|eager |failed|Error" | tail -6 ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests
     S="python3 benchmarks/seed_workloads.py"
     timeout 150 $S gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen --no-e2e --skip-compile 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
     timeout 150 $S qwen35_moe --layers 4 --ops softmax --iterations 50 --deepen --no-e2e --skip-compile 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/seed_qwen_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_qwen_softmax.txt" | grep -E "^##|winner|eager |failed|Error" | tail -8
     [ "${KF_TESTS:-1}" = 1 ] && timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
-        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
+        tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
         | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
   accuracy)
     # the decode GPU test as it now compiles (steps only, dynamic=None), then which of eager and compile is
     # nearer the float64 model (Gemma 4 E2B, 35 layers, bf16 and float32)
     timeout 200 python3 -X faulthandler -m pytest -v -rfEs --tb=short -p no:cacheprovider \
-        -o addopts="" tests/test_models_gpu.py 2>&1 | grep -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
+        -o addopts="" tests/test_models_gpu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/decode_gpu_tests.txt" \
         | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E " | cut -c1-300 | head -30
     timeout 330 python3 benchmarks/compile_diff.py gemma4_e2b --layers 35 --backends inductor --dtypes bfloat16,float32 \
-        --float64 --deadline 250 2>&1 | grep -v "^DEBUG" | tee "$OUT/compile_diff_float64.txt" | tail -8 ;;
+        --float64 --deadline 250 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_diff_float64.txt" | tail -8 ;;
   sd35t)
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
     timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/e2e_sd35_transformer.txt" | tail -16 ;;
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/e2e_sd35_transformer.txt" | tail -16 ;;
   cluster)
     # the local multi-device path's rate on this GPU (the Ray issue's GPU figure; Ray itself cannot travel here)
-    timeout 120 python3 benchmarks/cluster_throughput.py --device cuda --configs local:1 2>&1 | grep -v "^DEBUG" \
+    timeout 120 python3 benchmarks/cluster_throughput.py --device cuda --configs local:1 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/cluster_cuda.txt" | tail -4 ;;
   region_e2e)
     # NB: 370 s cut the first run inside the end-to-end check (capture 86 s with each region's Inductor
     # baseline, search of 6 cards 98 s, then n + 2 compiled forwards per mode)
     timeout 560 python3 benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 4 \
-        --no-inductor-baseline 2>&1 | grep -v "^DEBUG" | tee "$OUT/region_e2e_gemma.txt" | tail -40 ;;
+        --no-inductor-baseline 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_gemma.txt" | tail -40 ;;
   probe)
     # why a region winner slowed the compiled model (region_e2e of 2026-12-02: 0.55x in default mode, 0.53x in
     # reduce-overhead, with one region kernel): plain / ATen path / region / region released, profiles; then the
     # corpus's newest CUDA attacks and the hand-written regions with the launch probe
     TORCH_LOGS=perf_hints timeout 330 python3 benchmarks/region_compile_probe.py gemma4_e2b --layers 2 2>"$OUT/probe.err" \
-        | grep -v "^DEBUG" | tee "$OUT/probe.txt" | tail -60
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/probe.txt" | tail -60
     grep -i "skipping cudagraph" "$OUT/probe.err" | sort | uniq -c | head -5
     # NB: the attacks only when asked (KF_ATTACKS="..."): all of them passed on the H200 on 2026-12-02
     [ -n "${KF_ATTACKS:-}" ] && timeout 150 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" \
         --timeout=60 tests/test_gpu_attacks.py -k "$KF_ATTACKS" 2>&1 \
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
-        | grep -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
   *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|fused|owed|probe|cluster" >&2; exit 2 ;;
 esac
