@@ -36,7 +36,7 @@ def _model(name: str, args):
     from seed_workloads import LANGUAGE
 
     layers = (args.layers or 2) if name in LANGUAGE else args.layers
-    return seed_model(name, args.device, layers=layers, attn=args.attn, resolution=args.resolution)
+    return seed_model(name, args.device, layers=layers, attn=args.attn, resolution=args.resolution, dtype=args.dtype)
 
 
 def main() -> None:
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--ops", default="region", help="which cards to search: region cards, fused operators "
                     "(group_norm_silu), or any operator, comma-separated")
     ap.add_argument("--resolution", type=int, default=None, help="diffusion models: image size")
+    ap.add_argument("--dtype", default=None, help="the seed workloads: override the model's dtype (float32, bfloat16)")
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--no-inductor-baseline", action="store_true",
                     help="skip compiling each region alone for the cards' Inductor ratio (saves capture time)")
