@@ -41,6 +41,8 @@ SEEDS = {
                                       torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
     "group_norm_silu_128": lambda: variant("group_norm_silu", torch.empty(1, 512, 128, 128, dtype=BF), 32,
                                            torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
+    "group_norm_silu_nhwc": lambda: variant("group_norm_silu", torch.empty(1, 128, 64, 64, dtype=BF).to(
+        memory_format=torch.channels_last), 32, torch.empty(128, dtype=BF), torch.empty(128, dtype=BF)),
     "layer_norm": lambda: variant("layer_norm", torch.empty(1, 4096, 1536, dtype=BF), (1536,),
                                   torch.empty(1536, dtype=BF), torch.empty(1536, dtype=BF)),
     "rms_norm": lambda: variant("rms_norm", torch.empty(1, 512, 1536, dtype=BF), (1536,),
@@ -77,6 +79,9 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         variant("group_norm", x(1, 4, 64, 64), 2, None, None),
         variant("group_norm_silu", x(2, 8, 5, 3), 4, w(8), w(8)),
         variant("group_norm_silu", x(1, 6, 33, 20), 3, w(6), None),
+        # channels-last (the SD3.5 VAE's attention output; conv outputs in the CPU graph capture)
+        variant("group_norm", x(2, 8, 5, 3).to(memory_format=torch.channels_last), 4, w(8), w(8)),
+        variant("group_norm_silu", x(1, 16, 7, 9).to(memory_format=torch.channels_last), 4, w(16), w(16)),
         variant("batch_norm", x(2, 6, 5, 5), r(6).abs(), r(6).abs() + 0.5, r(6), r(6)),
         variant("adaptive_avg_pool2d", x(2, 3, 7, 9), (3, 4)),
         variant("adaptive_avg_pool2d", x(2, 5, 7, 7), (1, 1)),
@@ -153,6 +158,14 @@ def test_every_cpu_strategy_matches_the_reference(dtype):
         list(pool.map(lambda c: compile_source(c[1].render(c[0], c[1].default(c[0], CPU), CPU), "cpu", "native"), cases))
     for v, s in cases:
         _check(v, s)
+
+
+def test_channels_last_group_norms_have_strategies():
+    nhwc = [v for v in small_variants(torch.float32) if v.op.startswith("group_norm") and not v.inputs[0].is_contiguous]
+    assert len(nhwc) == 2
+    for v in nhwc:
+        assert {s.name.split(".")[1] for s in strategies_for(v.op) if s.applies(v, H200 if s.backend == "cuda" else CPU)} \
+            == {"cuda", "cpu"}, v.signature
 
 
 def test_cpu_search_space_configs_are_correct():

@@ -347,15 +347,38 @@ def _gn_dims(v: Variant) -> tuple[int, int, int, int]:
     return shape[0], shape[1], prod(shape[2:]), v.param_dict["num_groups"]
 
 
+def _channels_last(sig: TensorSig) -> bool:
+    """N,C,* laid out as N,*,C (NHWC), densely (a dim of size 1 may have any stride)."""
+    shape, stride = sig.shape, sig.stride
+    order = [1] + list(range(len(shape) - 1, 1, -1)) + [0]   # fastest first: C, then the spatial dims, then N
+    expect = 1
+    for d in order:
+        if shape[d] != 1 and stride[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
+def _gn_nhwc(v: Variant) -> bool:
+    """Input and output channels-last (and not also contiguous: then the contiguous form is used)."""
+    x, y = v.inputs[0], v.outputs[0]
+    return (len(x.shape) >= 3 and not x.is_contiguous and x.stride == y.stride and _channels_last(x)
+            and contiguous(*v.inputs[1:]))
+
+
 def _gn_ok(v: Variant) -> bool:
-    if not _ok(v) or len(v.inputs[0].shape) < 2:
+    if len(v.inputs[0].shape) < 2 or v.inputs[0].numel == 0 or not floats_only(*_sigs(v).values()):
+        return False
+    if not (_ok(v) or _gn_nhwc(v)):
         return False
     n, c, hw, g = _gn_dims(v)
     return c % g == 0 and all(s is None or s.numel == c for s in v.inputs[1:])
 
 
 def _gn_vmax(v: Variant) -> int:
-    return _vmax(v, _gn_dims(v)[2])
+    """Vector width: dividing the run of one channel (contiguous) or of one group's channels (NHWC)."""
+    n, c, hw, g = _gn_dims(v)
+    return _vmax(v, c // g if _gn_nhwc(v) else hw)
 
 
 def _gn_group_size(v: Variant) -> int:
@@ -373,18 +396,25 @@ _GN = CUDA + r"""
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
 #define SILU {{SILU}}
+#define NHWC {{NHWC}}
 #define THREADS {{threads}}
 #define SPLIT {{split}}
+/* Element i of group grp (i in [0, GSIZE)): where it lives and its channel. Contiguous N,C,*: a group
+   is one block of GSIZE elements. Channels-last (NHWC): HW runs of CPG channels, C apart. */
+#define CH_ALL ((long)G * CPG)
+#define OFF(grp, i) (NHWC ? ((grp) / G) * HW * CH_ALL + ((i) / CPG) * CH_ALL + ((grp) % G) * CPG + (i) % CPG \
+                          : (grp) * GSIZE + (i))
+#define CHAN(grp, i) ((int)(((grp) % G) * CPG + (NHWC ? (i) % CPG : (i) / HW)))
 
 template <int V> struct Chunk { static constexpr long LEN = ((GSIZE + SPLIT - 1) / SPLIT + V - 1) / V * V; };
 
 /* Welford statistics of [begin, end) of one group, merged over the block. */
 template <int V>
-__device__ __forceinline__ Welford chunk_stats(const x_t* __restrict__ xg, long begin, long end, float* scratch) {
+__device__ __forceinline__ Welford chunk_stats(const x_t* __restrict__ x, long grp, long begin, long end, float* scratch) {
     Welford acc = {0.f, 0.f, 0.f};
     for (long i = begin + threadIdx.x * V; i < end; i += THREADS * V) {
         float v[V], s = 0.f, q = 0.f;
-        load_vec<V>(xg + i, v);
+        load_vec<V>(x + OFF(grp, i), v);
 #pragma unroll
         for (int j = 0; j < V; ++j) s += v[j];
         const float m = s / V;
@@ -398,20 +428,21 @@ __device__ __forceinline__ Welford chunk_stats(const x_t* __restrict__ xg, long 
 /* y = x * a + shift with a = rstd * w[c], shift = b[c] - mean * a (per channel, as torch); then
    y * sigmoid(y) where the operator is group_norm_silu. */
 template <int V>
-__device__ __forceinline__ void normalise(const x_t* __restrict__ xg, y_t* __restrict__ yg, const w_t* __restrict__ w,
-                                          const b_t* __restrict__ b, int c0, long begin, long end, float mean, float rstd) {
+__device__ __forceinline__ void normalise(const x_t* __restrict__ x, y_t* __restrict__ y, const w_t* __restrict__ w,
+                                          const b_t* __restrict__ b, long grp, long begin, long end, float mean, float rstd) {
     for (long i = begin + threadIdx.x * V; i < end; i += THREADS * V) {
-        const int c = c0 + (int)(i / HW);
-        const float a = HAS_W ? rstd * to_f(w[c]) : rstd;
-        const float shift = (HAS_B ? to_f(b[c]) : 0.f) - mean * a;
         float v[V];
-        load_vec<V>(xg + i, v);
+        const long o = OFF(grp, i);
+        load_vec<V>(x + o, v);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
+            const int c = CHAN(grp, i + j);   /* NB: V divides HW (contiguous) or CPG (NHWC) */
+            const float a = HAS_W ? rstd * to_f(w[c]) : rstd;
+            const float shift = (HAS_B ? to_f(b[c]) : 0.f) - mean * a;
             v[j] = v[j] * a + shift;
             if (SILU) v[j] = v[j] / (1.f + __expf(-v[j]));
         }
-        store_vec<V>(yg + i, v);
+        store_vec<V>(y + o, v);
     }
 }
 
@@ -420,8 +451,8 @@ __global__ void __launch_bounds__(THREADS) gn_fused(const x_t* __restrict__ x, c
                                                    const b_t* __restrict__ b, y_t* __restrict__ y) {
     __shared__ float scratch[96];
     const long grp = blockIdx.x;
-    const Welford s = chunk_stats<V>(x + grp * GSIZE, 0, GSIZE, scratch);
-    normalise<V>(x + grp * GSIZE, y + grp * GSIZE, w, b, (int)(grp % G) * CPG, 0, GSIZE, s.mean, rsqrtf(s.m2 / GSIZE + EPS));
+    const Welford s = chunk_stats<V>(x, grp, 0, GSIZE, scratch);
+    normalise<V>(x, y, w, b, grp, 0, GSIZE, s.mean, rsqrtf(s.m2 / GSIZE + EPS));
 }
 
 template <int V>
@@ -429,7 +460,7 @@ __global__ void __launch_bounds__(THREADS) gn_partials(const x_t* __restrict__ x
     __shared__ float scratch[96];
     const long grp = blockIdx.y, begin = blockIdx.x * Chunk<V>::LEN;
     const long end = begin + Chunk<V>::LEN < GSIZE ? begin + Chunk<V>::LEN : GSIZE;
-    const Welford s = chunk_stats<V>(x + grp * GSIZE, begin, end, scratch);
+    const Welford s = chunk_stats<V>(x, grp, begin, end, scratch);
     if (threadIdx.x == 0) {
         float* p = part + 3 * (grp * SPLIT + blockIdx.x);
         p[0] = s.n; p[1] = s.mean; p[2] = s.m2;
@@ -452,7 +483,7 @@ __global__ void __launch_bounds__(THREADS) gn_normalise(const x_t* __restrict__ 
         if (threadIdx.x == 0) { stats[0] = acc.mean; stats[1] = rsqrtf(acc.m2 / GSIZE + EPS); }
     }
     __syncthreads();
-    normalise<V>(x + grp * GSIZE, y + grp * GSIZE, w, b, (int)(grp % G) * CPG, begin, end, stats[0], stats[1]);
+    normalise<V>(x, y, w, b, grp, begin, end, stats[0], stats[1]);
 }
 
 template <int V> static void run(const x_t* x, const w_t* w, const b_t* b, y_t* y, float* part, cudaStream_t stream) {
@@ -484,7 +515,8 @@ def _gn_common(v: Variant, c: dict) -> dict:
     n, ch, hw, g = _gn_dims(v)
     sigs = _sigs(v)
     return dict(types=_types(v), GROUPS=n * g, G=g, CPG=ch // g, HW=hw, EPS=_eps(v),
-                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, SILU=v.op == "group_norm_silu", **c)
+                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, SILU=v.op == "group_norm_silu",
+                NHWC=_gn_nhwc(v), **c)
 
 
 def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
@@ -532,6 +564,12 @@ _CPU_GN_HEAD = CPU + r"""
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
 #define SILU {{SILU}}
+#define NHWC {{NHWC}}
+#define CH_ALL ((long)G * CPG)
+/* Where channel cl (of the group's CPG) of group grp is at spatial position i: contiguous N,C,* or
+   channels-last (NHWC). */
+#define AT(grp, cl, i) (NHWC ? ((grp) / G) * HW * CH_ALL + (i) * CH_ALL + ((grp) % G) * CPG + (cl) \
+                             : (grp) * GSIZE + (cl) * HW + (i))
 
 static inline float epilogue(float y) { return SILU ? y / (1.f + expf(-y)) : y; }
 
@@ -540,10 +578,10 @@ static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t*
                                   long c_end, double mean, double var) {
     const float rstd = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + EPS));
     for (long cl = c_begin; cl < c_end; ++cl) {
-        const long c = (grp % G) * CPG + cl, base = grp * GSIZE + cl * HW;
+        const long c = (grp % G) * CPG + cl;
         const float a = HAS_W ? rstd * w_ld(w, c) : rstd;
         const float shift = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a;
-        for (long i = 0; i < HW; ++i) y_st(y, base + i, epilogue(x_ld(x, base + i) * a + shift));
+        for (long i = 0; i < HW; ++i) y_st(y, AT(grp, cl, i), epilogue(x_ld(x, AT(grp, cl, i)) * a + shift));
     }
 }
 """
@@ -557,8 +595,10 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     #pragma omp parallel for schedule(static)
     for (long grp = 0; grp < GROUPS; ++grp) {
         double s = 0.0, q = 0.0;
-        #pragma omp simd reduction(+:s, q)
-        for (long i = 0; i < GSIZE; ++i) { const double v = x_ld(x, grp * GSIZE + i); s += v; q += v * v; }
+        for (long cl = 0; cl < CPG; ++cl) {
+            #pragma omp simd reduction(+:s, q)
+            for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
+        }
         const double mean = s / GSIZE;
         write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, 0, CPG, mean, q / GSIZE - mean * mean);
     }
@@ -578,7 +618,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     for (long k = 0; k < (long)GROUPS * CPG; ++k) {
         double s = 0.0, q = 0.0;
         #pragma omp simd reduction(+:s, q)
-        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, k * HW + i); s += v; q += v * v; }
+        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(k / CPG, k % CPG, i)); s += v; q += v * v; }
         part[2 * k] = s; part[2 * k + 1] = q;
     }
     #pragma omp parallel for schedule(static)
