@@ -88,9 +88,10 @@ def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
     """Run node ``n`` again with every tensor argument laid out as the trace saw it.
 
     NB: the ATen graph was traced on fake tensors, whose strides can differ from the real ones (on
-    the SD3.5 VAE decoder an attention output reached ``native_group_norm`` channels-last where the
-    trace had it contiguous, and the CPU kernel refused it): the graph's own semantics assume the
-    traced layout, so the arguments are copied into it. Raises what the node raised if that is not it."""
+    the SD3.5 VAE decoder an attention output reached ``native_group_norm`` in a layout the CPU kernel
+    refused, which eager's own group_norm makes contiguous first): the graph's own semantics assume the
+    traced layout, so the arguments are copied into it. Where that is not the cause, the node fails again
+    and that error propagates."""
     args, kwargs = interp.fetch_args_kwargs_from_env(n)
 
     def relayout(value, node):
