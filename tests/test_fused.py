@@ -98,10 +98,6 @@ def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         assert compiled.kforge_backend.replaced == [card.variant.signature] * 2, backend
         assert kernel.calls == before + 2, "the kernel itself ran, once a fused pair"
-        graph_ops = [str(n.target) for g in compiled.kforge_backend.graphs for n in g.gm.graph.nodes
-                     if n.op == "call_function"] if hasattr(compiled.kforge_backend.graphs[0], "gm") else None
-        if graph_ops is not None:
-            assert sum("silu" in t for t in graph_ops) == 1, graph_ops   # only the tail's SiLU is left
 
 
 def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
@@ -124,7 +120,7 @@ def test_the_capture_interpreter_lays_arguments_out_as_traced():
     operator refuses it, the capture runs it again on a copy laid out as the trace had it."""
     import torch.fx as fx
 
-    from kforge.regions._capture import _with_traced_strides
+    from kforge.regions._capture import TracedLayoutInterpreter
 
     g = fx.Graph()
     x = g.placeholder("x")
@@ -134,13 +130,6 @@ def test_the_capture_interpreter_lays_arguments_out_as_traced():
     gm = fx.GraphModule(torch.nn.Module(), g)
     real = torch.arange(24.0).reshape(6, 4).t()   # [4, 6], transposed: view refuses it
 
-    class Interp(fx.Interpreter):
-        def run_node(self, n):
-            try:
-                return super().run_node(n)
-            except RuntimeError:
-                return _with_traced_strides(self, n)
-
     with pytest.raises(RuntimeError):
         gm(real)
-    torch.testing.assert_close(Interp(gm).run(real), real.contiguous().view(24))
+    torch.testing.assert_close(TracedLayoutInterpreter(gm).run(real), real.contiguous().view(24))

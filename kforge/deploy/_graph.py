@@ -161,7 +161,6 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -
     return replaced
 
 
-_SILU = (torch.nn.functional.silu, torch.ops.aten.silu.default, torch.Tensor.silu if hasattr(torch.Tensor, "silu") else None)
 
 
 def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
@@ -169,7 +168,7 @@ def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
     if op != "silu" or len(node.users) != 1:
         return None
     (user,) = node.users
-    if _callable_of(user) not in [f for f in _SILU if f is not None] or not user.args or user.args[0] is not node:
+    if _callable_of(user) is not torch.nn.functional.silu or not user.args or user.args[0] is not node:
         return None
     if user.kwargs.get("inplace") or (len(user.args) > 1 and user.args[1] is True):
         return None   # NB: an in-place SiLU writes into the group_norm's output, which the kernel never makes

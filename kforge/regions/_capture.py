@@ -62,12 +62,9 @@ class _GraphRun:
         seen: dict[int, list] = {id(r): [None] * len(r.inputs) for r in self.regions if r.variant.key in wanted}
         watch = self.watch
 
-        class _Interp(fx.Interpreter):
+        class _Interp(TracedLayoutInterpreter):
             def run_node(self, n):
-                try:
-                    out = super().run_node(n)
-                except RuntimeError:
-                    out = _with_traced_strides(self, n)
+                out = super().run_node(n)
                 for r, i in watch.get(n, ()):
                     if id(r) in seen and isinstance(out, torch.Tensor):
                         seen[id(r)][i] = out.detach().clone()
@@ -82,6 +79,17 @@ class _GraphRun:
             if got is not None and all(t is not None for t in got) and len(rec.examples) < self.owner.examples_per_variant:
                 rec.examples.append(got)
         return result
+
+
+class TracedLayoutInterpreter(fx.Interpreter):
+    """Runs an ATen graph node by node; a node that fails runs again with its arguments laid out as
+    the trace saw them (``_with_traced_strides``)."""
+
+    def run_node(self, n):
+        try:
+            return super().run_node(n)
+        except RuntimeError:
+            return _with_traced_strides(self, n)
 
 
 def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):

@@ -434,11 +434,16 @@ __device__ __forceinline__ void normalise(const x_t* __restrict__ x, y_t* __rest
         float v[V];
         const long o = OFF(grp, i);
         load_vec<V>(x + o, v);
+        /* NB: V divides HW (contiguous: one channel per vector) or CPG (NHWC: channels c0 .. c0 + V - 1) */
+        const int c0 = CHAN(grp, i);
+        float a = 0.f, shift = 0.f;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-            const int c = CHAN(grp, i + j);   /* NB: V divides HW (contiguous) or CPG (NHWC) */
-            const float a = HAS_W ? rstd * to_f(w[c]) : rstd;
-            const float shift = (HAS_B ? to_f(b[c]) : 0.f) - mean * a;
+            if (NHWC || j == 0) {
+                const int c = c0 + (NHWC ? j : 0);
+                a = HAS_W ? rstd * to_f(w[c]) : rstd;
+                shift = (HAS_B ? to_f(b[c]) : 0.f) - mean * a;
+            }
             v[j] = v[j] * a + shift;
             if (SILU) v[j] = v[j] / (1.f + __expf(-v[j]));
         }
