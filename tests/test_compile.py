@@ -278,6 +278,10 @@ def test_a_kernel_no_compiled_call_matches_is_not_timed_or_kept(tmp_path):
     assert report.not_placed == (sig,) and report.kept == () and report.forwards_built == 0
     assert compiled.kforge_backend.replaced == []
     assert f"not run {sig}: no call in this mode's compiled graphs has its signature" in "\n".join(report.lines())
+    # the report names the call the graph has instead, and what differs
+    (near,) = report.nearest
+    assert near.startswith("nearest call: max_pool2d(") and "(differs in shapes)" in near, near
+    assert near in "\n".join(report.lines())
     e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
     (default,) = [f for f in e2e.fallback if f.mode == "default"]
     assert default.not_placed == () and default.kept == (sig,), "on the captured path the same kernel is placed"
@@ -400,3 +404,31 @@ def test_the_check_reads_paired_differences_when_the_forward_drifts():
     slower = comparison_of([110.0, 111.0, 110.0, 110.0], [100.0, 100.0, 101.0, 100.0])
     assert not slower.faster and not slower.within_noise and "costs 10.0 us a forward" in slower.describe()
     assert slower.speedup == pytest.approx(100.0 / 110.0)
+
+
+def test_a_long_forward_still_gets_its_rounds_and_compiled_arms_skip_the_warm_up():
+    """The interleaved timer runs at least ``min_rounds`` rounds, whatever the budget (a 35 ms forward
+    got 15 rounds in 2 s on the H200, too few to tell a 1.6% saving from noise); arms that install
+    nothing (compiled models) are timed from their first forward, arms that install kernels get an
+    untimed forward after each install, and so do the arms they are compared with."""
+    from kforge.deploy._fallback import interleaved
+
+    calls = {"a": 0, "b": 0, "c": 0}
+
+    def counting(name):
+        def forward():
+            calls[name] += 1
+        return forward
+
+    compare = interleaved("cpu", budget_s=0.0, block_s=1e-9, min_rounds=10, max_rounds=60, max_s=60.0)
+    cmp = compare(Arm(counting("a")), Arm(counting("b")))
+    assert len(cmp.rounds) == 10
+    # the first block of each arm (which sets the repetitions) warms up; the ten rounds do not
+    assert calls["a"] == calls["b"] == 2 + 10
+    installed = []
+    cmp = compare(Arm(counting("c"), (), lambda: installed.append(1), lambda: None), Arm(counting("b")))
+    assert len(cmp.rounds) == 10 and calls["c"] == 2 + 2 * 10 and calls["b"] == 12 + 2 + 2 * 10
+    assert len(installed) == 11
+    # a bound on the time: past max_s, six rounds are enough
+    slow = interleaved("cpu", budget_s=0.0, block_s=1e-9, min_rounds=50, max_rounds=60, max_s=0.0)
+    assert len(slow(Arm(counting("a")), Arm(counting("b"))).rounds) == 6

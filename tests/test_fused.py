@@ -115,6 +115,26 @@ def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
     assert compiled.kforge_backend.replaced == []
 
 
+def test_an_unplaced_fused_kernel_is_told_what_the_graph_has_instead():
+    """The report of a kernel no compiled call took names the nearest call of its operator and what
+    differs: the layout, or (a fused kernel) a group_norm whose output has other readers than the SiLU."""
+    from kforge.deploy._graph import Miss, nearest_miss
+    from kforge.ops import get_spec
+
+    x, w, b = torch.randn(1, 8, 4, 4), torch.randn(8), torch.randn(8)
+    fused = get_spec("group_norm_silu")
+    want = fused.variant(fused.bind(x, 2, w, b, 1e-5), ())
+    gn = get_spec("group_norm")
+    cl = x.to(memory_format=torch.channels_last)
+    as_cl = Miss(gn.variant(gn.bind(cl, 2, w, b, 1e-5), ()), readers=1, epilogue=True)
+    shared = Miss(gn.variant(gn.bind(x, 2, w, b, 1e-5), ()), readers=2, epilogue=False)
+    other = Miss(gn.variant(gn.bind(torch.randn(1, 8, 2, 2), 2, w, b, 1e-5), ()), readers=1, epilogue=True)
+    assert "(differs in strides)" in nearest_miss(want, [other, as_cl])
+    assert "its output has 2 reader(s), not only a silu" in nearest_miss(want, [other, shared])
+    assert "(differs in shapes)" in nearest_miss(want, [other])
+    assert nearest_miss(want, []) is None
+
+
 def test_the_capture_interpreter_lays_arguments_out_as_traced():
     """The ATen graph was traced on fake tensors; where a real argument's layout differs and the
     operator refuses it, the capture runs it again on a copy laid out as the trace had it."""

@@ -76,12 +76,14 @@ def _input_nodes(node: torch.fx.Node, inputs: tuple) -> list[torch.fx.Node | Non
     return out
 
 
-def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -> list[str]:
+def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
+                  missed: list[Miss] | None = None) -> list[str]:
     """Rewrite every call in ``gm`` that has a kernel for its exact signature into
     ``torch.ops.kforge.run``; returns the signatures replaced, one per node. Calls with symbolic
     shapes, inputs that need gradients (where the graph is traced with grad mode on: dynamo traces a
     call under ``torch.no_grad()`` with it off, and guards on it), or forms the operator's binder does
-    not take stay as they are."""
+    not take stay as they are. ``missed`` (when given) gets each call of a kernel's operator that
+    stayed, as the graph has it: what a kernel that was never placed can be compared with."""
     table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels}
     if not table:
         return []
@@ -116,6 +118,10 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -
             dk = table.get((fused[spec.name], key)) if epilogue is not None else None
             if dk is None:
                 epilogue, dk = None, table.get((spec.name, key))
+            if dk is None and missed is not None:
+                missed.append(Miss(spec.variant(call, ()), len(node.users),
+                                   None if spec.name not in fused else _epilogue(node, FUSED_EPILOGUES[fused[spec.name]][1])
+                                   is not None))
         except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
             continue
         if dk is None:
@@ -163,6 +169,45 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel]) -
 
 
 
+@dataclass(frozen=True)
+class Miss:
+    """A call of a kernel's operator that no kernel replaced: its variant as the graph has it, how many
+    nodes read its value, and (for the first operator of a fused one) whether its epilogue follows it."""
+
+    variant: Any   # ops.Variant
+    readers: int
+    epilogue: bool | None = None
+
+
+def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
+    """Why no call in a graph took ``variant``'s kernel, from the calls of its operator that stayed:
+    the nearest one (same input shapes first) and what differs, or None when the graphs have no call
+    of that operator at all."""
+    first = {fused: first for fused, (first, _) in FUSED_EPILOGUES.items()}
+    ops = {variant.op, first.get(variant.op)}
+    same_op = [m for m in missed if m.variant.op in ops]
+    if not same_op:
+        return None
+    shapes = lambda v: [s.shape if s is not None else None for s in v.inputs]  # noqa: E731
+    near = [m for m in same_op if shapes(m.variant) == shapes(variant)] or same_op
+    m = near[0]
+    why = []
+    if shapes(m.variant) != shapes(variant):
+        why.append("shapes")
+    else:
+        if [s.dtype for s in m.variant.inputs if s] != [s.dtype for s in variant.inputs if s]:
+            why.append("dtypes")
+        if [s.stride for s in m.variant.inputs if s] != [s.stride for s in variant.inputs if s]:
+            why.append("strides")
+        if [p for p in m.variant.params if p[0] not in ("inplace",)] != \
+                [p for p in variant.params if p[0] not in ("inplace",)]:
+            why.append("parameters")
+    if variant.op in first and m.variant.op == first[variant.op] and not m.epilogue:
+        why.append(f"its output has {m.readers} reader(s), not only a {FUSED_EPILOGUES[variant.op][1]}")
+    return (f"nearest call: {m.variant.signature}" + (f" (differs in {', '.join(why)})" if why else "")
+            + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
+
+
 def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
     """The node applying ``op`` ("silu") to ``node``'s value when it is that value's only reader."""
     if op != "silu" or len(node.users) != 1:
@@ -181,6 +226,7 @@ class CompiledGraph:
 
     nodes: int
     replaced: list[str]
+    missed: list[Miss] = field(default_factory=list)   # calls of a kernel's operator that stayed
 
 
 @dataclass
@@ -213,10 +259,11 @@ class KforgeBackend:
             self._other = torch._dynamo.lookup_backend(self.inner)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        replaced = replace_calls(gm, self.kernels) if self.enabled else []
+        missed: list[Miss] = []
+        replaced = replace_calls(gm, self.kernels, missed) if self.enabled else []
         for graph_pass in self.passes if self.enabled else ():
             replaced.extend(graph_pass(gm))
-        record = CompiledGraph(len(gm.graph.nodes), replaced)
+        record = CompiledGraph(len(gm.graph.nodes), replaced, missed)
         self.graphs.append(record)
         compiler = self._other if self._inductor is None else self._inductor
         if not (self.enabled and self.aten_passes):
@@ -254,6 +301,10 @@ class KforgeBackend:
     @property
     def replaced(self) -> list[str]:
         return [s for g in self.graphs for s in g.replaced]
+
+    @property
+    def missed(self) -> list[Miss]:
+        return [m for g in self.graphs for m in g.missed]
 
 
 def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule, aten_inputs: list, *,

@@ -11,7 +11,7 @@ from ..evaluate import bench
 from ._deployment import Deployment
 from ._fallback import Arm, Compare, Comparison, FallbackReport, interleaved, keep_faster
 from ._select import _patched_eagerly
-from ._graph import compile_with
+from ._graph import compile_with, nearest_miss
 from ._launch import DeployedKernel
 
 MODES = ("default", "max-autotune", "reduce-overhead")
@@ -99,6 +99,7 @@ class EndToEnd:
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
                               "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
+                              "nearest": list(f.nearest),
                               "wrong_output": f.wrong_output, "control": cmp(f.control),
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
@@ -243,20 +244,24 @@ def float64_output(model: Any, args: tuple, kwargs: dict) -> torch.Tensor | None
 
 
 def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels: Sequence[DeployedKernel]
-           ) -> tuple[list[DeployedKernel], tuple[str, ...]]:
-    """The kernels some compiled graph of the model really calls, and the signatures of those it does
-    not (no call in the graph has their shapes, e.g. a call on a path compile does not take): a
-    forward compiled with all of them runs once, and its graphs say what they got. A kernel that never
-    runs cannot make the model faster, and timing it would credit it with the noise."""
+           ) -> tuple[list[DeployedKernel], tuple[str, ...], tuple[str, ...]]:
+    """The kernels some compiled graph of the model really calls, the signatures of those it does
+    not (no call in the graph has their shapes, e.g. a call on a path compile does not take), and for
+    each of those the nearest call of its operator the graphs have (``nearest_miss``; "" when they
+    have none): a forward compiled with all of them runs once, and its graphs say what they got. A
+    kernel that never runs cannot make the model faster, and timing it would credit it with the noise."""
     if not kernels:
-        return [], ()
+        return [], (), ()
     arm = make(kernels)
     with torch.no_grad():
         arm.forward()   # compiles
-    compiled = made[tuple(sorted(dk.run_name for dk in kernels))]
-    got = set(compiled.kforge_backend.replaced)
+    backend = made[tuple(sorted(dk.run_name for dk in kernels))].kforge_backend
+    got = set(backend.replaced)
     inside = [k for k in kernels if k.variant.signature in got]
-    return inside, tuple(k.variant.signature for k in kernels if k.variant.signature not in got)
+    outside = [k for k in kernels if k.variant.signature not in got]
+    missed = backend.missed
+    return (inside, tuple(k.variant.signature for k in outside),
+            tuple(nearest_miss(k.variant, missed) or "" for k in outside))
 
 
 def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], make: Callable, made: dict,
@@ -270,12 +275,12 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
     untimed; where some are placed, a second plain compilation (``make.control``, when the builder has
     one) is the A/A control whose gap every saving must exceed; the set the timing keeps is dropped if it
     changes the model's output (``wrong_output``)."""
-    inside, missing = placed(make, made, kernels)
+    inside, missing, nearest = placed(make, made, kernels)
     gains = [g for k, g in zip(kernels, gains) if k in inside]
     if guard:
         control = make.control() if inside and hasattr(make, "control") else None
         kept, report = keep_faster(inside, gains, make, compare, mode, none, control)
-        report = replace(report, not_placed=missing)
+        report = replace(report, not_placed=missing, nearest=nearest)
         cmp = report.model
     else:
         kept, report = list(inside), None
