@@ -113,8 +113,11 @@ PY
     # with the built-in strategies, then the model under compile default with and without them (carry [".whl"]);
     # then (KF_SOFTMAX_S=seconds) the Gemma attention softmax at the paper's 50 iterations
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    # the store (benchmarks/results/sd35_vae_decoder_fused_store.tgz, back in $OUT) resumes: a card searched
+    # before is not searched again, so a later call can time other modes (KF_MODES) on the same kernels
     timeout "${KF_VAE_S:-400}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \
-        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-4}" --no-inductor-baseline 2>&1 \
+        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-4}" --no-inductor-baseline \
+        --store benchmarks/results/sd35_vae_decoder_fused_store.tgz 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" | grep -v "Warning\|warn\|^ \|^$\|This call" | tail -30
     [ -n "${KF_SOFTMAX_S:-}" ] && timeout "$KF_SOFTMAX_S" python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
         --no-e2e --skip-compile 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \

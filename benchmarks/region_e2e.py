@@ -6,14 +6,18 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
     python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
     python benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default   # fused cards
 
-Writes region_e2e_<model>.json to $OUT (or benchmarks/results/).
+Writes region_e2e_<model>.json to $OUT (or benchmarks/results/). With ``--store PATH.tgz`` the session's
+store is unpacked from PATH when it exists (cards searched there are not searched again) and packed back
+to PATH (and into $OUT) after the search, so a later call can time other modes without searching.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -54,10 +58,16 @@ def main() -> None:
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--no-inductor-baseline", action="store_true",
                     help="skip compiling each region alone for the cards' Inductor ratio (saves capture time)")
+    ap.add_argument("--store", type=Path, default=None,
+                    help="a .tgz of the session's store: resumed from when it exists, written after the search")
     args = ap.parse_args()
     t0 = time.perf_counter()
     model, inputs = _model(args.model, args)
-    s = kforge.Session(model, inputs, device=args.device, workdir=tempfile.mkdtemp(prefix="kforge-region-e2e-"))
+    workdir = Path(tempfile.mkdtemp(prefix="kforge-region-e2e-"))
+    if args.store is not None and args.store.exists():
+        with tarfile.open(args.store) as tar:
+            tar.extractall(workdir, filter="data")
+    s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
     cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
     ops = set(args.ops.split(","))
     regions = sorted((c for c in cards if c.op in ops), key=lambda c: -c.share)[: args.max_cards]
@@ -67,8 +77,13 @@ def main() -> None:
           f"of {args.ops} (capture {t1 - t0:.0f} s)", flush=True)
     if not regions:
         raise SystemExit(f"no {args.ops} cards were captured: nothing to search")
-    s.optimize(cards=[c.key for c in regions], iterations=args.iterations, confirm=False)
+    done = {r.key for r in s.results if r.status.is_searched}
+    todo = [c.key for c in regions if c.key not in done]
+    if todo:
+        s.optimize(cards=todo, iterations=args.iterations, confirm=False)
     t2 = time.perf_counter()
+    if args.store is not None:
+        _archive(workdir, args.store)
     searched = {c.key for c in regions}
     for r in s.results:
         if r.key in searched:
@@ -83,6 +98,16 @@ def main() -> None:
          "winners": len(s.results.winners), "end_to_end": report.to_json(),
          "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}, indent=1, default=str))
     s.close()
+
+
+def _archive(workdir: Path, archive: Path) -> None:
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for item in sorted(workdir.iterdir()):
+            tar.add(item, arcname=item.name)
+    if os.environ.get("OUT"):
+        shutil.copyfile(archive, Path(os.environ["OUT"]) / archive.name)
+    print(f"# store: {archive} ({archive.stat().st_size / 1e6:.1f} MB)", flush=True)
 
 
 if __name__ == "__main__":

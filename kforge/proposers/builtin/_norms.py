@@ -582,12 +582,43 @@ static inline float epilogue(float y) { return SILU ? y / (1.f + expf(-y)) : y; 
 static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t* y, long grp, long c_begin,
                                   long c_end, double mean, double var) {
     const float rstd = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + EPS));
+#if NHWC
+    /* channels-last: a group's channels are adjacent at each position, so position outer, channel inner */
+    float a[CPG], shift[CPG];
+    for (long cl = c_begin; cl < c_end; ++cl) {
+        const long c = (grp % G) * CPG + cl;
+        a[cl] = HAS_W ? rstd * w_ld(w, c) : rstd;
+        shift[cl] = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a[cl];
+    }
+    for (long i = 0; i < HW; ++i) {
+        #pragma omp simd
+        for (long cl = c_begin; cl < c_end; ++cl) y_st(y, AT(grp, cl, i), epilogue(x_ld(x, AT(grp, cl, i)) * a[cl] + shift[cl]));
+    }
+#else
     for (long cl = c_begin; cl < c_end; ++cl) {
         const long c = (grp % G) * CPG + cl;
         const float a = HAS_W ? rstd * w_ld(w, c) : rstd;
         const float shift = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a;
         for (long i = 0; i < HW; ++i) y_st(y, AT(grp, cl, i), epilogue(x_ld(x, AT(grp, cl, i)) * a + shift));
     }
+#endif
+}
+
+/* The sum and sum of squares of group `grp`, in the order its elements lie in memory. */
+static inline void group_sums(const x_t* x, long grp, double* s_out, double* q_out) {
+    double s = 0.0, q = 0.0;
+#if NHWC
+    for (long i = 0; i < HW; ++i) {
+        #pragma omp simd reduction(+:s, q)
+        for (long cl = 0; cl < CPG; ++cl) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
+    }
+#else
+    for (long cl = 0; cl < CPG; ++cl) {
+        #pragma omp simd reduction(+:s, q)
+        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
+    }
+#endif
+    *s_out = s; *q_out = q;
 }
 """
 
@@ -599,11 +630,8 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     y_t* y = (y_t*)outputs[0].data;
     #pragma omp parallel for schedule(static)
     for (long grp = 0; grp < GROUPS; ++grp) {
-        double s = 0.0, q = 0.0;
-        for (long cl = 0; cl < CPG; ++cl) {
-            #pragma omp simd reduction(+:s, q)
-            for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
-        }
+        double s, q;
+        group_sums(x, grp, &s, &q);
         const double mean = s / GSIZE;
         write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, 0, CPG, mean, q / GSIZE - mean * mean);
     }
