@@ -468,3 +468,32 @@ def test_inductor_keeps_the_kernel_between_fused_neighbours():
     finally:
         dep.remove()
         torch._dynamo.reset()
+
+
+def test_a_graph_call_in_another_layout_is_copied_into_the_kernels_and_another_shape_runs_the_operator():
+    """kforge::run launches a kernel only on inputs laid out as its variant: a compiled graph can hand the
+    call other strides than the lookup that placed the kernel saw (its own trace's), and the kernel reads
+    memory by the variant's strides. Another layout is copied into the variant's (counted); another
+    shape or dtype runs the operator itself."""
+    from kforge.deploy._runop import RUN_TABLE
+
+    x = torch.randn(16, 300)
+    dk = _softmax_kernel("softmax_rows", x)
+    RUN_TABLE.register(dk)
+    try:
+        run = torch.ops.kforge.run.default
+        (a,) = run(dk.run_name, [x])
+        assert dk.calls == 1 and dk.relayouts == 0
+        strided = torch.randn(300, 16).t()   # same shape, column-major
+        (b,) = run(dk.run_name, [strided])
+        torch.testing.assert_close(b, torch.softmax(strided, -1))
+        assert dk.calls == 2 and dk.relayouts == 1
+        y = torch.randn(8, 300)
+        (c,) = run(dk.run_name, [y])
+        torch.testing.assert_close(c, torch.softmax(y, -1))
+        assert dk.calls == 2, "another shape is not the kernel's: the operator ran"
+        (d,) = run(dk.run_name, [x.double()])
+        torch.testing.assert_close(d, torch.softmax(x.double(), -1))
+        assert dk.calls == 2
+    finally:
+        RUN_TABLE.release(dk)

@@ -117,20 +117,19 @@ def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
 
 def test_an_unplaced_fused_kernel_is_told_what_the_graph_has_instead():
     """The report of a kernel no compiled call took names the nearest call of its operator and what
-    differs: the layout, or (a fused kernel) a group_norm whose output has other readers than the SiLU."""
+    differs (here the layout: on the H200 two of the SD3.5 VAE's fused cards met channels-last inputs)."""
     from kforge.deploy._graph import Miss, nearest_miss
     from kforge.ops import get_spec
 
     x, w, b = torch.randn(1, 8, 4, 4), torch.randn(8), torch.randn(8)
     fused = get_spec("group_norm_silu")
     want = fused.variant(fused.bind(x, 2, w, b, 1e-5), ())
-    gn = get_spec("group_norm")
     cl = x.to(memory_format=torch.channels_last)
-    as_cl = Miss(gn.variant(gn.bind(cl, 2, w, b, 1e-5), ()), readers=1, epilogue=True)
-    shared = Miss(gn.variant(gn.bind(x, 2, w, b, 1e-5), ()), readers=2, epilogue=False)
-    other = Miss(gn.variant(gn.bind(torch.randn(1, 8, 2, 2), 2, w, b, 1e-5), ()), readers=1, epilogue=True)
+    as_cl = Miss(fused.variant(fused.bind(cl, 2, w, b, 1e-5), ()), readers=1)
+    other = Miss(fused.variant(fused.bind(torch.randn(1, 8, 2, 2), 2, w, b, 1e-5), ()), readers=1)
+    eps = Miss(fused.variant(fused.bind(x, 2, w, b, 1e-6), ()), readers=1)
     assert "(differs in strides)" in nearest_miss(want, [other, as_cl])
-    assert "its output has 2 reader(s), not only a silu" in nearest_miss(want, [other, shared])
+    assert "(differs in parameters)" in nearest_miss(want, [other, eps])
     assert "(differs in shapes)" in nearest_miss(want, [other])
     assert nearest_miss(want, []) is None
 

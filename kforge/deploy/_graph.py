@@ -84,23 +84,19 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     call under ``torch.no_grad()`` with it off, and guards on it), or forms the operator's binder does
     not take stay as they are. ``missed`` (when given) gets each call of a kernel's operator that
     stayed, as the graph has it: what a kernel that was never placed can be compared with."""
-    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels}
+    # NB: fused operators (group_norm_silu) are placed in the ATen graph, where capture found them, with
+    # the layouts Inductor gives the call (kforge.regions' ATen pass); not here
+    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if dk.variant.op not in FUSED_EPILOGUES}
     if not table:
         return []
-    # a fused operator's kernel (group_norm_silu) is looked up from its first call's node, bound by that
-    # call's own spec (same inputs and params), where the node's only reader is the epilogue
-    fused = {FUSED_EPILOGUES[op][0]: op for op, _ in table if op in FUSED_EPILOGUES}
-    ops = {op for op, _ in table} | set(fused)
+    ops = {op for op, _ in table}
     # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
     # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
     # kernel reading a parameter (group_norm, layer_norm with weights) was put into a compiled model
     # whose parameters require grad, e.g. the SD3.5 VAE's group_norm winners (inferred from this code)
     grad = torch.is_grad_enabled()
     replaced: list[str] = []
-    erased: set[torch.fx.Node] = set()
     for node in list(gm.graph.nodes):
-        if node in erased:   # NB: a fused kernel's epilogue, already replaced
-            continue
         fn = _callable_of(node)
         spec = spec_for(fn) if fn is not None else None
         if spec is None or spec.name not in ops:
@@ -114,32 +110,15 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
                    for t in inputs):
                 continue
             key = _fast_key(inputs, _param_values(spec.params, call.params))
-            epilogue = _epilogue(node, FUSED_EPILOGUES[fused[spec.name]][1]) if spec.name in fused else None
-            dk = table.get((fused[spec.name], key)) if epilogue is not None else None
-            if dk is None:
-                epilogue, dk = None, table.get((spec.name, key))
+            dk = table.get((spec.name, key))
             if dk is None and missed is not None:
-                missed.append(Miss(spec.variant(call, ()), len(node.users),
-                                   None if spec.name not in fused else _epilogue(node, FUSED_EPILOGUES[fused[spec.name]][1])
-                                   is not None))
+                missed.append(Miss(spec.variant(call, ()), len(node.users)))
         except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
             continue
         if dk is None:
             continue
         sources = _input_nodes(node, inputs)
         if sources is None:
-            continue
-        if epilogue is not None:   # the kernel computes both: it stands where the epilogue's value was
-            RUN_TABLE.register(dk)
-            with gm.graph.inserting_before(epilogue):
-                run = gm.graph.call_function(torch.ops.kforge.run.default, (dk.run_name, sources))
-                result = gm.graph.call_function(operator.getitem, (run, 0))
-            result.meta.update(epilogue.meta)
-            epilogue.replace_all_uses_with(result)
-            erased.add(epilogue)
-            gm.graph.erase_node(epilogue)
-            gm.graph.erase_node(node)
-            replaced.append(dk.variant.signature)
             continue
         RUN_TABLE.register(dk)
         with gm.graph.inserting_before(node):
@@ -171,21 +150,18 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
 
 @dataclass(frozen=True)
 class Miss:
-    """A call of a kernel's operator that no kernel replaced: its variant as the graph has it, how many
-    nodes read its value, and (for the first operator of a fused one) whether its epilogue follows it."""
+    """A call (or region, or fused operator) of a kernel's operator that no kernel replaced: its variant
+    as the graph has it, and how many nodes read its value."""
 
     variant: Any   # ops.Variant
     readers: int
-    epilogue: bool | None = None
 
 
 def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
     """Why no call in a graph took ``variant``'s kernel, from the calls of its operator that stayed:
     the nearest one (same input shapes first) and what differs, or None when the graphs have no call
     of that operator at all."""
-    first = {fused: first for fused, (first, _) in FUSED_EPILOGUES.items()}
-    ops = {variant.op, first.get(variant.op)}
-    same_op = [m for m in missed if m.variant.op in ops]
+    same_op = [m for m in missed if m.variant.op == variant.op]
     if not same_op:
         return None
     shapes = lambda v: [s.shape if s is not None else None for s in v.inputs]  # noqa: E731
@@ -202,22 +178,8 @@ def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
         if [p for p in m.variant.params if p[0] not in ("inplace",)] != \
                 [p for p in variant.params if p[0] not in ("inplace",)]:
             why.append("parameters")
-    if variant.op in first and m.variant.op == first[variant.op] and not m.epilogue:
-        why.append(f"its output has {m.readers} reader(s), not only a {FUSED_EPILOGUES[variant.op][1]}")
     return (f"nearest call: {m.variant.signature}" + (f" (differs in {', '.join(why)})" if why else "")
             + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
-
-
-def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
-    """The node applying ``op`` ("silu") to ``node``'s value when it is that value's only reader."""
-    if op != "silu" or len(node.users) != 1:
-        return None
-    (user,) = node.users
-    if _callable_of(user) is not torch.nn.functional.silu or not user.args or user.args[0] is not node:
-        return None
-    if user.kwargs.get("inplace") or (len(user.args) > 1 and user.args[1] is True):
-        return None   # NB: an in-place SiLU writes into the group_norm's output, which the kernel never makes
-    return user
 
 
 @dataclass
@@ -274,6 +236,7 @@ class KforgeBackend:
         def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs: list, forward: bool) -> Callable:
             for aten_pass in self.aten_passes:
                 record.replaced.extend(aten_pass(aten_gm))
+                record.missed.extend(getattr(aten_pass, "missed", ()))
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
             # its own AOTAutograd over it again: a re-trace of a functional graph, apart from the copy_
             # into inputs an inference graph keeps; so do the aot_* backends). What they return takes its arguments unpacked, which

@@ -5,7 +5,7 @@ import ctypes
 import functools
 import json
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -41,6 +41,9 @@ class DeployedKernel:
         self._cuda = variant.device.startswith("cuda")
         self._index = torch.device(variant.device).index or 0 if self._cuda else 0
         self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
+        self._in_layouts = [None if s is None else (tuple(s.shape), tuple(s.stride), torch_dtype(s.dtype), _device(s.device))
+                            for s in variant.inputs]
+        self.relayouts = 0   # graph calls whose input came in another layout and was copied into the variant's
         self._lock = threading.Lock()
         n_in, n_out = len(variant.inputs), len(variant.outputs)
         self._ins = (KfTensor * max(n_in, 1))()
@@ -85,6 +88,27 @@ class DeployedKernel:
             bytes(self._params)[:ctypes.sizeof(ctypes.c_double) * self._n[2]], self._ws_alloc or self._ws_ptr, allocs,
             stream_fn, self._index, self.variant.signature, (self.kernel, self._workspace),
             not self._cuda)  # a CPU kernel runs inside the call: let other threads go meanwhile
+
+    def conform(self, inputs: Sequence[Any]) -> list[Any] | None:
+        """The inputs as this kernel takes them: each in the variant's layout (a tensor whose strides
+        differ is copied into it, counted in ``relayouts``), or None when a shape, dtype or device
+        differs (the call must then run the operator itself). A compiled graph calls ``kforge::run``
+        with the layouts its own trace gave the call, which the lookup that placed the kernel may not
+        have seen; the kernel reads memory by the variant's strides, so it never gets another."""
+        out = list(inputs)
+        for i, (t, sig) in enumerate(zip(inputs, self.variant.inputs)):
+            if t is None or sig is None:
+                if (t is None) != (sig is None):
+                    return None
+                continue
+            shape, stride, dtype, dev = self._in_layouts[i]
+            if t.dtype != dtype or tuple(t.shape) != shape or t.device.type != dev.type:
+                return None
+            got = t.stride()
+            if got != stride and any(n != 1 and a != b for n, a, b in zip(shape, got, stride)):
+                out[i] = torch.empty_strided(shape, stride, dtype=dtype, device=t.device).copy_(t)
+                self.relayouts += 1
+        return out
 
     @property
     def calls(self) -> int:

@@ -68,10 +68,11 @@ RUN_TABLE = RunTable()
 
 def _run_impl(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
     dk, variant = RUN_TABLE.entry(name)
-    if dk is None:
+    ready = dk.conform(inputs) if dk is not None else None
+    if ready is None:   # no kernel here, or the call is not the kernel's variant: the operator itself
         out = get_spec(variant.op).reference(list(inputs), variant.param_dict)
         return list(out) if isinstance(out, (tuple, list)) else [out]
-    return dk(tuple(inputs))
+    return dk(tuple(ready))
 
 
 def _run_fake(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:

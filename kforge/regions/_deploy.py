@@ -16,24 +16,41 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ._finder import find_regions
+from ._finder import FoundRegion, find_fused, find_regions
 
 
-def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str]) -> list[str]:
-    """Replace each region of ``gm`` whose variant key is in ``kernels`` (key -> the kernel's
-    ``DeployedKernel.run_name``) with ``torch.ops.kforge.run``; returns the keys replaced.
+def partition(graph: fx.Graph) -> list[FoundRegion]:
+    """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
+    operator's nodes join no region), so that what deploy finds has the keys capture gave."""
+    fused = find_fused(graph)
+    skip = frozenset(n for f in fused for n in f.nodes)
+    return find_regions(graph, skip=skip) + fused
+
+
+def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:
+    """Replace each region or fused operator of ``gm`` whose variant key is in ``kernels`` (key -> the
+    kernel's ``DeployedKernel.run_name``) with ``torch.ops.kforge.run``; returns the keys replaced.
+    ``missed`` (when given) gets each one of a kernel's operator ("region", "group_norm_silu") that
+    stayed, as ``deploy._graph.Miss``: what an unplaced kernel is compared with.
 
     ``gm`` must be an ATen graph with "val" metadata (AOTAutograd's forward graph, or Inductor's
-    graph before its decompositions), so that its regions have the signatures capture saw.
+    graph before its decompositions), so that its regions have the signatures capture saw. A fused
+    operator is placed here too, not in dynamo's graph: capture found it in this graph, with this
+    graph's layouts, which are the layouts Inductor gives the call (custom operators get exact
+    strides); dynamo's own example values can differ (on the H200 two of the SD3.5 VAE's
+    group_norm inputs were channels-last there and contiguous here).
     """
     import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
+    from ..deploy._graph import Miss
 
     graph = gm.graph
     done: list[str] = []
     moved: dict[fx.Node, fx.Node] = {}  # an output of a region replaced earlier -> its getitem
-    for region in find_regions(graph):
+    for region in partition(graph):
         name = kernels.get(region.variant.key)
         if name is None:
+            if missed is not None:
+                missed.append(Miss(region.variant, len(region.outputs[0].users) if region.outputs else 0))
             continue
         with graph.inserting_before(region.nodes[0]):
             call = graph.call_function(torch.ops.kforge.run.default, (name, [moved.get(n, n) for n in region.inputs]))
@@ -88,19 +105,24 @@ def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
 
 
 def region_pass(kernels: Iterable[Any]):
-    """The ATen pass that puts the region winners among ``kernels`` into a graph (None without any).
+    """The ATen pass that puts the region and fused-operator winners among ``kernels`` into a graph
+    (None without any); after each run its ``missed`` lists what stayed (``replace_regions``).
     A kernel it puts in is registered for ``kforge::run`` (else the call runs the region's reference)."""
     from ..deploy._runop import RUN_TABLE
 
-    regions = {dk.variant.key: dk for dk in kernels if dk.variant.op == "region"}
+    from ..ops import FUSED_EPILOGUES
+
+    regions = {dk.variant.key: dk for dk in kernels if dk.variant.op == "region" or dk.variant.op in FUSED_EPILOGUES}
     if not regions:
         return None
     table = {key: dk.run_name for key, dk in regions.items()}
 
     def apply(gm: fx.GraphModule) -> list[str]:
-        done = replace_regions(gm, table)
+        apply.missed = []
+        done = replace_regions(gm, table, apply.missed)
         for key in done:
             RUN_TABLE.register(regions[key])
         return [regions[key].variant.signature for key in done]
 
+    apply.missed = []
     return apply
