@@ -5,8 +5,8 @@ kforge compiles through its own backend: dynamo traces the model exactly as plai
 guards and graph breaks are those of plain compile), then ``replace_calls`` rewrites each FX node
 whose operator and exact signature (read from the node's fake tensors) has a kernel into a call of
 the custom op, and the graph goes to Inductor with the options of the chosen ``mode``. Everything
-else is compiled by Inductor as usual. Region winners need the ATen graph (a region is found in
-the graph capture saw, AOTAutograd's forward): where any kernel is a region's, the backend runs
+else is compiled by Inductor as usual. Region winners and fused operators' need the ATen graph (they
+are found in the graph capture saw, AOTAutograd's forward, with its layouts): where any kernel is one, the backend runs
 AOTAutograd itself, lets the registered ATen passes (``register_aten_pass``; kforge.regions
 registers its own) rewrite the forward graph, and compiles that graph with the chosen compiler.
 """
