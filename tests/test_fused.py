@@ -100,6 +100,40 @@ def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
         assert kernel.calls == before + 2, "the kernel itself ran, once a fused pair"
 
 
+def test_under_inductors_channels_last_layout_the_kernel_takes_its_buffers_without_copies(session):
+    """Inductor runs a convolution graph channels-last (on the CPU whenever mkldnn runs the convolutions;
+    on the GPU by its heuristic, e.g. the SD3.5 VAE decoder). A fused card is then the channels-last twin
+    of the traced call, and its kernel is called through ``kforge::run_flexible``: Inductor hands it the
+    convolution's buffer as it is. Before, the generated code copied every call's input into the traced
+    layout and its output back (a ``cpp_fused_run`` kernel in front of each call)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from kforge.regions._layout import inductor_lays_out_channels_last
+
+    (card,) = session.cards.by_op("group_norm_silu")
+    x_sig = card.variant.inputs[0]
+    assert x_sig.stride == torch.empty(x_sig.shape).to(memory_format=torch.channels_last).stride(), card.signature
+    src = next(c for c in session.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(src, "cpu", "native").path))
+    model, x = session.model, session.batches[0]
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, dynamic=False)
+        with torch.no_grad():
+            got, (code, *_) = run_and_get_code(compiled, x)
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert compiled.kforge_backend.replaced == [card.variant.signature] * 2
+    assert code.count("torch.ops.kforge.run_flexible.default(") == 2, code
+    assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
+    assert kernel.relayouts == 0, "the kernel got the layout it was made for"
+    # the decision is Inductor's own, asked of the ATen graph
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3)))
+    assert inductor_lays_out_channels_last(gm) in (True, False)
+
+
 def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
     """The kernels have no backward: a graph traced with grad mode on, whose parameters require grad,
     keeps the operators; traced under no_grad (inference), it takes the kernel (the test above)."""

@@ -88,6 +88,13 @@ def _register() -> torch.library.Library:
     lib.define("run(str key, Tensor?[] inputs) -> Tensor[]")
     lib.impl("run", _run_impl, "CompositeExplicitAutograd")
     torch.library.register_fake("kforge::run", _run_fake, lib=lib)
+    # NB: the same call for a graph whose layout Inductor changes (channels-last convolutions): Inductor
+    # gives a custom operator's inputs the traced strides (``run``: a copy in front of the call when its
+    # buffer is laid out otherwise) but hands a flexible one its buffers as they are; the kernel's
+    # variant is in Inductor's layout, and ``conform`` copies what is not
+    lib.define("run_flexible(str key, Tensor?[] inputs) -> Tensor[]", tags=(torch.Tag.flexible_layout,))
+    lib.impl("run_flexible", _run_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake("kforge::run_flexible", _run_fake, lib=lib)
     return lib
 
 

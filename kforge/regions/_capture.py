@@ -19,7 +19,8 @@ import torch
 import torch.fx as fx
 
 from ..ops import Variant, get_spec
-from ._finder import FoundRegion, find_fused, find_regions
+from ._finder import FoundRegion
+from ._layout import contiguous_form
 
 
 @dataclass
@@ -67,7 +68,14 @@ class _GraphRun:
                 out = super().run_node(n)
                 for r, i in watch.get(n, ()):
                     if id(r) in seen and isinstance(out, torch.Tensor):
-                        seen[id(r)][i] = out.detach().clone()
+                        want = r.variant.inputs[i] if i < len(r.variant.inputs) else None
+                        if r.variant.op != "region" and want is not None and tuple(out.shape) == want.shape \
+                                and tuple(out.stride()) != want.stride:
+                            # the card's layout (a channels-last twin), not the one this run made
+                            seen[id(r)][i] = torch.empty_strided(want.shape, want.stride, dtype=out.dtype,
+                                                                 device=out.device).copy_(out)
+                        else:
+                            seen[id(r)][i] = out.detach().clone()
                 return out
 
         with torch.no_grad():
@@ -126,10 +134,12 @@ class _Recorder:
         return self.records.setdefault(variant.key, _Record(variant))
 
     def compile(self, gm: fx.GraphModule, example_inputs) -> Callable:
+        from ._deploy import partition
+
         self.graphs += 1
-        fused = find_fused(gm.graph)
-        skip = frozenset(n for f in fused for n in f.nodes)
-        return _GraphRun(gm, find_regions(gm.graph, skip=skip) + fused, self)
+        # NB: split as deploy splits it: where Inductor will run the graph channels-last, a fused
+        # operator's card is its channels-last twin (its examples laid out so: _GraphRun)
+        return _GraphRun(gm, partition(gm), self)
 
     def backend(self):
         from torch._dynamo.backends.common import aot_autograd
@@ -201,6 +211,7 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         warnings.warn(f"kforge: no region cards, the model's graph could not be captured ({found.error}); "
                       "its operator cards are complete", stacklevel=3)
     covered: collections.Counter = collections.Counter()
+    op_keys = {c.key for c in op_cards}
     new_cards = []
     for rec in found.records:
         variant = rec.variant
@@ -221,7 +232,10 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
                 warnings.warn(f"kforge: Inductor baseline of {variant.signature} failed: {exc}", stacklevel=2)
         new_cards.append(Card(variant, rec.calls, timing.median_us, 0.0, None, len(rec.examples), timing.spread,
                               inductor_us=inductor_us))
-        for op_key, n in covered_op_calls(variant).items():
+        calls = covered_op_calls(variant)
+        if not any(k in op_keys for k in calls) and (dense := contiguous_form(variant)) is not None:
+            calls = covered_op_calls(dense)   # a channels-last twin: eager ran (and captured) the calls contiguous
+        for op_key, n in calls.items():
             covered[op_key] += n * rec.calls
     op_list = list(op_cards)
     by_key = {c.key: c for c in op_list}

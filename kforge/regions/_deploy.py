@@ -11,20 +11,25 @@ the same pass as a torch.compile backend of its own.
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from typing import Any, Iterable, Mapping
 
 import torch
 import torch.fx as fx
 
 from ._finder import FoundRegion, find_fused, find_regions
+from ._layout import channels_last_twin, inductor_lays_out_channels_last
 
 
-def partition(graph: fx.Graph) -> list[FoundRegion]:
+def partition(gm: fx.GraphModule) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
-    operator's nodes join no region), so that what deploy finds has the keys capture gave."""
-    fused = find_fused(graph)
+    operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
+    operator's variant is its channels-last twin), so that what deploy finds has the keys capture gave."""
+    fused = find_fused(gm.graph)
     skip = frozenset(n for f in fused for n in f.nodes)
-    return find_regions(graph, skip=skip) + fused
+    if fused and inductor_lays_out_channels_last(gm):
+        fused = [replace(f, variant=twin) if (twin := channels_last_twin(f.variant)) is not None else f for f in fused]
+    return find_regions(gm.graph, skip=skip) + fused
 
 
 def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:
@@ -46,19 +51,29 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     graph = gm.graph
     done: list[str] = []
     moved: dict[fx.Node, fx.Node] = {}  # an output of a region replaced earlier -> its getitem
-    for region in partition(graph):
+    for region in partition(gm):
         name = kernels.get(region.variant.key)
         if name is None:
             if missed is not None:
                 missed.append(Miss(region.variant, len(region.outputs[0].users) if region.outputs else 0))
             continue
+        # NB: a variant in another layout than the graph traced (a channels-last twin) is called through
+        # the flexible op, so Inductor hands it its buffers as they are, not copies in the traced layout
+        traced = [o.meta.get("val") for o in region.outputs]
+        flexible = any(isinstance(t, torch.Tensor) and tuple(t.stride()) != sig.stride
+                       for t, sig in zip(traced, region.variant.outputs))
+        op = torch.ops.kforge.run_flexible.default if flexible else torch.ops.kforge.run.default
         with graph.inserting_before(region.nodes[0]):
-            call = graph.call_function(torch.ops.kforge.run.default, (name, [moved.get(n, n) for n in region.inputs]))
+            call = graph.call_function(op, (name, [moved.get(n, n) for n in region.inputs]))
         for i, out in enumerate(region.outputs):
             with graph.inserting_after(call):
                 item = graph.call_function(operator.getitem, (call, i))
             if "val" in out.meta:
-                item.meta["val"] = out.meta["val"]
+                val = out.meta["val"]
+                sig = region.variant.outputs[i] if i < len(region.variant.outputs) else None
+                if flexible and isinstance(val, torch.Tensor) and sig is not None:
+                    val = val.new_empty_strided(sig.shape, sig.stride)   # the kernel's layout, as its fake has it
+                item.meta["val"] = val
             out.replace_all_uses_with(item)
             moved[out] = item
         for node in reversed(region.nodes):
