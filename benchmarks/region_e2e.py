@@ -6,7 +6,7 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
     python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
     python benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default   # fused cards
 
-Writes region_e2e_<model>.json to $OUT (or benchmarks/results/). With ``--store PATH.tgz`` the session's
+Writes region_e2e_<model>.json to $OUT (or runs/, which git ignores). With ``--store PATH.tgz`` the session's
 store is unpacked from PATH when it exists (cards searched there are not searched again) and packed back
 to PATH (and into $OUT) after the search, so a later call can time other modes without searching.
 """
@@ -80,7 +80,14 @@ def main() -> None:
     done = {r.key for r in s.results if r.status.is_searched}
     todo = [c.key for c in regions if c.key not in done]
     if todo:
-        s.optimize(cards=todo, iterations=args.iterations, confirm=False)
+        # NB: a progress line per evaluation (with its time since the start), so a call cut during the
+        # search says how far it got (a 2026-12-03 H200 call was cut there with nothing to show)
+        def progress(e):
+            if e.kind.value in ("card_started", "evaluated", "card_finished", "error", "proposer_failed"):
+                print(f"  [{time.perf_counter() - t0:6.0f} s] {e.kind.value:<14} {(e.card_key or '')[:8]} "
+                      f"{e.message[:120]}", flush=True)
+
+        s.optimize(cards=todo, iterations=args.iterations, confirm=False, on_event=progress)
     t2 = time.perf_counter()
     if args.store is not None:
         _archive(workdir, args.store)
@@ -92,7 +99,9 @@ def main() -> None:
     print(f"# search {t2 - t1:.0f} s; {len(s.results.winners)} winner(s)", flush=True)
     report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m))
     print(report.table(), flush=True)
-    out = Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+    # NB: not benchmarks/results by default: a CPU smoke run's file there was committed twice as a result
+    out = Path(os.environ.get("OUT") or ROOT / "runs")
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"region_e2e_{args.model}.json").write_text(json.dumps(
         {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
          "winners": len(s.results.winners), "end_to_end": report.to_json(),
