@@ -113,6 +113,9 @@ PY
     # with the built-in strategies, then the model under compile default with and without them (carry [".whl"]);
     # then (KF_SOFTMAX_S=seconds) the Gemma attention softmax at the paper's 50 iterations
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    # first the GPU test of the channels-last twin (kforge::run_flexible gets Inductor's buffer, no copy)
+    timeout 120 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -o addopts="" tests/test_fused.py -k gpu 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "passed|failed|^E " | cut -c1-300 | tail -8
     # the store (benchmarks/results/sd35_vae_decoder_fused_store.tgz, back in $OUT) resumes: a card searched
     # before is not searched again, so a later call can time other modes (KF_MODES) on the same kernels
     timeout "${KF_VAE_S:-400}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \

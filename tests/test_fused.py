@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import kforge
 from kforge.deploy import DeployedKernel, Deployment
-from kforge.kernels import Kernel, compile_source
+from kforge.kernels import Kernel, compile_source, device_info
 from kforge.regions import capture_regions
 
 
@@ -186,3 +186,47 @@ def test_the_capture_interpreter_lays_arguments_out_as_traced():
     with pytest.raises(RuntimeError):
         gm(real)
     torch.testing.assert_close(TracedLayoutInterpreter(gm).run(real), real.contiguous().view(24))
+
+
+class _ConvBlock(nn.Module):
+    """3x3 convolutions wide enough that Inductor lays the graph out channels-last on the GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(64, 128, 3, padding=1)
+        self.norm = nn.GroupNorm(32, 128)
+        self.conv2 = nn.Conv2d(128, 128, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(torch.nn.functional.silu(self.norm(self.conv(x))))
+
+
+def test_on_the_gpu_the_fused_kernel_follows_inductors_layout(tmp_path):
+    """The GPU side of the channels-last test above: where Inductor's decision is channels-last, the
+    card is the twin, the call goes through kforge::run_flexible and gets its buffer without a copy."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    model, x = _ConvBlock().cuda().eval(), torch.randn(1, 64, 64, 64, device="cuda")
+    s = kforge.Session(model, x, device="cuda", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (card,) = s.cards.by_op("group_norm_silu")
+    s.optimize(proposer="builtin", iterations=2, cards=[card.key], confirm=False)
+    src = next(c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(src, "cuda", device_info("cuda").arch).path))
+    channels_last = card.variant.inputs[0].stride[1] == 1
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, dynamic=False)
+        with torch.no_grad():
+            got, (code, *_) = run_and_get_code(compiled, x)
+        torch._dynamo.reset()
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert compiled.kforge_backend.replaced == [card.variant.signature], code
+    assert ("kforge.run_flexible.default(" in code) == channels_last, (card.signature, code)
+    assert kernel.relayouts == 0, "the kernel got the layout it was made for"
