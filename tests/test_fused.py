@@ -230,3 +230,50 @@ def test_on_the_gpu_the_fused_kernel_follows_inductors_layout(tmp_path):
     assert compiled.kforge_backend.replaced == [card.variant.signature], code
     assert ("kforge.run_flexible.default(" in code) == channels_last, (card.signature, code)
     assert kernel.relayouts == 0, "the kernel got the layout it was made for"
+
+
+class _Residual(nn.Module):
+    """conv -> (+ residual) -> relu -> conv: the add,relu region between convolutions (every ResNet block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv(x) + x))
+
+
+def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp_path):
+    """A pointwise region whose tensors Inductor lays out channels-last (the residual add + relu of a
+    ResNet block) gets the twin's card and ``kforge::run_flexible``: no copy in front of the call,
+    the kernel's own layout, eager's output."""
+    from torch._inductor.utils import run_and_get_code
+
+    from kforge.regions._layout import inductor_lays_out_channels_last  # noqa: F401
+
+    torch.manual_seed(0)
+    model, x = _Residual().eval(), torch.randn(2, 8, 16, 16)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (card,) = [c for c in s.cards if c.op == "region" and "add" in c.signature and "relu" in c.signature]
+    cl = torch.empty(2, 8, 16, 16).to(memory_format=torch.channels_last).stride()
+    assert card.variant.outputs[0].stride == cl, card.signature
+    assert card.share > 0
+    s.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
+    src = next(c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(src, "cpu", "native").path))
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, dynamic=False)
+        with torch.no_grad():
+            got, (code, *_) = run_and_get_code(compiled, x)
+        torch._dynamo.reset()
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert compiled.kforge_backend.replaced == [card.variant.signature]
+    assert code.count("torch.ops.kforge.run_flexible.default(") == 1, code
+    assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
+    assert kernel.relayouts == 0 and kernel.calls >= 1

@@ -20,12 +20,12 @@ import torch.fx as fx
 
 from ..ops import Variant, get_spec
 from ._finder import FoundRegion
-from ._layout import contiguous_form
 
 
 @dataclass
 class _Record:
     variant: Variant
+    traced: Variant | None = None   # a layout twin's call as the graph traced it (what eager ran)
     calls: int = 0
     examples: list[list[torch.Tensor]] = field(default_factory=list)
 
@@ -69,8 +69,9 @@ class _GraphRun:
                 for r, i in watch.get(n, ()):
                     if id(r) in seen and isinstance(out, torch.Tensor):
                         want = r.variant.inputs[i] if i < len(r.variant.inputs) else None
-                        if r.variant.op != "region" and want is not None and tuple(out.shape) == want.shape \
-                                and tuple(out.stride()) != want.stride:
+                        if r.traced is not None and want is not None and tuple(out.shape) == want.shape \
+                                and tuple(out.stride()) != want.stride \
+                                and all(st != 0 or size == 1 for size, st in zip(want.shape, want.stride)):
                             # the card's layout (a channels-last twin), not the one this run made
                             seen[id(r)][i] = torch.empty_strided(want.shape, want.stride, dtype=out.dtype,
                                                                  device=out.device).copy_(out)
@@ -82,6 +83,7 @@ class _GraphRun:
             result = _Interp(self.gm).run(*args)
         for r in self.regions:
             rec = self.owner.record(r.variant)
+            rec.traced = rec.traced or r.traced
             rec.calls += 1
             got = seen.get(id(r))
             if got is not None and all(t is not None for t in got) and len(rec.examples) < self.owner.examples_per_variant:
@@ -233,8 +235,8 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         new_cards.append(Card(variant, rec.calls, timing.median_us, 0.0, None, len(rec.examples), timing.spread,
                               inductor_us=inductor_us))
         calls = covered_op_calls(variant)
-        if not any(k in op_keys for k in calls) and (dense := contiguous_form(variant)) is not None:
-            calls = covered_op_calls(dense)   # a channels-last twin: eager ran (and captured) the calls contiguous
+        if rec.traced is not None and not any(k in op_keys for k in calls):
+            calls = covered_op_calls(rec.traced)   # a layout twin: eager ran (and captured) the calls as traced
         for op_key, n in calls.items():
             covered[op_key] += n * rec.calls
     op_list = list(op_cards)

@@ -24,12 +24,16 @@ from ._layout import channels_last_twin, inductor_lays_out_channels_last
 def partition(gm: fx.GraphModule) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
-    operator's variant is its channels-last twin), so that what deploy finds has the keys capture gave."""
+    operator's or a pointwise region's variant is its channels-last twin), so that what deploy finds
+    has the keys capture gave."""
     fused = find_fused(gm.graph)
     skip = frozenset(n for f in fused for n in f.nodes)
-    if fused and inductor_lays_out_channels_last(gm):
-        fused = [replace(f, variant=twin) if (twin := channels_last_twin(f.variant)) is not None else f for f in fused]
-    return find_regions(gm.graph, skip=skip) + fused
+    found = find_regions(gm.graph, skip=skip) + fused
+    if found and inductor_lays_out_channels_last(gm):
+        found = [replace(f, variant=twin, traced=f.variant)
+                 if (twin := channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs])) is not None
+                 else f for f in found]
+    return found
 
 
 def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:

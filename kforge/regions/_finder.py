@@ -168,6 +168,7 @@ class FoundRegion:
     nodes: tuple[fx.Node, ...]
     inputs: tuple[fx.Node, ...]
     outputs: tuple[fx.Node, ...]
+    traced: Variant | None = None   # where ``variant`` is a layout twin (regions._layout): the call as traced
 
     @property
     def ops(self) -> tuple[str, ...]:

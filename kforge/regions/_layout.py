@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Sequence
 
 import torch.fx as fx
 
@@ -49,11 +50,19 @@ def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def channels_last_twin(variant: Variant) -> Variant | None:
+def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
     """The channels-last form of a fused operator's variant whose first input and output are
-    contiguous N,C,H,W (or N,C,D,H,W); None where it has no such form (other ops, other ranks,
-    a layout already other than contiguous)."""
-    if variant.op not in FUSED_EPILOGUES or not variant.inputs or variant.inputs[0] is None or not variant.outputs:
+    contiguous N,C,H,W (or N,C,D,H,W), or of a pointwise region whose full-shape 4-d/5-d tensors are
+    all contiguous (a residual add + relu between convolutions); None where it has no such form
+    (other ops, a reduction, other ranks, a layout already other than contiguous).
+
+    ``given[i]``: input i is one of the graph's own inputs (a placeholder), which Inductor does not lay
+    out anew; it keeps its traced layout."""
+    given = tuple(given) + (False,) * (len(variant.inputs) - len(given))
+    if variant.op == "region":
+        return _region_twin(variant, given)
+    if variant.op not in FUSED_EPILOGUES or not variant.inputs or variant.inputs[0] is None or not variant.outputs \
+            or given[0]:
         return None
     x, y = variant.inputs[0], variant.outputs[0]
     if len(x.shape) not in (4, 5) or not x.is_contiguous or x.shape != y.shape or not y.is_contiguous:
@@ -64,21 +73,23 @@ def channels_last_twin(variant: Variant) -> Variant | None:
 
 
 
-def contiguous_form(variant: Variant) -> Variant | None:
-    """A fused operator's variant with its first input and output contiguous (what a channels-last
-    twin stands for in eager mode, where the op cards were captured); None where it already is."""
-    if variant.op not in FUSED_EPILOGUES or not variant.inputs or variant.inputs[0] is None or not variant.outputs:
-        return None
-    x, y = variant.inputs[0], variant.outputs[0]
-    if x.is_contiguous and y.is_contiguous:
-        return None
-    dense = lambda s: replace(s, stride=_contiguous_strides(tuple(s.shape)))  # noqa: E731
-    return replace(variant, inputs=(dense(x), *variant.inputs[1:]), outputs=(dense(y), *variant.outputs[1:]))
+def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
+    from ..ops import Unsupported
+    from ._spec import region_ir, region_variant
 
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+    ir = region_ir(variant)
+    if ir.reduction is not None or not variant.outputs:
+        return None
+    shape = tuple(variant.outputs[0].shape)
+    if len(shape) not in (4, 5) or any(tuple(o.shape) != shape or not o.is_contiguous for o in variant.outputs):
+        return None
+    full = [s is not None and tuple(s.shape) == shape and not g for s, g in zip(variant.inputs, given)]
+    if not any(full) or any(f and not s.is_contiguous for f, s in zip(full, variant.inputs)):
+        return None
+    cl = _channels_last_strides(shape)
+    inputs = [replace(s, stride=cl) if f else s for f, s in zip(full, variant.inputs)]
+    try:
+        twin = region_variant(ir, inputs)   # outputs as eager lays them out from channels-last inputs
+    except (Unsupported, ValueError):
+        return None
+    return twin if all(tuple(o.stride) == cl for o in twin.outputs) else None
