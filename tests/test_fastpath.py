@@ -497,3 +497,14 @@ def test_a_graph_call_in_another_layout_is_copied_into_the_kernels_and_another_s
         assert dk.calls == 2
     finally:
         RUN_TABLE.release(dk)
+    # a kernel made for a broadcast input (stride 0): a dense call cannot be copied into that layout
+    row = torch.randn(1, 300).expand(16, 300)
+    bk = _softmax_kernel("softmax_rows", row)
+    RUN_TABLE.register(bk)
+    try:
+        dense = torch.randn(16, 300)
+        (e,) = torch.ops.kforge.run.default(bk.run_name, [dense])
+        torch.testing.assert_close(e, torch.softmax(dense, -1))
+        assert bk.calls == 0 and bk.relayouts == 0
+    finally:
+        RUN_TABLE.release(bk)

@@ -100,6 +100,11 @@ def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
         assert kernel.calls == before + 2, "the kernel itself ran, once a fused pair"
 
 
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="Inductor lays CPU graphs out channels-last only where mkldnn runs convolutions")
+
+
+@needs_mkldnn
 def test_under_inductors_channels_last_layout_the_kernel_takes_its_buffers_without_copies(session):
     """Inductor runs a convolution graph channels-last (on the CPU whenever mkldnn runs the convolutions;
     on the GPU by its heuristic, e.g. the SD3.5 VAE decoder). A fused card is then the channels-last twin
@@ -127,11 +132,19 @@ def test_under_inductors_channels_last_layout_the_kernel_takes_its_buffers_witho
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert compiled.kforge_backend.replaced == [card.variant.signature] * 2
     assert code.count("torch.ops.kforge.run_flexible.default(") == 2, code
+    # the deployment gone, the graph runs the operator itself, its outputs laid out as the graph reads them
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
     assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
     assert kernel.relayouts == 0, "the kernel got the layout it was made for"
-    # the decision is Inductor's own, asked of the ATen graph
-    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3)))
-    assert inductor_lays_out_channels_last(gm) in (True, False)
+    # the decision is Inductor's own, asked of the ATen graph: channels-last where mkldnn runs convolutions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    conv = torch.nn.Conv2d(4, 8, 3)
+    with torch.no_grad():
+        gm = make_fx(lambda t: conv(t))(torch.randn(1, 4, 8, 8))
+    assert inductor_lays_out_channels_last(gm)
+    assert not inductor_lays_out_channels_last(make_fx(lambda t: t.relu() + 1)(torch.randn(1, 4, 8, 8)))
 
 
 def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):
@@ -244,6 +257,7 @@ class _Residual(nn.Module):
         return self.conv2(torch.relu(self.conv(x) + x))
 
 
+@needs_mkldnn
 def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp_path):
     """A pointwise region whose tensors Inductor lays out channels-last (the residual add + relu of a
     ResNet block) gets the twin's card and ``kforge::run_flexible``: no copy in front of the call,
@@ -277,3 +291,47 @@ def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp
     assert code.count("torch.ops.kforge.run_flexible.default(") == 1, code
     assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
     assert kernel.relayouts == 0 and kernel.calls >= 1
+
+
+class _Shared(nn.Module):
+    """One GroupNorm signature twice: first read only by a SiLU (fused), then by two (a plain group_norm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        h = self.conv(torch.nn.functional.silu(self.norm(self.conv(x))))
+        t = self.norm(h)
+        return t + t.sigmoid()
+
+
+def test_a_plain_group_norm_kernel_leaves_the_fused_pair_to_the_fused_kernel(tmp_path):
+    """With winners for both the fused card and the plain group_norm of the same signature, each call
+    gets its own: the pair goes to the fused kernel (placed in the ATen graph), the lone call to the
+    plain kernel (placed in dynamo's graph, before the ATen pass runs)."""
+    torch.manual_seed(0)
+    model, x = _Shared().eval(), torch.randn(2, 8, 9, 7)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (fused,) = s.cards.by_op("group_norm_silu")
+    plain = [c for c in s.cards.by_op("group_norm") if c.variant.inputs[0].shape == fused.variant.inputs[0].shape]
+    assert plain, [c.signature for c in s.cards]
+    kernels = []
+    for card in (fused, plain[0]):
+        s.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
+        src = next(c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+        kernels.append(DeployedKernel(card.variant, Kernel(compile_source(src, "cpu", "native").path)))
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment(kernels, None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+        with torch.no_grad():
+            got = compiled(x)
+        torch._dynamo.reset()
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert sorted(compiled.kforge_backend.replaced) == sorted([fused.signature, plain[0].signature])
+    assert kernels[0].calls == 1 and kernels[1].calls == 1

@@ -199,7 +199,7 @@ def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, mi
                 max_rounds: int = 60, max_s: float = 30.0) -> Compare:
     """A Compare that times blocks of forwards of two arms alternately (ABBA order), wall clock
     with the device synchronised around each block, for ``budget_s`` and at least ``min_rounds``
-    rounds (unless that takes over ``max_s``), at most ``max_rounds``.
+    rounds (unless that takes over ``max_s``: then at least 6), at most ``max_rounds``.
 
     The noise is three standard errors of the median of the paired differences (a robust spread),
     and never less than 0.5% of the slower arm: smaller differences are not claimed. A model whose

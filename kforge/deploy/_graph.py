@@ -90,6 +90,10 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     if not table:
         return []
     ops = {op for op, _ in table}
+    # a call a fused kernel will take in the ATen graph (its first operator, read only by the epilogue,
+    # with the fused variant's shapes) is left for it: a plain kernel here would leave no pair there
+    fused = {(FUSED_EPILOGUES[dk.variant.op][0], tuple(s.shape if s is not None else None for s in dk.variant.inputs)):
+             FUSED_EPILOGUES[dk.variant.op][1] for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
     # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
     # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
     # kernel reading a parameter (group_norm, layer_norm with weights) was put into a compiled model
@@ -108,6 +112,9 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
             if any(t is not None and (not isinstance(t, torch.Tensor) or (grad and t.requires_grad)
                                       or any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())))
                    for t in inputs):
+                continue
+            shapes = tuple(tuple(t.shape) if t is not None else None for t in inputs)
+            if (spec.name, shapes) in fused and _epilogue(node, fused[(spec.name, shapes)]) is not None:
                 continue
             key = _fast_key(inputs, _param_values(spec.params, call.params))
             dk = table.get((spec.name, key))
@@ -180,6 +187,18 @@ def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
             why.append("parameters")
     return (f"nearest call: {m.variant.signature}" + (f" (differs in {', '.join(why)})" if why else "")
             + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
+
+
+def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
+    """The node applying ``op`` ("silu") to ``node``'s value when it is that value's only reader."""
+    if op != "silu" or len(node.users) != 1:
+        return None
+    (user,) = node.users
+    if _callable_of(user) is not torch.nn.functional.silu or not user.args or user.args[0] is not node:
+        return None
+    if user.kwargs.get("inplace") or (len(user.args) > 1 and user.args[1] is True):
+        return None   # NB: an in-place SiLU writes into the group_norm's output, which the kernel never makes
+    return user
 
 
 @dataclass

@@ -43,7 +43,9 @@ class DeployedKernel:
         self._outs = [(s.shape, s.stride, torch_dtype(s.dtype), _device(s.device)) for s in variant.outputs]
         self._in_layouts = [None if s is None else (tuple(s.shape), tuple(s.stride), torch_dtype(s.dtype), _device(s.device))
                             for s in variant.inputs]
-        self.relayouts = 0   # graph calls whose input came in another layout and was copied into the variant's
+        # calls whose input came in another layout and was copied into the variant's (under CUDA graphs:
+        # counted when the graph is recorded, not on its replays)
+        self.relayouts = 0
         self._lock = threading.Lock()
         n_in, n_out = len(variant.inputs), len(variant.outputs)
         self._ins = (KfTensor * max(n_in, 1))()
@@ -96,17 +98,23 @@ class DeployedKernel:
         with the layouts its own trace gave the call, which the lookup that placed the kernel may not
         have seen; the kernel reads memory by the variant's strides, so it never gets another."""
         out = list(inputs)
+        copied = False
         for i, (t, sig) in enumerate(zip(inputs, self.variant.inputs)):
             if t is None or sig is None:
                 if (t is None) != (sig is None):
                     return None
                 continue
             shape, stride, dtype, dev = self._in_layouts[i]
-            if t.dtype != dtype or tuple(t.shape) != shape or t.device.type != dev.type:
+            if t.dtype != dtype or tuple(t.shape) != shape or t.device != dev:
                 return None
             got = t.stride()
             if got != stride and any(n != 1 and a != b for n, a, b in zip(shape, got, stride)):
+                if not _non_overlapping(shape, stride):
+                    return None   # NB: a kernel made for a broadcast (stride-0) input: no copy can take its layout
                 out[i] = torch.empty_strided(shape, stride, dtype=dtype, device=t.device).copy_(t)
+                copied = True
+        if copied:
+            with self._lock:
                 self.relayouts += 1
         return out
 
@@ -145,6 +153,17 @@ class DeployedKernel:
         if code != 0:
             raise RuntimeError(f"kforge kernel for {self.variant.signature} failed to launch (error {code})")
         return outs
+
+
+def _non_overlapping(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """No two elements of a tensor of ``shape`` laid out with ``stride`` share memory (gaps allowed)."""
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n != 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return False
+        span = st * n
+    return True
 
 
 def _raw_stream(index: int) -> int:

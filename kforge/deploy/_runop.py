@@ -71,8 +71,17 @@ def _run_impl(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor
     ready = dk.conform(inputs) if dk is not None else None
     if ready is None:   # no kernel here, or the call is not the kernel's variant: the operator itself
         out = get_spec(variant.op).reference(list(inputs), variant.param_dict)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        # NB: the graph was traced with the outputs the fake gives (the variant's layout, e.g. a
+        # channels-last twin's), and reads them so: eager's own layout can differ
+        return [_as_traced(o, sig) for o, sig in zip(outs, variant.outputs)] + outs[len(variant.outputs):]
     return dk(tuple(ready))
+
+
+def _as_traced(t: torch.Tensor, sig) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(sig.shape) or tuple(t.stride()) == tuple(sig.stride):
+        return t
+    return torch.empty_strided(sig.shape, sig.stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _run_fake(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -91,7 +100,8 @@ def _register() -> torch.library.Library:
     # NB: the same call for a graph whose layout Inductor changes (channels-last convolutions): Inductor
     # gives a custom operator's inputs the traced strides (``run``: a copy in front of the call when its
     # buffer is laid out otherwise) but hands a flexible one its buffers as they are; the kernel's
-    # variant is in Inductor's layout, and ``conform`` copies what is not
+    # variant is the layout Inductor is expected to give (kforge.regions._layout), and ``conform``
+    # copies an input that comes otherwise
     lib.define("run_flexible(str key, Tensor?[] inputs) -> Tensor[]", tags=(torch.Tag.flexible_layout,))
     lib.impl("run_flexible", _run_impl, "CompositeExplicitAutograd")
     torch.library.register_fake("kforge::run_flexible", _run_fake, lib=lib)

@@ -38,16 +38,18 @@ def partition(gm: fx.GraphModule) -> list[FoundRegion]:
 
 def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:
     """Replace each region or fused operator of ``gm`` whose variant key is in ``kernels`` (key -> the
-    kernel's ``DeployedKernel.run_name``) with ``torch.ops.kforge.run``; returns the keys replaced.
-    ``missed`` (when given) gets each one of a kernel's operator ("region", "group_norm_silu") that
-    stayed, as ``deploy._graph.Miss``: what an unplaced kernel is compared with.
+    kernel's ``DeployedKernel.run_name``) with a ``torch.ops.kforge.run`` call (``run_flexible`` for a
+    channels-last twin); returns the keys replaced. ``missed`` (when given) gets each one of a kernel's
+    operator ("region", "group_norm_silu") that stayed, as ``deploy._graph.Miss``: what an unplaced
+    kernel is compared with.
 
     ``gm`` must be an ATen graph with "val" metadata (AOTAutograd's forward graph, or Inductor's
-    graph before its decompositions), so that its regions have the signatures capture saw. A fused
-    operator is placed here too, not in dynamo's graph: capture found it in this graph, with this
-    graph's layouts, which are the layouts Inductor gives the call (custom operators get exact
-    strides); dynamo's own example values can differ (on the H200 two of the SD3.5 VAE's
-    group_norm inputs were channels-last there and contiguous here).
+    graph before its decompositions), split as capture split it (``partition``), so that its regions
+    have the signatures capture saw. A fused operator is placed here too, not in dynamo's graph:
+    capture found it in this graph, with this graph's layouts, which are the layouts Inductor gives a
+    custom operator's inputs (exact strides), unless Inductor lays the graph out channels-last, for
+    which the twin and ``run_flexible`` stand; dynamo's own example values can differ (on the H200 two
+    of the SD3.5 VAE's group_norm inputs were channels-last there and contiguous here).
     """
     import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
     from ..deploy._graph import Miss

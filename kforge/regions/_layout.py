@@ -52,9 +52,10 @@ def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
     """The channels-last form of a fused operator's variant whose first input and output are
-    contiguous N,C,H,W (or N,C,D,H,W), or of a pointwise region whose full-shape 4-d/5-d tensors are
-    all contiguous (a residual add + relu between convolutions); None where it has no such form
-    (other ops, a reduction, other ranks, a layout already other than contiguous).
+    contiguous N,C,H,W, or of a pointwise region whose full-shape 4-d tensors are all contiguous (a
+    residual add + relu between convolutions); None where it has no such form (other ops, a
+    reduction, other ranks: Inductor lays out only 2-d convolutions' graphs channels-last, a layout
+    already other than contiguous).
 
     ``given[i]``: input i is one of the graph's own inputs (a placeholder), which Inductor does not lay
     out anew; it keeps its traced layout."""
@@ -65,7 +66,7 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
             or given[0]:
         return None
     x, y = variant.inputs[0], variant.outputs[0]
-    if len(x.shape) not in (4, 5) or not x.is_contiguous or x.shape != y.shape or not y.is_contiguous:
+    if len(x.shape) != 4 or not x.is_contiguous or x.shape != y.shape or not y.is_contiguous:
         return None
     cl = _channels_last_strides(tuple(x.shape))
     as_cl = lambda s: replace(s, stride=cl)  # noqa: E731
@@ -81,7 +82,7 @@ def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
     if ir.reduction is not None or not variant.outputs:
         return None
     shape = tuple(variant.outputs[0].shape)
-    if len(shape) not in (4, 5) or any(tuple(o.shape) != shape or not o.is_contiguous for o in variant.outputs):
+    if len(shape) != 4 or any(tuple(o.shape) != shape or not o.is_contiguous for o in variant.outputs):
         return None
     full = [s is not None and tuple(s.shape) == shape and not g for s, g in zip(variant.inputs, given)]
     if not any(full) or any(f and not s.is_contiguous for f, s in zip(full, variant.inputs)):
