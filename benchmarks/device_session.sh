@@ -18,6 +18,8 @@
 #                                                            control), graph-mode and decode GPU tests (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh fused     the SD3.5 VAE's group_norm -> SiLU pairs as fused cards,
 #                                                            searched and end to end under compile (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh resnet    ResNet-50's region cards (channels-last twins where Inductor
+#                                                            lays the graph out so) searched, then end to end under compile
 #   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
 #                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
@@ -125,6 +127,14 @@ PY
     [ -n "${KF_SOFTMAX_S:-}" ] && timeout "$KF_SOFTMAX_S" python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
         --no-e2e --skip-compile 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
         | grep -E "^##|winner|eager |failed|Error" | tail -6 ;;
+  resnet)
+    # ResNet-50 (batch 8, f32): the region cards (the residual add + relu between convolutions, as the
+    # channels-last twins Inductor's layout asks for) searched, then compile default with and without them;
+    # the store resumes as for the fused VAE cards
+    timeout "${KF_RESNET_S:-420}" python3 benchmarks/region_e2e.py resnet50 --ops region --modes "${KF_MODES:-default}" \
+        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline \
+        --store benchmarks/results/resnet50_region_store.tgz 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests
