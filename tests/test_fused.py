@@ -335,3 +335,47 @@ def test_a_plain_group_norm_kernel_leaves_the_fused_pair_to_the_fused_kernel(tmp
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert sorted(compiled.kforge_backend.replaced) == sorted([fused.signature, plain[0].signature])
     assert kernels[0].calls == 1 and kernels[1].calls == 1
+
+
+class _WideResidual(nn.Module):
+    """The residual block of _Residual, wide enough that Inductor lays it out channels-last on the GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(128, 128, 3, padding=1)
+        self.conv2 = nn.Conv2d(128, 128, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        return self.conv2(torch.relu(self.conv2(h) + h))
+
+
+def test_on_the_gpu_a_region_between_convolutions_follows_inductors_layout(tmp_path):
+    """The GPU side of the region twin: where Inductor's decision is channels-last, the add + relu card
+    is the twin and its kernel gets Inductor's buffers without a copy (``relayouts`` stays 0)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    model, x = _WideResidual().cuda().eval(), torch.randn(2, 128, 32, 32, device="cuda")
+    s = kforge.Session(model, x, device="cuda", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (card,) = [c for c in s.cards if c.op == "region" and "add" in c.signature and "relu" in c.signature]
+    s.optimize(proposer="builtin", iterations=2, cards=[card.key], confirm=False)
+    src = next(c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(src, "cuda", device_info("cuda").arch).path))
+    channels_last = card.variant.outputs[0].stride[1] == 1
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, dynamic=False)
+        with torch.no_grad():
+            got, (code, *_) = run_and_get_code(compiled, x)
+        torch._dynamo.reset()
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)
+    assert compiled.kforge_backend.replaced == [card.variant.signature], code
+    assert ("kforge.run_flexible.default(" in code) == channels_last, (card.signature, code)
+    assert kernel.relayouts == 0, "the kernel got the layout it was made for"
