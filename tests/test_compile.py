@@ -432,3 +432,19 @@ def test_a_long_forward_still_gets_its_rounds_and_compiled_arms_skip_the_warm_up
     # a bound on the time: past max_s, six rounds are enough
     slow = interleaved("cpu", budget_s=0.0, block_s=1e-9, min_rounds=50, max_rounds=60, max_s=0.0)
     assert len(slow(Arm(counting("a")), Arm(counting("b"))).rounds) == 6
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the twin needs Inductor's CPU layout choice")
+def test_a_placed_kernel_whose_calls_pay_a_copy_is_reported(tmp_path):
+    """The region between tiny_cnn's convolutions is a channels-last twin (what Inductor would lay out);
+    under a backend that keeps eager's layouts (aot_eager) each call gets another layout and pays a
+    copy into the kernel's: the report says which kernel and how many calls of one forward."""
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
+    (sig,) = [c.signature for c in cards]
+    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    (default,) = [f for f in e2e.fallback if f.mode == "default"]
+    assert [c[0] for c in default.copied] == [sig] and default.copied[0][1] >= 1, default.lines()
+    assert f"copied inputs {sig}: " in "\n".join(default.lines())
+    assert e2e.to_json()["fallback"][-1]["copied"] == [[sig, default.copied[0][1]]]
+    torch._dynamo.reset()
+    s.close()

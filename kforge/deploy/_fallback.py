@@ -103,6 +103,7 @@ class FallbackReport:
     not_in_mode: tuple[str, ...] = ()   # kernels this mode cannot run (region kernels in eager), not timed
     not_placed: tuple[str, ...] = ()    # kernels no call in this mode's graphs matched: never ran, not timed
     nearest: tuple[str, ...] = ()       # for each of not_placed: the nearest call the graphs have ("" if none)
+    copied: tuple[tuple[str, int], ...] = ()   # placed kernels whose calls got another layout (copied): how many
     wrong_output: str | None = None     # why the set that was faster was dropped: it changed the model's output
     control: Comparison | None = None   # compile modes: a second plain compilation against the first (A/A)
 
@@ -115,6 +116,8 @@ class FallbackReport:
         if self.wrong_output:
             out.append(f"  dropped every kernel: {self.wrong_output}")
         out += [f"  left out {lo.signature}: {lo.reason}" for lo in self.left_out]
+        out += [f"  copied inputs {sig}: {n} call(s) of one forward got another layout than the kernel's and paid a copy"
+                for sig, n in self.copied]
         out += [f"  not run {sig}: runs in graph mode only (torch.compile)" for sig in self.not_in_mode]
         near = (*self.nearest, *[""] * (len(self.not_placed) - len(self.nearest)))
         out += [f"  not run {sig}: no call in this mode's compiled graphs has its signature" + (f"; {n}" if n else "")

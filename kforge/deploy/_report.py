@@ -99,7 +99,7 @@ class EndToEnd:
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
                               "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
-                              "nearest": list(f.nearest),
+                              "nearest": list(f.nearest), "copied": [list(c) for c in f.copied],
                               "wrong_output": f.wrong_output, "control": cmp(f.control),
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
@@ -244,14 +244,17 @@ def float64_output(model: Any, args: tuple, kwargs: dict) -> torch.Tensor | None
 
 
 def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels: Sequence[DeployedKernel]
-           ) -> tuple[list[DeployedKernel], tuple[str, ...], tuple[str, ...]]:
+           ) -> tuple[list[DeployedKernel], tuple[str, ...], tuple[str, ...], tuple[tuple[str, int], ...]]:
     """The kernels some compiled graph of the model really calls, the signatures of those it does
-    not (no call in the graph has their shapes, e.g. a call on a path compile does not take), and for
+    not (no call in the graph has their shapes, e.g. a call on a path compile does not take), for
     each of those the nearest call of its operator the graphs have (``nearest_miss``; "" when they
-    have none): a forward compiled with all of them runs once, and its graphs say what they got. A
-    kernel that never runs cannot make the model faster, and timing it would credit it with the noise."""
+    have none), and the placed kernels whose calls got an input in another layout (copied into the
+    kernel's, ``DeployedKernel.conform``) with how many calls did: a forward compiled with all of them
+    runs once, and its graphs say what they got. A kernel that never runs cannot make the model
+    faster, and timing it would credit it with the noise."""
     if not kernels:
-        return [], (), ()
+        return [], (), (), ()
+    before = {id(k): k.relayouts for k in kernels}
     arm = make(kernels)
     with torch.no_grad():
         arm.forward()   # compiles
@@ -260,8 +263,9 @@ def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels:
     inside = [k for k in kernels if k.variant.signature in got]
     outside = [k for k in kernels if k.variant.signature not in got]
     missed = backend.missed
+    copied = tuple((k.variant.signature, k.relayouts - before[id(k)]) for k in inside if k.relayouts > before[id(k)])
     return (inside, tuple(k.variant.signature for k in outside),
-            tuple(nearest_miss(k.variant, missed) or "" for k in outside))
+            tuple(nearest_miss(k.variant, missed) or "" for k in outside), copied)
 
 
 def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], make: Callable, made: dict,
@@ -275,12 +279,12 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
     untimed; where some are placed, a second plain compilation (``make.control``, when the builder has
     one) is the A/A control whose gap every saving must exceed; the set the timing keeps is dropped if it
     changes the model's output (``wrong_output``)."""
-    inside, missing, nearest = placed(make, made, kernels)
+    inside, missing, nearest, copied = placed(make, made, kernels)
     gains = [g for k, g in zip(kernels, gains) if k in inside]
     if guard:
         control = make.control() if inside and hasattr(make, "control") else None
         kept, report = keep_faster(inside, gains, make, compare, mode, none, control)
-        report = replace(report, not_placed=missing, nearest=nearest)
+        report = replace(report, not_placed=missing, nearest=nearest, copied=copied)
         cmp = report.model
     else:
         kept, report = list(inside), None
