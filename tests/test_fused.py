@@ -287,6 +287,7 @@ def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp
         torch._dynamo.reset()
     s.close()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got.stride() == expected.stride(), "the twin's layout does not reach the model's caller"
     assert compiled.kforge_backend.replaced == [card.variant.signature]
     assert code.count("torch.ops.kforge.run_flexible.default(") == 1, code
     assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
@@ -379,3 +380,81 @@ def test_on_the_gpu_a_region_between_convolutions_follows_inductors_layout(tmp_p
     assert compiled.kforge_backend.replaced == [card.variant.signature], code
     assert ("kforge.run_flexible.default(" in code) == channels_last, (card.signature, code)
     assert kernel.relayouts == 0, "the kernel got the layout it was made for"
+
+
+class _Tail(nn.Module):
+    """A pointwise region after a convolution whose output is the model's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x) * 2 + 1)
+
+
+class _TwoNorms(nn.Module):
+    """Two group_norm -> SiLU pairs on the same shapes, with 2 and with 4 groups."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.a, self.b = nn.GroupNorm(2, 8), nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        h = self.conv(torch.nn.functional.silu(self.a(self.conv(x))))
+        return self.conv(torch.nn.functional.silu(self.b(h)))
+
+
+def _kernel_for(s, card):
+    s.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
+    src = next(c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct).source
+    return DeployedKernel(card.variant, Kernel(compile_source(src, "cpu", "native").path))
+
+
+@needs_mkldnn
+def test_a_twin_whose_output_is_the_models_output_returns_eagers_layout(tmp_path):
+    torch.manual_seed(0)
+    model, x = _Tail().eval(), torch.randn(2, 8, 16, 16)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (card,) = [c for c in s.cards if c.op == "region"]
+    assert card.variant.outputs[0].stride[1] == 1, card.signature   # the twin
+    kernel = _kernel_for(s, card)
+    with torch.no_grad():
+        expected = model(x)
+    for backend in ("inductor", "aot_eager"):
+        with Deployment([kernel], None) as dep:
+            torch._dynamo.reset()
+            compiled = dep.compile(model, backend=backend, dynamic=False)
+            with torch.no_grad():
+                got = compiled(x)
+            torch._dynamo.reset()
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert compiled.kforge_backend.replaced == [card.variant.signature], backend
+        assert got.stride() == expected.stride(), backend
+    s.close()
+
+
+def test_a_fused_kernel_leaves_a_pair_of_other_parameters_to_the_plain_kernel(tmp_path):
+    """The plain kernel steps aside only for a pair the fused kernel takes: same shapes, dtypes and
+    parameters (here the groups differ: both kernels run)."""
+    torch.manual_seed(0)
+    model, x = _TwoNorms().eval(), torch.randn(2, 8, 9, 7)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    fused = next(c for c in s.cards.by_op("group_norm_silu") if c.variant.param_dict["num_groups"] == 2)
+    plain = next(c for c in s.cards.by_op("group_norm") if c.variant.param_dict["num_groups"] == 4)
+    kernels = [_kernel_for(s, fused), _kernel_for(s, plain)]
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment(kernels, None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+        with torch.no_grad():
+            got = compiled(x)
+        torch._dynamo.reset()
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert sorted(compiled.kforge_backend.replaced) == sorted([fused.signature, plain.signature])
+    assert kernels[0].calls == 1 and kernels[1].calls == 1

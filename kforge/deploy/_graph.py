@@ -92,8 +92,9 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     ops = {op for op, _ in table}
     # a call a fused kernel will take in the ATen graph (its first operator, read only by the epilogue,
     # with the fused variant's shapes) is left for it: a plain kernel here would leave no pair there
-    fused = {(FUSED_EPILOGUES[dk.variant.op][0], tuple(s.shape if s is not None else None for s in dk.variant.inputs)):
-             FUSED_EPILOGUES[dk.variant.op][1] for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
+    # (strides aside: the fused kernel's are the ATen graph's, or its channels-last twin's)
+    fused = {(FUSED_EPILOGUES[dk.variant.op][0], _loose(dk.variant)): FUSED_EPILOGUES[dk.variant.op][1]
+             for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
     # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
     # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
     # kernel reading a parameter (group_norm, layer_norm with weights) was put into a compiled model
@@ -113,9 +114,10 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
                                       or any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())))
                    for t in inputs):
                 continue
-            shapes = tuple(tuple(t.shape) if t is not None else None for t in inputs)
-            if (spec.name, shapes) in fused and _epilogue(node, fused[(spec.name, shapes)]) is not None:
-                continue
+            if fused:
+                loose = (spec.name, _loose(spec.variant(call, ())))
+                if loose in fused and _epilogue(node, fused[loose]) is not None:
+                    continue
             key = _fast_key(inputs, _param_values(spec.params, call.params))
             dk = table.get((spec.name, key))
             if dk is None and missed is not None:
@@ -187,6 +189,12 @@ def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
             why.append("parameters")
     return (f"nearest call: {m.variant.signature}" + (f" (differs in {', '.join(why)})" if why else "")
             + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
+
+
+def _loose(variant: Any) -> tuple:
+    """A variant's identity without strides: its inputs' shapes and dtypes, and its parameters."""
+    return (tuple(None if s is None else (tuple(s.shape), s.dtype) for s in variant.inputs),
+            tuple(sorted((k, str(v)) for k, v in variant.params if k != "inplace")))
 
 
 def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:

@@ -57,6 +57,13 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     graph = gm.graph
     done: list[str] = []
     moved: dict[fx.Node, fx.Node] = {}  # an output of a region replaced earlier -> its getitem
+    # NB: the graph's outputs as traced: a twin's layout must not reach the model's caller (Inductor,
+    # tracing the rewritten graph again, would take the outputs' strides from it)
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    returned = [(i, v) for i, v in enumerate(out_node.args[0] if isinstance(out_node.args[0], (list, tuple))
+                                              else [out_node.args[0]]) if isinstance(v, fx.Node)]
+    traced_out = {i: v.meta.get("val") for i, v in returned}
+    flexible_any = False
     for region in partition(gm):
         name = kernels.get(region.variant.key)
         if name is None:
@@ -68,6 +75,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         traced = [o.meta.get("val") for o in region.outputs]
         flexible = any(isinstance(t, torch.Tensor) and tuple(t.stride()) != sig.stride
                        for t, sig in zip(traced, region.variant.outputs))
+        flexible_any = flexible_any or flexible
         op = torch.ops.kforge.run_flexible.default if flexible else torch.ops.kforge.run.default
         with graph.inserting_before(region.nodes[0]):
             call = graph.call_function(op, (name, [moved.get(n, n) for n in region.inputs]))
@@ -85,12 +93,39 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         for node in reversed(region.nodes):
             graph.erase_node(node)
         done.append(region.variant.key)
+    if flexible_any:
+        _keep_output_layouts(graph, out_node, traced_out)
     if done:
         graph.eliminate_dead_code()
         _stable_sort(graph)  # NB: the call went in before the region's first node; inputs may follow it
         graph.lint()
         gm.recompile()
     return done
+
+
+def _keep_output_layouts(graph: fx.Graph, out_node: fx.Node, traced: dict[int, Any]) -> None:
+    """Give every 4-d tensor the graph returns the layout it was traced with (contiguous or
+    channels-last), as a copy where it differs: what the model returns keeps eager's layout whatever
+    layout a twin's kernel made upstream (plain Inductor pays the same copy for a channels-last graph)."""
+    args = out_node.args[0]
+    many = isinstance(args, (list, tuple))
+    values = list(args) if many else [args]
+    changed = False
+    for i, want in traced.items():
+        v = values[i]
+        if not isinstance(v, fx.Node) or not isinstance(want, torch.Tensor) or want.dim() != 4:
+            continue
+        fmt = (torch.contiguous_format if want.is_contiguous()
+               else torch.channels_last if want.is_contiguous(memory_format=torch.channels_last) else None)
+        if fmt is None:
+            continue
+        with graph.inserting_before(out_node):
+            copy = graph.call_function(torch.ops.aten.clone.default, (v,), {"memory_format": fmt})
+        copy.meta["val"] = want
+        values[i] = copy
+        changed = True
+    if changed:
+        out_node.args = (type(args)(values) if many else values[0],) + tuple(out_node.args[1:])
 
 
 def _stable_sort(graph: fx.Graph) -> None:

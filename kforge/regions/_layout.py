@@ -31,7 +31,9 @@ def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
 
         if not getattr(config, "layout_optimization", False):
             return False
-        return bool(GraphLowering.decide_layout_opt(gm, is_inference=True))
+        import torch
+
+        return bool(GraphLowering.decide_layout_opt(gm, is_inference=not torch.is_grad_enabled()))
     except Exception as exc:  # NB: an Inductor internal; its absence or failure means no layout change
         log.debug("kforge: Inductor's layout decision not available: %s", exc)
         return False
@@ -75,7 +77,6 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
 
 
 def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
-    from ..ops import Unsupported
     from ._spec import region_ir, region_variant
 
     ir = region_ir(variant)
@@ -91,6 +92,6 @@ def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
     inputs = [replace(s, stride=cl) if f else s for f, s in zip(full, variant.inputs)]
     try:
         twin = region_variant(ir, inputs)   # outputs as eager lays them out from channels-last inputs
-    except (Unsupported, ValueError):
+    except Exception:  # NB: no twin rather than no regions (capture) or no compile (deploy)
         return None
     return twin if all(tuple(o.stride) == cl for o in twin.outputs) else None
