@@ -497,6 +497,18 @@ def test_a_graph_call_in_another_layout_is_copied_into_the_kernels_and_another_s
         assert dk.calls == 2
     finally:
         RUN_TABLE.release(dk)
+    # no kernel here for a name (a graph compiled elsewhere): the operator runs, its outputs laid out as the
+    # variant says, since the graph reads them so (a channels-last twin's, where eager's would differ)
+    import dataclasses
+    import json
+
+    spec = get_spec("softmax")
+    call = spec.bind(x, -1)
+    variant = spec.variant(call, [spec.reference(call.inputs, call.params)])
+    column_major = dataclasses.replace(variant, outputs=(dataclasses.replace(variant.outputs[0], stride=(1, 16)),))
+    (f,) = torch.ops.kforge.run.default("nokernel|" + json.dumps(column_major.to_json()), [x])
+    torch.testing.assert_close(f, torch.softmax(x, -1))
+    assert f.stride() == (1, 16)
     # a kernel made for a broadcast input (stride 0): a dense call cannot be copied into that layout
     row = torch.randn(1, 300).expand(16, 300)
     bk = _softmax_kernel("softmax_rows", row)

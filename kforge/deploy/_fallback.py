@@ -242,7 +242,7 @@ def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, mi
         r = 0
         while r < max_rounds:
             spent = time.perf_counter() - start
-            if r >= min_rounds and spent >= budget_s or spent >= max(max_s, budget_s) and r >= 6:
+            if (r >= min_rounds and spent >= budget_s) or (r >= 6 and spent >= max(max_s, budget_s)):
                 break
             pair = (a, b) if r % 2 == 0 else (b, a)
             got = {id(arm): block(arm, reps, warm) for arm in pair}

@@ -77,13 +77,13 @@ def _input_nodes(node: torch.fx.Node, inputs: tuple) -> list[torch.fx.Node | Non
 
 
 def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
-                  missed: list[Miss] | None = None) -> list[str]:
+                  missed: list | None = None) -> list[str]:
     """Rewrite every call in ``gm`` that has a kernel for its exact signature into
     ``torch.ops.kforge.run``; returns the signatures replaced, one per node. Calls with symbolic
     shapes, inputs that need gradients (where the graph is traced with grad mode on: dynamo traces a
     call under ``torch.no_grad()`` with it off, and guards on it), or forms the operator's binder does
-    not take stay as they are. ``missed`` (when given) gets each call of a kernel's operator that
-    stayed, as the graph has it: what a kernel that was never placed can be compared with."""
+    not take stay as they are. ``missed`` (when given) gets the variant of each call of a kernel's
+    operator that stayed, as the graph has it: what a kernel that was never placed is compared with."""
     # NB: fused operators (group_norm_silu) are placed in the ATen graph, where capture found them, with
     # the layouts Inductor gives the call (kforge.regions' ATen pass); not here
     table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if dk.variant.op not in FUSED_EPILOGUES}
@@ -121,7 +121,7 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
             key = _fast_key(inputs, _param_values(spec.params, call.params))
             dk = table.get((spec.name, key))
             if dk is None and missed is not None:
-                missed.append(Miss(spec.variant(call, ()), len(node.users)))
+                missed.append(spec.variant(call, ()))
         except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
             continue
         if dk is None:
@@ -157,37 +157,27 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
 
 
 
-@dataclass(frozen=True)
-class Miss:
-    """A call (or region, or fused operator) of a kernel's operator that no kernel replaced: its variant
-    as the graph has it, and how many nodes read its value."""
-
-    variant: Any   # ops.Variant
-    readers: int
-
-
-def nearest_miss(variant: Any, missed: Sequence[Miss]) -> str | None:
-    """Why no call in a graph took ``variant``'s kernel, from the calls of its operator that stayed:
-    the nearest one (same input shapes first) and what differs, or None when the graphs have no call
-    of that operator at all."""
-    same_op = [m for m in missed if m.variant.op == variant.op]
+def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
+    """Why no call in a graph took ``variant``'s kernel, from the variants of its operator's calls that
+    stayed: the nearest one (same input shapes first) and what differs, or None when the graphs have
+    no call of that operator at all."""
+    same_op = [m for m in missed if m.op == variant.op]
     if not same_op:
         return None
     shapes = lambda v: [s.shape if s is not None else None for s in v.inputs]  # noqa: E731
-    near = [m for m in same_op if shapes(m.variant) == shapes(variant)] or same_op
+    near = [m for m in same_op if shapes(m) == shapes(variant)] or same_op
     m = near[0]
     why = []
-    if shapes(m.variant) != shapes(variant):
+    if shapes(m) != shapes(variant):
         why.append("shapes")
     else:
-        if [s.dtype for s in m.variant.inputs if s] != [s.dtype for s in variant.inputs if s]:
+        if [s.dtype for s in m.inputs if s] != [s.dtype for s in variant.inputs if s]:
             why.append("dtypes")
-        if [s.stride for s in m.variant.inputs if s] != [s.stride for s in variant.inputs if s]:
+        if [s.stride for s in m.inputs if s] != [s.stride for s in variant.inputs if s]:
             why.append("strides")
-        if [p for p in m.variant.params if p[0] not in ("inplace",)] != \
-                [p for p in variant.params if p[0] not in ("inplace",)]:
+        if [p for p in m.params if p[0] != "inplace"] != [p for p in variant.params if p[0] != "inplace"]:
             why.append("parameters")
-    return (f"nearest call: {m.variant.signature}" + (f" (differs in {', '.join(why)})" if why else "")
+    return (f"nearest call: {m.signature}" + (f" (differs in {', '.join(why)})" if why else "")
             + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
 
 
@@ -215,7 +205,7 @@ class CompiledGraph:
 
     nodes: int
     replaced: list[str]
-    missed: list[Miss] = field(default_factory=list)   # calls of a kernel's operator that stayed
+    missed: list = field(default_factory=list)   # calls of a kernel's operator that stayed
 
 
 @dataclass
@@ -248,7 +238,7 @@ class KforgeBackend:
             self._other = torch._dynamo.lookup_backend(self.inner)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        missed: list[Miss] = []
+        missed: list = []
         replaced = replace_calls(gm, self.kernels, missed) if self.enabled else []
         for graph_pass in self.passes if self.enabled else ():
             replaced.extend(graph_pass(gm))
@@ -293,7 +283,7 @@ class KforgeBackend:
         return [s for g in self.graphs for s in g.replaced]
 
     @property
-    def missed(self) -> list[Miss]:
+    def missed(self) -> list:
         return [m for g in self.graphs for m in g.missed]
 
 

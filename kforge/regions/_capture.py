@@ -213,7 +213,6 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         warnings.warn(f"kforge: no region cards, the model's graph could not be captured ({found.error}); "
                       "its operator cards are complete", stacklevel=3)
     covered: collections.Counter = collections.Counter()
-    op_keys = {c.key for c in op_cards}
     new_cards = []
     for rec in found.records:
         variant = rec.variant
@@ -234,10 +233,8 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
                 warnings.warn(f"kforge: Inductor baseline of {variant.signature} failed: {exc}", stacklevel=2)
         new_cards.append(Card(variant, rec.calls, timing.median_us, 0.0, None, len(rec.examples), timing.spread,
                               inductor_us=inductor_us))
-        calls = covered_op_calls(variant)
-        if rec.traced is not None and not any(k in op_keys for k in calls):
-            calls = covered_op_calls(rec.traced)   # a layout twin: eager ran (and captured) the calls as traced
-        for op_key, n in calls.items():
+        # NB: a layout twin stands for the calls as traced (eager ran and captured them so)
+        for op_key, n in covered_op_calls(rec.traced or variant).items():
             covered[op_key] += n * rec.calls
     op_list = list(op_cards)
     by_key = {c.key: c for c in op_list}

@@ -40,8 +40,8 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     """Replace each region or fused operator of ``gm`` whose variant key is in ``kernels`` (key -> the
     kernel's ``DeployedKernel.run_name``) with a ``torch.ops.kforge.run`` call (``run_flexible`` for a
     channels-last twin); returns the keys replaced. ``missed`` (when given) gets each one of a kernel's
-    operator ("region", "group_norm_silu") that stayed, as ``deploy._graph.Miss``: what an unplaced
-    kernel is compared with.
+    operator ("region", "group_norm_silu") that stayed, its variant: what an unplaced kernel is
+    compared with (``deploy._graph.nearest_miss``).
 
     ``gm`` must be an ATen graph with "val" metadata (AOTAutograd's forward graph, or Inductor's
     graph before its decompositions), split as capture split it (``partition``), so that its regions
@@ -52,7 +52,6 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     of the SD3.5 VAE's group_norm inputs were channels-last there and contiguous here).
     """
     import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
-    from ..deploy._graph import Miss
 
     graph = gm.graph
     done: list[str] = []
@@ -68,13 +67,11 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         name = kernels.get(region.variant.key)
         if name is None:
             if missed is not None:
-                missed.append(Miss(region.variant, len(region.outputs[0].users) if region.outputs else 0))
+                missed.append(region.variant)
             continue
-        # NB: a variant in another layout than the graph traced (a channels-last twin) is called through
-        # the flexible op, so Inductor hands it its buffers as they are, not copies in the traced layout
-        traced = [o.meta.get("val") for o in region.outputs]
-        flexible = any(isinstance(t, torch.Tensor) and tuple(t.stride()) != sig.stride
-                       for t, sig in zip(traced, region.variant.outputs))
+        # NB: a channels-last twin is called through the flexible op, so Inductor hands it its buffers as
+        # they are, not copies in the traced layout
+        flexible = region.traced is not None
         flexible_any = flexible_any or flexible
         op = torch.ops.kforge.run_flexible.default if flexible else torch.ops.kforge.run.default
         with graph.inserting_before(region.nodes[0]):

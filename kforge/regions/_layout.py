@@ -15,6 +15,7 @@ import logging
 from dataclasses import replace
 from typing import Sequence
 
+import torch
 import torch.fx as fx
 
 from ..ops import FUSED_EPILOGUES, Variant
@@ -31,8 +32,6 @@ def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
 
         if not getattr(config, "layout_optimization", False):
             return False
-        import torch
-
         return bool(GraphLowering.decide_layout_opt(gm, is_inference=not torch.is_grad_enabled()))
     except Exception as exc:  # NB: an Inductor internal; its absence or failure means no layout change
         log.debug("kforge: Inductor's layout decision not available: %s", exc)
@@ -40,16 +39,7 @@ def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
 
 
 def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    n, c, *spatial = shape
-    strides = [0] * len(shape)
-    step = 1
-    strides[1] = step
-    step *= c
-    for d in range(len(shape) - 1, 1, -1):
-        strides[d] = step
-        step *= shape[d]
-    strides[0] = step
-    return tuple(strides)
+    return torch.empty(shape, device="meta").to(memory_format=torch.channels_last).stride()
 
 
 def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
@@ -73,7 +63,6 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     cl = _channels_last_strides(tuple(x.shape))
     as_cl = lambda s: replace(s, stride=cl)  # noqa: E731
     return replace(variant, inputs=(as_cl(x), *variant.inputs[1:]), outputs=(as_cl(y), *variant.outputs[1:]))
-
 
 
 def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
