@@ -20,6 +20,8 @@
 #                                                            searched and end to end under compile (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh resnet    ResNet-50's region cards (channels-last twins where Inductor
 #                                                            lays the graph out so) searched, then end to end under compile
+#   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
+#                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
 #   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
 #                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
@@ -135,6 +137,12 @@ PY
         --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline \
         --store benchmarks/results/resnet50_region_store.tgz 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
+  profile)
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    for m in resnet50 sd35_vae_decoder; do
+      timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m --modes "${KF_MODES:-default}" 2>&1 \
+          | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
+    done ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests

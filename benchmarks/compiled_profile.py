@@ -1,0 +1,103 @@
+"""Where a compiled seed model's GPU time goes, by kernel and by kind of kernel: the room kforge has.
+
+    python benchmarks/compiled_profile.py sd35_vae_decoder --modes default
+    python benchmarks/compiled_profile.py resnet50 --modes default,max-autotune-no-cudagraphs
+
+For each mode (and eager), the model is compiled with plain torch.compile, warmed, and five forwards
+are profiled (CUDA activity only). Every kernel's GPU time a forward is summed by name and by kind:
+"conv/gemm" (vendor and template convolutions and matrix products), "layout" (NCHW <-> NHWC
+transposes), "norm" (Inductor reductions over a group_norm/layer_norm/softmax/mean, eager's norm
+kernels), "pointwise", "other". A kind's share of the forward is the ceiling of what replacing its
+kernels can save. Prints a table per mode and writes compiled_profile_<model>.json to $OUT (or runs/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from seed_workloads import seed_model  # noqa: E402
+
+KINDS = (
+    ("layout", re.compile(r"nchwToNhwc|nhwcToNchw|convertTensor|transpose", re.I)),
+    ("conv/gemm", re.compile(r"conv|cudnn|implicit|xmma|cutlass|gemm|sm\d\d_|wgmma|mm_|cublas|triton_tem", re.I)),
+    ("norm", re.compile(r"group_norm|layer_norm|rms|softmax|_red_|welford|reduce|norm", re.I)),
+    ("pointwise", re.compile(r"triton_poi|elementwise|vectorized|unrolled|silu|add|mul|copy", re.I)),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, pattern in KINDS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def profile_forward(fn, forwards: int = 5) -> dict[str, float]:
+    """GPU microseconds a forward per kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(forwards):
+                fn()
+            torch.cuda.synchronize()
+    return {e.key: e.device_time_total / forwards for e in prof.key_averages() if e.device_time_total > 0}
+
+
+def summarize(rows: dict[str, float], top: int) -> dict:
+    total = sum(rows.values())
+    kinds: dict[str, float] = {}
+    for name, us in rows.items():
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + us
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1])
+    return {"gpu_us": total,
+            "kinds": {k: {"us": v, "share": v / total if total else 0.0} for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top": [{"kernel": n[:160], "kind": kind_of(n), "us": us, "share": us / total if total else 0.0}
+                    for n, us in ordered[:top]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--modes", default="default", help="comma-separated torch.compile modes ('eager' for none)")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--top", type=int, default=15)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("compiled_profile.py profiles GPU kernels: run it on a machine with CUDA")
+    model, inputs = seed_model(args.model, "cuda", layers=args.layers)
+    from kforge.capture import split_batch
+
+    args_, kwargs_ = split_batch(inputs)
+    call = lambda m: m(*args_, **kwargs_)  # noqa: E731
+    result: dict = {"model": args.model, "torch": torch.__version__, "modes": {}}
+    for mode in ["eager"] + [m for m in args.modes.split(",") if m and m != "eager"]:
+        torch._dynamo.reset()
+        target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
+        summary = summarize(profile_forward(lambda: call(target)), args.top)
+        result["modes"][mode] = summary
+        print(f"\n## {args.model}, {mode}: {summary['gpu_us']:.1f} us of GPU kernels a forward")
+        for kind, v in summary["kinds"].items():
+            print(f"  {kind:<10} {v['us']:>10.1f} us  {100 * v['share']:5.1f}%")
+        for row in summary["top"]:
+            print(f"  {row['us']:>10.1f} us {100 * row['share']:5.1f}%  [{row['kind']}] {row['kernel'][:110]}")
+    out = Path(os.environ.get("OUT") or ROOT / "runs")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"compiled_profile_{args.model}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
