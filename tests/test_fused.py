@@ -85,14 +85,15 @@ def _kernel(s, card, iterations: int = 1) -> DeployedKernel:
     return DeployedKernel(card.variant, Kernel(built.path))
 
 
-def _compile_run(kernels, model, x, backend: str = "inductor", code: bool = False):
+def _compile_run(kernels, model, x, backend: str = "inductor", code: bool = False, **compile_kwargs):
     """(the compiled model, its output, Inductor's code when ``code``): ``model`` compiled once with
-    ``kernels`` deployed; the deployment is gone when this returns (the graphs stay)."""
+    ``kernels`` deployed (``compile_kwargs`` go to torch.compile); the deployment is gone when this
+    returns (the graphs stay)."""
     from torch._inductor.utils import run_and_get_code
 
     with Deployment(list(kernels), None) as dep:
         torch._dynamo.reset()
-        compiled = dep.compile(model, backend=backend, dynamic=False)
+        compiled = dep.compile(model, backend=backend, dynamic=False, **compile_kwargs)
         with torch.no_grad():
             if code:
                 got, (text, *_) = run_and_get_code(compiled, x)
@@ -169,6 +170,24 @@ def test_under_inductors_channels_last_layout_the_kernel_takes_its_buffers_witho
         gm = make_fx(lambda t: conv(t))(torch.randn(1, 4, 8, 8))
     assert inductor_lays_out_channels_last(gm)
     assert not inductor_lays_out_channels_last(make_fx(lambda t: t.relu() + 1)(torch.randn(1, 4, 8, 8)))
+
+
+@needs_mkldnn
+def test_a_mode_without_inductors_layout_optimization_places_no_channels_last_twin(session):
+    """``options={"layout_optimization": False}`` keeps Inductor's graph in the traced layout: the twin,
+    made for a channels-last graph, is then not placed, and the report says why (strides). Before, the
+    pass asked Inductor's decision outside the mode's options and placed the twin, whose every call then
+    paid a copy into its layout (``relayouts``)."""
+    (card,) = session.cards.by_op("group_norm_silu")
+    kernel = _kernel(session, card)
+    model, x = session.model, session.batches[0]
+    compiled, got, code = _compile_run([kernel], model, x, code=True, options={"layout_optimization": False})
+    torch.testing.assert_close(got, _eager(model, x), rtol=1e-4, atol=1e-4)
+    assert compiled.kforge_backend.replaced == [] and "kforge" not in code
+    assert kernel.relayouts == 0
+    from kforge.deploy._graph import nearest_miss
+
+    assert "differs in strides" in nearest_miss(card.variant, compiled.kforge_backend.missed)
 
 
 def test_with_grad_mode_on_the_kernel_stays_out_of_the_graph(session):

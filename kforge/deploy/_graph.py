@@ -251,9 +251,12 @@ class KforgeBackend:
         from torch._functorch.aot_autograd import make_boxed_func
 
         def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs: list, forward: bool) -> Callable:
-            for aten_pass in self.aten_passes:
-                record.replaced.extend(aten_pass(aten_gm))
-                record.missed.extend(getattr(aten_pass, "missed", ()))
+            # NB: under the mode's Inductor options, so that the passes' questions to Inductor (its layout
+            # decision: regions._layout) get the answers the compile will (options={"layout_optimization": False})
+            with self._inductor_config():
+                for aten_pass in self.aten_passes:
+                    record.replaced.extend(aten_pass(aten_gm))
+                    record.missed.extend(getattr(aten_pass, "missed", ()))
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
             # its own AOTAutograd over it again: a re-trace of a functional graph, apart from the copy_
             # into inputs an inference graph keeps; so do the aot_* backends). What they return takes its arguments unpacked, which
@@ -270,6 +273,14 @@ class KforgeBackend:
         return aot_autograd(fw_compiler=lambda g, i: compile_aten(g, i, True),
                             bw_compiler=lambda g, i: compile_aten(g, i, False),
                             keep_inference_input_mutations=True)(gm, example_inputs)
+
+    def _inductor_config(self):
+        """Inductor's config patched with this mode's options (a no-op without Inductor)."""
+        import contextlib
+
+        if self._inductor is None or not self._inductor.config:
+            return contextlib.nullcontext()
+        return torch._inductor.config.patch(dict(self._inductor.config))
 
     def get_compiler_config(self) -> dict | None:
         return self._inductor.get_compiler_config() if self._inductor is not None else None
