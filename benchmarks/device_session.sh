@@ -39,6 +39,13 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CA
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+install_wheels() {   # diffusers for the SD3.5 models: carry [".whl"]
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+  else
+    echo "NB: no .whl/ in this call: the SD3.5 models need diffusers (here: pip download diffusers importlib_metadata --no-deps -d .whl; then carry [\".whl\"])"
+  fi
+}
 case "${1:-}" in
   tests)
     # NB: -v names each test as it ends, so a run cut off by the timeout still says what failed
@@ -74,13 +81,13 @@ PY
         "tests/test_deploy.py::test_works_under_torch_compile" 2>&1 | tee "$OUT/compile_tests.txt" | tail -6
     [ "${KF_DEPLOY_OVERHEAD:-0}" = 1 ] && timeout 60 python3 benchmarks/deploy_overhead.py --device cuda 2>&1 \
         | tee "$OUT/deploy_overhead.txt" | tail -8
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    install_wheels
     timeout 150 python3 benchmarks/end_to_end.py resnet50 --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_resnet50.txt" | tail -22
     timeout 160 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_vae.txt" | tail -22 ;;
   regions)
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2   # diffusers (carry [".whl"])
+    install_wheels   # diffusers (carry [".whl"])
     timeout 140 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -o addopts="" tests/test_regions_gpu.py 2>&1 \
         | tee "$OUT/regions_gpu_test.txt" | tail -8
     # NB: KF_ITERATIONS candidates a region (the default, eager's numerics, then one-choice neighbours)
@@ -106,7 +113,7 @@ PY
   control)
     # the compile-mode check with its A/A control where kernels are placed (the VAE's group_norm winners),
     # then the graph-mode and decode GPU tests (carry [".whl"])
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    install_wheels
     timeout 230 python3 benchmarks/end_to_end.py sd35_vae_decoder --modes default,reduce-overhead 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/e2e_vae.txt" | grep -v "^\[transformers\]\|UserWarning\|warn" | tail -24
     timeout 200 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -o addopts="" --timeout=120 \
@@ -116,7 +123,7 @@ PY
     # the SD3.5 VAE decoder's group_norm -> SiLU pairs as fused group_norm_silu cards (graph capture), searched
     # with the built-in strategies, then the model under compile default with and without them (carry [".whl"]);
     # then (KF_SOFTMAX_S=seconds) the Gemma attention softmax at the paper's 50 iterations
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    install_wheels
     # first the GPU test of the channels-last twin (kforge::run_flexible gets Inductor's buffer, no copy)
     timeout 120 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -o addopts="" tests/test_fused.py -k gpu 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "passed|failed|^E " | cut -c1-300 | tail -8
@@ -138,7 +145,7 @@ PY
         --store benchmarks/results/resnet50_region_store.tgz 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
   profile)
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    install_wheels
     for m in resnet50 sd35_vae_decoder; do
       timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m --modes "${KF_MODES:-default}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
@@ -163,7 +170,7 @@ PY
     timeout 330 python3 benchmarks/compile_diff.py gemma4_e2b --layers 35 --backends inductor --dtypes bfloat16,float32 \
         --float64 --deadline 250 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_diff_float64.txt" | tail -8 ;;
   sd35t)
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps --root-user-action=ignore .whl/*.whl 2>&1 | tail -2
+    install_wheels
     timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/e2e_sd35_transformer.txt" | tail -16 ;;
   cluster)
