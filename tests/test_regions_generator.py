@@ -282,3 +282,33 @@ def test_two_pass_sources_compile_for_sm90():
     with ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda src: compile_source(src, "cuda", "sm_90"), jobs))
     assert all(b.path.exists() for b in built)
+
+
+def _channels_last_add_relu_scale() -> object:
+    """relu(a + b) * c on N,C,H,W tensors stored channels-last, c one value per channel: a ResNet
+    block's residual twin with a per-channel scale."""
+    x = torch.empty(2, 16, 5, 3).to(memory_format=torch.channels_last)
+    sigs = [TensorSig.of(x), TensorSig.of(x), TensorSig.of(torch.empty(16, 1, 1))]
+    ir = RegionIR(3, (Node("add", (Ref("i", 0), Ref("i", 1))), Node("relu", (Ref("n", 0),)),
+                      Node("mul", (Ref("n", 1), Ref("i", 2)))), (2,))
+    return region_variant(ir, sigs)
+
+
+def test_a_channels_last_pointwise_region_is_walked_in_memory_order():
+    """The kernel sweeps a channels-last region N,H,W,C: every full-shape tensor at the linear index, the
+    per-channel one at the innermost dim, 16-byte vectors on the GPU. Walked N,C,H,W its accesses were C
+    elements apart (0.23-0.72x of eager on the H200 for ResNet-50's add,relu twins)."""
+    from kforge.regions._codegen import flat_offset
+
+    variant = _channels_last_add_relu_scale()
+    assert variant.outputs[0].stride == (240, 1, 48, 16)
+    plan = region_plan(variant)
+    assert plan.shape == (2, 5, 3, 16)
+    assert [flat_offset(plan, s.shape, s.stride, "i") for s in plan.inputs] == ["(i)", "(i)", "(((i) % 16L) * 1L)"]
+    for seed in (0, 1):
+        for m in _run(variant, generate(variant, "cpu"), seed):
+            assert m.ok, m.message
+    source = generate(variant, "cuda", {"vec": 4})
+    assert "load_vec<V>(in0 + (base)" in source and "load_vec<V>(in1 + (base)" in source, source
+    if shutil.which("nvcc") is not None:
+        assert compile_source(source, "cuda", "sm_90").path.exists()
