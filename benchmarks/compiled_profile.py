@@ -69,6 +69,21 @@ def summarize(rows: dict[str, float], top: int) -> dict:
                     for n, us in ordered[:top]]}
 
 
+def profile_diff(plain: dict[str, float], other: dict[str, float], top: int = 12) -> list[str]:
+    """Lines naming the kernels whose GPU time a forward differs most between two profiles (a kernel
+    only one of them runs counts whole), after a line with both totals."""
+    names = set(plain) | set(other)
+    rows = sorted(((other.get(n, 0.0) - plain.get(n, 0.0), n) for n in names), key=lambda r: -abs(r[0]))
+    out = [f"GPU kernels a forward: {sum(plain.values()):.1f} us plain, {sum(other.values()):.1f} us with kforge "
+           f"({sum(other.values()) - sum(plain.values()):+.1f} us)"]
+    for delta, n in rows[:top]:
+        if abs(delta) < 0.05:
+            break
+        where = "only with kforge" if n not in plain else "only plain" if n not in other else ""
+        out.append(f"  {delta:+9.1f} us  [{kind_of(n)}] {n[:100]} {where}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")

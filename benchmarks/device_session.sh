@@ -139,10 +139,10 @@ PY
   resnet)
     # ResNet-50 (batch 8, f32): the region cards (the residual add + relu between convolutions, as the
     # channels-last twins Inductor's layout asks for) searched, then compile default with and without them;
-    # the store resumes as for the fused VAE cards
+    # and the GPU time per kernel of compile + kforge against plain compile (--profile). No store: ResNet-50's
+    # was 897 MB, too large to come back from the device (2026-12-03)
     timeout "${KF_RESNET_S:-420}" python3 benchmarks/region_e2e.py resnet50 --ops region --modes "${KF_MODES:-default}" \
-        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline \
-        --store benchmarks/results/resnet50_region_store.tgz 2>&1 \
+        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline --profile default 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
   profile)
     install_wheels

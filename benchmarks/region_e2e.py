@@ -58,6 +58,9 @@ def main() -> None:
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--no-inductor-baseline", action="store_true",
                     help="skip compiling each region alone for the cards' Inductor ratio (saves capture time)")
+    ap.add_argument("--profile", default=None, metavar="MODE",
+                    help="after the table (CUDA): GPU time per kernel of the compiled forward in MODE with every "
+                         "winner against plain compile through kforge's backend, the kernels that differ most")
     ap.add_argument("--store", type=Path, default=None,
                     help="a .tgz of the session's store: resumed from when it exists, written after the search")
     args = ap.parse_args()
@@ -99,14 +102,56 @@ def main() -> None:
     print(f"# search {t2 - t1:.0f} s; {len(s.results.winners)} winner(s)", flush=True)
     report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m))
     print(report.table(), flush=True)
+    profile = None
+    if args.profile and args.device.startswith("cuda"):
+        try:
+            profile = _profile(s, model, inputs, args.profile)
+        except Exception as exc:  # NB: a diagnosis that fails costs its lines, not the table's JSON
+            print(f"# profile failed: {type(exc).__name__}: {exc}", flush=True)
     # NB: not benchmarks/results by default: a CPU smoke run's file there was committed twice as a result
     out = Path(os.environ.get("OUT") or ROOT / "runs")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"region_e2e_{args.model}.json").write_text(json.dumps(
         {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
          "winners": len(s.results.winners), "end_to_end": report.to_json(),
-         "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}, indent=1, default=str))
+         "profile": profile, "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}, indent=1, default=str))
     s.close()
+
+
+def _profile(s, model, inputs, mode: str) -> dict:
+    """Where compile + kforge's GPU time differs from plain compile's: every winner placed (no check),
+    against kforge's backend with no kernel, both in ``mode``; printed and returned."""
+    import torch
+    from compiled_profile import profile_diff, profile_forward
+
+    from kforge.capture import split_batch
+    from kforge.deploy._graph import compile_with
+
+    args_, kwargs_ = split_batch(inputs)
+    kw = {} if mode == "default" else {"mode": mode}
+    out = {}
+    for arm in ("plain", "kforge"):
+        torch._dynamo.reset()
+        compiled = compile_with(model, [], **kw) if arm == "plain" else s.compile(guard=False, **kw)
+        run = lambda: compiled(*args_, **kwargs_)  # noqa: E731,B023
+        out[arm] = profile_forward(run)
+        with torch.no_grad():   # NB: wall time too: a host-bound forward's loss is not in its kernels
+            walls = []
+            for _ in range(30):
+                t = time.perf_counter()
+                run()
+                torch.cuda.synchronize()
+                walls.append((time.perf_counter() - t) * 1e6)
+        out[f"{arm}_wall_us"] = sorted(walls)[len(walls) // 2]
+        if arm == "kforge":
+            out["placed"] = compiled.kforge_backend.replaced
+            out["relayouts"] = {dk.variant.signature: dk.relayouts for dk in compiled.kforge_backend.kernels}
+    torch._dynamo.reset()
+    print(f"# profile, compile {mode}: {len(out['placed'])} kernel call(s) placed; wall a forward (median of 30, "
+          f"synchronized) {out['plain_wall_us']:.1f} us plain, {out['kforge_wall_us']:.1f} us with kforge", flush=True)
+    for line in profile_diff(out["plain"], out["kforge"]):
+        print(line, flush=True)
+    return out
 
 
 def _archive(workdir: Path, archive: Path) -> None:
