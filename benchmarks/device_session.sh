@@ -22,6 +22,9 @@
 #                                                            lays the graph out so) searched, then end to end under compile
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
+#   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
+#                                                            then benchmarks/gn_twins.py: the VAE's group_norm -> SiLU twins,
+#                                                            each CUDA design against eager and Inductor
 #   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
 #                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
@@ -150,6 +153,11 @@ PY
       timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m --modes "${KF_MODES:-default}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
+  twins)
+    timeout 150 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" tests/test_fused.py -k gpu -s 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "PASSED|FAILED|passed|failed|^E |nhwc_tiles" | cut -c1-300 | tail -16
+    timeout "${KF_TWINS_S:-300}" python3 benchmarks/gn_twins.py --deadline "${KF_TWINS_DEADLINE:-200}" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/gn_twins.txt" | tail -30 ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests

@@ -309,6 +309,35 @@ def test_on_the_gpu_the_kernel_follows_inductors_layout(tmp_path, build, shape, 
     assert kernel.relayouts == 0, "the kernel got the layout it was made for"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_on_the_gpu_the_channels_last_tile_kernel_is_correct(tmp_path, dtype):
+    """The twin's own design (``nhwc_tiles``: threads along the channels of each position, per-tile
+    partial statistics), in several configurations, against eager on two samples. Before it, the
+    channels-last twins of the SD3.5 VAE's group_norm -> SiLU ran 5.7 ms for bf16[1,256,1024,1024]
+    (about 15x the bandwidth floor; the H200, 2026-12-03)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from kforge.kernels import device_info
+    from kforge.proposers.builtin._strategy import get_strategy
+
+    torch.manual_seed(0)
+    model, x = _ConvBlock().cuda().eval().to(dtype), torch.randn(2, 64, 32, 32, device="cuda", dtype=dtype)
+    s = kforge.Session(model, x, device="cuda", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (card,) = s.cards.by_op("group_norm_silu")
+    assert card.variant.inputs[0].stride[1] == 1, f"not a channels-last twin: {card.signature}"
+    strategy, dev = get_strategy("group_norm_silu.cuda.nhwc_tiles"), device_info("cuda")
+    assert strategy.applies(card.variant, dev)
+    configs = [strategy.default(card.variant, dev), {"threads": 1024, "vec": 1, "waves": 2},
+               {"threads": 128, "vec": 2, "waves": 16}]
+    for config in configs:
+        assert strategy.valid(card.variant, config, dev), config
+        ev = s.evaluator.evaluate(card, strategy.render(card.variant, config, dev), s.store)
+        print(f"nhwc_tiles {config} {card.signature}: {ev.summary()}")
+        assert ev.status.is_correct, (config, ev.summary())
+    s.close()
+
+
 @needs_mkldnn
 def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp_path):
     """A pointwise region whose tensors Inductor lays out channels-last (the residual add + relu of a

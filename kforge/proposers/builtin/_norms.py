@@ -556,6 +556,179 @@ def _gn_block_group(v: Variant, c: dict, d: DeviceInfo) -> str:
 def _gn_split(v: Variant, c: dict, d: DeviceInfo) -> str:
     return fill(_GN, **_gn_common(v, c))
 
+_GN_NHWC = CUDA + r"""
+{{types}}#define NB {{N}}
+#define G {{G}}
+#define CPG {{CPG}}
+#define C ((long)G * CPG)
+#define HW {{HW}}
+#define EPS {{EPS}}
+#define HAS_W {{HAS_W}}
+#define HAS_B {{HAS_B}}
+#define SILU {{SILU}}
+#define THREADS {{threads}}
+#define V {{vec}}
+#define TILES {{tiles}}
+/* Channels-last N,*,C: every position's C channels are one dense run. A thread owns V adjacent channels
+   (one group's: V divides CPG) and walks positions, LANES threads covering a position's run (coalesced),
+   ROWS positions a block at a time. Statistics: per-thread Welford over its channels, merged per group
+   in the block, one partial per (sample, group, tile); a second kernel merges a group's TILES partials;
+   the third normalises with each thread's per-channel scale and shift held in registers. */
+#define LANES ((int)(C / V))
+#define ROWS (THREADS / LANES)
+#define PT ((HW + TILES - 1) / TILES)
+
+template <bool VEC> __device__ __forceinline__ void load_ch(const x_t* p, float (&v)[V]) {
+    if (VEC) { load_vec<V>(p, v); } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v[j] = to_f(p[j]);
+    }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restrict__ x, float* __restrict__ part) {
+    __shared__ float sh[3][THREADS];
+    const int lane = threadIdx.x % LANES, row = threadIdx.x / LANES;
+    const long n = blockIdx.y, p0 = (long)blockIdx.x * PT;
+    const long p1 = p0 + PT < HW ? p0 + PT : HW;
+    Welford acc = {0.f, 0.f, 0.f};
+    if (row < ROWS) {
+        const x_t* xs = x + n * HW * C + (long)lane * V;
+        for (long p = p0 + row; p < p1; p += ROWS) {
+            float v[V], s = 0.f, q = 0.f;
+            load_ch<VEC>(xs + p * C, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) s += v[j];
+            const float m = s / V;
+#pragma unroll
+            for (int j = 0; j < V; ++j) q += (v[j] - m) * (v[j] - m);
+            acc.merge(V, m, q);
+        }
+    }
+    sh[0][threadIdx.x] = acc.n; sh[1][threadIdx.x] = acc.mean; sh[2][threadIdx.x] = acc.m2;
+    __syncthreads();
+    /* group gi: lanes [gi * CPG / V, (gi + 1) * CPG / V) of every row */
+    for (int gi = threadIdx.x; gi < G; gi += THREADS) {
+        Welford w = {0.f, 0.f, 0.f};
+        for (int r = 0; r < ROWS; ++r)
+            for (int l = gi * (CPG / V); l < (gi + 1) * (CPG / V); ++l) {
+                const int t = r * LANES + l;
+                w.merge(sh[0][t], sh[1][t], sh[2][t]);
+            }
+        float* out = part + 3 * ((n * G + gi) * TILES + blockIdx.x);
+        out[0] = w.n; out[1] = w.mean; out[2] = w.m2;
+    }
+}
+
+/* One warp per (sample, group): its TILES partials merged into mean and rstd. */
+__global__ void __launch_bounds__(32) gn_tile_stats(const float* __restrict__ part, float* __restrict__ stats) {
+    const long ng = blockIdx.x;
+    Welford acc = {0.f, 0.f, 0.f};
+    for (int k = threadIdx.x; k < TILES; k += 32) {
+        const float* p = part + 3 * (ng * TILES + k);
+        acc.merge(p[0], p[1], p[2]);
+    }
+    acc.merge_lanes(32);
+    if (threadIdx.x == 0) { stats[2 * ng] = acc.mean; stats[2 * ng + 1] = rsqrtf(acc.m2 / ((float)CPG * HW) + EPS); }
+}
+
+template <bool VEC>
+__global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restrict__ x, const float* __restrict__ stats,
+                                                            const w_t* __restrict__ w, const b_t* __restrict__ b,
+                                                            y_t* __restrict__ y) {
+    const int lane = threadIdx.x % LANES, row = threadIdx.x / LANES;
+    if (row >= ROWS) return;
+    const long n = blockIdx.y, p0 = (long)blockIdx.x * PT;
+    const long p1 = p0 + PT < HW ? p0 + PT : HW;
+    const int c0 = lane * V, gi = c0 / CPG;
+    const float mean = stats[2 * (n * G + gi)], rstd = stats[2 * (n * G + gi) + 1];
+    float a[V], shift[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        a[j] = HAS_W ? rstd * to_f(w[c0 + j]) : rstd;
+        shift[j] = (HAS_B ? to_f(b[c0 + j]) : 0.f) - mean * a[j];
+    }
+    const long base = n * HW * C + c0;
+    for (long p = p0 + row; p < p1; p += ROWS) {
+        float v[V];
+        load_ch<VEC>(x + base + p * C, v);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            v[j] = v[j] * a[j] + shift[j];
+            if (SILU) v[j] = v[j] / (1.f + __expf(-v[j]));
+        }
+        if (VEC) { store_vec<V>(y + base + p * C, v); } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j) y[base + p * C + j] = from_f<y_t>(v[j]);
+        }
+    }
+}
+
+template <bool VEC> static void run(const x_t* x, const w_t* w, const b_t* b, y_t* y, float* ws, cudaStream_t stream) {
+    float* part = ws;
+    float* stats = ws + 3L * NB * G * TILES;
+    const dim3 grid(TILES, NB);
+    gn_tile_partials<VEC><<<grid, THREADS, 0, stream>>>(x, part);
+    gn_tile_stats<<<NB * G, 32, 0, stream>>>(part, stats);
+    gn_tile_normalise<VEC><<<grid, THREADS, 0, stream>>>(x, stats, w, b, y);
+}
+
+KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (3 * (size_t)NB * G * TILES + 2 * (size_t)NB * G); }
+
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    y_t* y = (y_t*)outputs[0].data;
+    const w_t* w = (const w_t*)inputs[1].data;
+    const b_t* b = (const b_t*)inputs[2].data;
+    if (V > 1 && (uintptr_t)x % 16 == 0 && (uintptr_t)y % 16 == 0)
+        run<true>(x, w, b, y, (float*)workspace, (cudaStream_t)stream);
+    else
+        run<false>(x, w, b, y, (float*)workspace, (cudaStream_t)stream);
+    return (int)cudaGetLastError();
+}
+"""
+
+
+def _gn_tile_ok(v: Variant) -> bool:
+    """Channels-last group_norm the tile design takes: a position's channels split over at most 1024
+    threads in vectors of one group's channels."""
+    if not (_gn_ok(v) and _gn_nhwc(v)):
+        return False
+    n, c, hw, g = _gn_dims(v)
+    return c // _gn_vmax(v) <= 1024
+
+
+def _gn_tile_threads(v: Variant, vec: int, threads: int) -> int:
+    """``threads`` rounded up to a whole number of positions (C / vec lanes each), at most 1024."""
+    lanes = _gn_dims(v)[1] // vec
+    return max(threads // lanes, 1) * lanes
+
+
+def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
+    n, ch, hw, g = _gn_dims(v)
+    threads = _gn_tile_threads(v, c["vec"], c["threads"])
+    rows = threads // (ch // c["vec"])
+    tiles = max(1, min(-(-c["waves"] * d.sm_count // n), -(-hw // rows)))
+    return {**c, "threads": threads, "tiles": tiles}
+
+
+@strategy(_GN_OPS, "cuda", "nhwc_tiles", level=1,
+          doc="channels-last: each thread owns adjacent channels of one group and walks positions (coalesced "
+              "runs of C), per-tile Welford partials per group, merged, then normalised with per-thread scale",
+          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16)},
+          applies=lambda v, d: _gn_tile_ok(v),
+          default=lambda v, d: {"threads": 256, "vec": _gn_vmax(v), "waves": 8},
+          valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
+                                 and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
+          fit=lambda v, d: 6.0,
+          explain=lambda v, c: (f"{c['vec']} channels a thread, {c['threads']}-thread blocks, "
+                                f"{c['waves']} blocks per SM over the positions; three kernels"))
+def _gn_nhwc_tiles(v: Variant, c: dict, d: DeviceInfo) -> str:
+    n = _gn_dims(v)[0]
+    return fill(_GN_NHWC, **_gn_common(v, _gn_tile_config(v, c, d)), N=n)
+
+
 # ----------------------------------------------------------------------------- group_norm (CPU)
 
 _CPU_GN_HEAD = CPU + r"""
