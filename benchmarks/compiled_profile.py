@@ -29,8 +29,9 @@ from seed_workloads import seed_model  # noqa: E402
 
 KINDS = (
     ("layout", re.compile(r"nchwToNhwc|nhwcToNchw|convertTensor|transpose", re.I)),
-    ("conv/gemm", re.compile(r"conv|cudnn|implicit|xmma|cutlass|gemm|sm\d\d_|wgmma|mm_|cublas|triton_tem", re.I)),
-    ("norm", re.compile(r"group_norm|layer_norm|rms|softmax|_red_|welford|reduce|norm", re.I)),
+    # NB: before conv/gemm: Inductor names a norm kernel after every node it fused, a convolution's bias too
+    ("norm", re.compile(r"group_norm|layer_norm|batch_norm|bn_fw|rms|softmax|welford|RowwiseMoments|_red_|reduce", re.I)),
+    ("conv/gemm", re.compile(r"conv|cudnn|implicit|xmma|cutlass|gemm|sm\d\d_|wgmma|mm_|cublas|triton_tem|fmha|attention", re.I)),
     ("pointwise", re.compile(r"triton_poi|elementwise|vectorized|unrolled|silu|add|mul|copy", re.I)),
 )
 
@@ -89,7 +90,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--modes", default="default", help="comma-separated torch.compile modes ('eager' for none)")
     ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("compiled_profile.py profiles GPU kernels: run it on a machine with CUDA")
