@@ -123,22 +123,23 @@ PY
         tests/test_compile.py tests/test_models_gpu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_gpu_tests.txt" \
         | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -20 ;;
   fused)
-    # the SD3.5 VAE decoder's group_norm -> SiLU pairs as fused group_norm_silu cards (graph capture), searched
-    # with the built-in strategies, then the model under compile default with and without them (carry [".whl"]);
-    # then (KF_SOFTMAX_S=seconds) the Gemma attention softmax at the paper's 50 iterations
+    # the SD3.5 VAE decoder's group_norm -> SiLU pairs as fused group_norm_silu cards (graph capture; under compile
+    # the channels-last twins, whose design is nhwc_tiles), searched with the built-in strategies, then the model
+    # under compile default with and without them, then the GPU time per kernel of both arms (--profile)
+    # (carry [".whl"]; the twins' GPU tests are in `twins`); then (KF_SOFTMAX_S=seconds) the Gemma attention
+    # softmax at the paper's 50 iterations.
+    # NB: no store: the VAE's examples (bf16 tensors of up to 512 MB) made archiving it outrun the step (2026-12-03j)
     install_wheels
-    # first the GPU test of the channels-last twin (kforge::run_flexible gets Inductor's buffer, no copy)
-    timeout 120 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -o addopts="" tests/test_fused.py -k gpu 2>&1 \
-        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "passed|failed|^E " | cut -c1-300 | tail -8
-    # the store (benchmarks/results/sd35_vae_decoder_fused_store.tgz, back in $OUT) resumes: a card searched
-    # before is not searched again, so a later call can time other modes (KF_MODES) on the same kernels
-    timeout "${KF_VAE_S:-400}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \
-        --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-4}" --no-inductor-baseline \
-        --store benchmarks/results/sd35_vae_decoder_fused_store.tgz 2>&1 \
-        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" | grep -v "Warning\|warn\|^ \|^$\|This call" | tail -30
-    [ -n "${KF_SOFTMAX_S:-}" ] && timeout "$KF_SOFTMAX_S" python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
-        --no-e2e --skip-compile 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
-        | grep -E "^##|winner|eager |failed|Error" | tail -6 ;;
+    timeout "${KF_VAE_S:-500}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \
+        --iterations "${KF_ITERATIONS:-1}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline \
+        --profile "${KF_PROFILE_MODE:-default}" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version" | tail -45
+    if [ -n "${KF_SOFTMAX_S:-}" ]; then
+      timeout "$KF_SOFTMAX_S" python3 benchmarks/seed_workloads.py gemma4_e2b --attn eager --ops softmax --iterations 50 --deepen \
+          --no-e2e --skip-compile 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/seed_gemma_softmax.txt" \
+          | grep -E "^##|winner|eager |failed|Error" | tail -6
+    fi ;;
   resnet)
     # ResNet-50 (batch 8, f32): the region cards (the residual add + relu between convolutions, as the
     # channels-last twins Inductor's layout asks for) searched, then compile default with and without them;
