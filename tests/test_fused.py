@@ -113,9 +113,15 @@ def test_the_fused_card_takes_the_share_of_the_calls_it_stands_for(session):
     assert len(fused) == 1 and fused.calls.iloc[0] == 2 and fused.kind.iloc[0] == "op"
     assert fused.share.iloc[0] > 0 and 0.0 < frame.share.sum() <= 1.0 + 1e-9
     # the two fused group_norms are inside it (their op card keeps its calls, its share moves to the
-    # fused card); the tail's group_norm (two readers) keeps its own share
-    gn = {int(r.calls): r.share for r in frame[frame.op == "group_norm"].itertuples()}
-    assert sorted(gn) == [1, 2] and gn[2] == 0.0 and gn[1] > 0
+    # fused card); the tail's group_norm (two readers) keeps its share, or hands it to its channels-last
+    # twin where Inductor lays the graph out so (mkldnn)
+    plain = {c.calls: c.share for c in session.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous}
+    twins = [c for c in session.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    assert sorted(plain) == [1, 2] and plain[2] == 0.0
+    if torch.backends.mkldnn.is_available():
+        assert len(twins) == 1 and twins[0].calls == 1 and twins[0].share > 0 and plain[1] == 0.0
+    else:
+        assert not twins and plain[1] > 0
 
 
 def test_search_then_the_kernel_replaces_both_calls_under_compile(session):
@@ -282,13 +288,21 @@ def _add_relu(s):
     return card
 
 
+class _WideLone(_ConvBlock):
+    """The convolution block wide enough for the GPU, its group_norm read by the convolution alone."""
+
+    def forward(self, x):
+        return self.conv2(self.norm(self.conv(x)))
+
+
 @pytest.mark.parametrize("build,shape,pick", [
     (_ConvBlock, (1, 64, 64, 64), lambda s: s.cards.by_op("group_norm_silu")[0]),
     (_WideResidual, (2, 128, 32, 32), _add_relu),
-], ids=["fused", "region"])
+    (_WideLone, (1, 64, 64, 64), lambda s: [c for c in s.cards.by_op("group_norm") if c.share > 0][0]),
+], ids=["fused", "region", "lone"])
 def test_on_the_gpu_the_kernel_follows_inductors_layout(tmp_path, build, shape, pick):
     """The GPU side of the channels-last tests: where Inductor's decision is channels-last, the card
-    (a fused operator, a region between convolutions) is the twin, its call goes through
+    (a fused operator, a region between convolutions, a lone group_norm) is the twin, its call goes through
     kforge::run_flexible and gets Inductor's buffer without a copy."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -336,6 +350,45 @@ def test_on_the_gpu_the_channels_last_tile_kernel_is_correct(tmp_path, dtype):
         print(f"nhwc_tiles {config} {card.signature}: {ev.summary()}")
         assert ev.status.is_correct, (config, ev.summary())
     s.close()
+
+
+class _LoneNorm(nn.Module):
+    """conv -> GroupNorm -> conv: a group_norm no SiLU reads (the SD3.5 VAE's attention norm, many UNets)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(self.norm(self.conv(x)))
+
+
+@needs_mkldnn
+def test_a_lone_group_norm_between_convolutions_is_a_channels_last_twin(tmp_path):
+    """A group_norm no SiLU reads gets its channels-last twin as a card of its own (the eager card's share
+    moves to it) and is placed through ``kforge::run_flexible``: no copy around it. A plain kernel for the
+    traced call, deployed with it, steps aside. Before, its only card was the traced (contiguous) one, whose
+    kernel paid Inductor's copies in and out."""
+    torch.manual_seed(0)
+    model, x = _LoneNorm().eval(), torch.randn(2, 4, 9, 7)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (plain,) = [c for c in s.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous]
+    (twin,) = [c for c in s.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    cl = torch.empty(2, 8, 9, 7).to(memory_format=torch.channels_last).stride()
+    assert twin.variant.inputs[0].stride == cl and twin.variant.outputs[0].stride == cl, twin.signature
+    assert twin.calls == 1 and twin.share > 0 and plain.share == 0.0
+    kernels = [_kernel(s, twin), _kernel(s, plain)]
+    expected = _eager(model, x)
+    compiled, got, code = _compile_run(kernels, model, x, code=True)
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert compiled.kforge_backend.replaced == [twin.variant.signature], code
+    assert code.count("torch.ops.kforge.run_flexible.default(") == 1 and "kforge.run.default(" not in code, code
+    assert "cpp_fused_run" not in code, "a copy kernel in front of the call"
+    assert kernels[0].relayouts == 0 and kernels[0].calls >= 1 and kernels[1].calls == 0
 
 
 @needs_mkldnn

@@ -95,6 +95,8 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     # (strides aside: the fused kernel's are the ATen graph's, or its channels-last twin's)
     fused = {(FUSED_EPILOGUES[dk.variant.op][0], _loose(dk.variant)): FUSED_EPILOGUES[dk.variant.op][1]
              for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
+    # likewise a call an operator's channels-last twin will take there (a group_norm no SiLU alone reads)
+    twins = {(dk.variant.op, _loose(dk.variant)) for dk in kernels if _is_twin(dk.variant)}
     # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
     # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
     # kernel reading a parameter (group_norm, layer_norm with weights) was put into a compiled model
@@ -114,12 +116,14 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
                                       or any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())))
                    for t in inputs):
                 continue
-            if fused:
+            key = _fast_key(inputs, _param_values(spec.params, call.params))
+            dk = table.get((spec.name, key))
+            if fused or twins:
                 loose = (spec.name, _loose(spec.variant(call, ())))
                 if loose in fused and _epilogue(node, fused[loose]) is not None:
                     continue
-            key = _fast_key(inputs, _param_values(spec.params, call.params))
-            dk = table.get((spec.name, key))
+                if loose in twins and _epilogue(node, "silu") is None and not (dk is not None and _is_twin(dk.variant)):
+                    continue
             if dk is None and missed is not None:
                 missed.append(spec.variant(call, ()))
         except (Unsupported, TypeError, ValueError, AttributeError, RuntimeError):
@@ -179,6 +183,13 @@ def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
             why.append("parameters")
     return (f"nearest call: {m.signature}" + (f" (differs in {', '.join(why)})" if why else "")
             + (f"; {len(near) - 1} more like it" if len(near) > 1 else ""))
+
+
+def _is_twin(variant: Any) -> bool:
+    """An operator's channels-last twin, which the ATen pass places (kforge.regions)."""
+    from ..regions._deploy import placed_in_aten_graph
+
+    return variant.op not in FUSED_EPILOGUES and variant.op != "region" and placed_in_aten_graph(variant)
 
 
 def _loose(variant: Any) -> tuple:

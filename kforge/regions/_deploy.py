@@ -17,22 +17,28 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ._finder import FoundRegion, find_fused, find_regions
-from ._layout import channels_last_twin, inductor_lays_out_channels_last
+from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
+from ._layout import LAYOUT_TWIN_OPS, channels_last_twin, inductor_lays_out_channels_last, is_channels_last_twin
 
 
 def partition(gm: fx.GraphModule) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
-    operator's or a pointwise region's variant is its channels-last twin), so that what deploy finds
-    has the keys capture gave."""
+    operator's or a pointwise region's variant is its channels-last twin, and each group_norm no SiLU
+    alone reads is one call, as its twin), so that what deploy finds has the keys capture gave."""
     fused = find_fused(gm.graph)
     skip = frozenset(n for f in fused for n in f.nodes)
     found = find_regions(gm.graph, skip=skip) + fused
-    if found and inductor_lays_out_channels_last(gm):
-        found = [replace(f, variant=twin, traced=f.variant)
-                 if (twin := channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs])) is not None
-                 else f for f in found]
+    lone = find_lone_group_norms(gm.graph)
+    if (found or lone) and inductor_lays_out_channels_last(gm):
+        def twin_of(f: FoundRegion) -> FoundRegion | None:
+            twin = channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs])
+            return replace(f, variant=twin, traced=f.variant) if twin is not None else None
+
+        found = [twin_of(f) or f for f in found]
+        # NB: a lone group_norm is a graph call only as a twin; in the traced layout its operator card (placed
+        # in dynamo's graph, or eagerly) stands for it
+        found += [t for f in lone if (t := twin_of(f)) is not None]
     return found
 
 
@@ -157,15 +163,23 @@ def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
     return KforgeBackend([dk for dk in kernels if dk.variant.op == "region"], inner=inner)
 
 
+def placed_in_aten_graph(variant: Any) -> bool:
+    """Whether graph mode places ``variant``'s kernel in the ATen graph (``region_pass``): a region, a fused
+    operator, an operator's channels-last twin (a group_norm on a channels-last N,C,H,W tensor)."""
+    from ..ops import FUSED_EPILOGUES
+
+    if variant.op == "region" or variant.op in FUSED_EPILOGUES:
+        return True
+    return variant.op in LAYOUT_TWIN_OPS and is_channels_last_twin(variant)
+
+
 def region_pass(kernels: Iterable[Any]):
     """The ATen pass that puts the region and fused-operator winners among ``kernels`` into a graph
     (None without any); after each run its ``missed`` lists what stayed (``replace_regions``).
     A kernel it puts in is registered for ``kforge::run`` (else the call runs the region's reference)."""
     from ..deploy._runop import RUN_TABLE
 
-    from ..ops import FUSED_EPILOGUES
-
-    regions = {dk.variant.key: dk for dk in kernels if dk.variant.op == "region" or dk.variant.op in FUSED_EPILOGUES}
+    regions = {dk.variant.key: dk for dk in kernels if placed_in_aten_graph(dk.variant)}
     if not regions:
         return None
     table = {key: dk.run_name for key, dk in regions.items()}

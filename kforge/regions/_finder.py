@@ -222,9 +222,20 @@ def find_fused(graph: fx.Graph) -> list[FoundRegion]:
     """Every fused operator of ``ops.FUSED_EPILOGUES`` in an ATen graph: today a group_norm (with weight
     and bias) whose output only a SiLU reads, as one ``group_norm_silu`` call. Its card stands for both
     calls, as a region's does; its kernel replaces both in graph mode."""
+    return [f for f in _group_norms(graph) if f.variant.op == "group_norm_silu"]
+
+
+def find_lone_group_norms(graph: fx.Graph) -> list[FoundRegion]:
+    """Every group_norm (with weight and bias) of an ATen graph that ``find_fused`` does not take, as one
+    ``group_norm`` call: what a channels-last twin of the operator card stands for (regions._layout)."""
+    return [f for f in _group_norms(graph) if f.variant.op == "group_norm"]
+
+
+def _group_norms(graph: fx.Graph) -> list[FoundRegion]:
+    """Each affine group_norm whose statistics nobody reads: with the SiLU that alone reads it as
+    ``group_norm_silu``, else as ``group_norm``."""
     from ..ops import get_spec
 
-    spec = get_spec("group_norm_silu")
     found = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target is not aten.native_group_norm.default:
@@ -233,18 +244,20 @@ def find_fused(graph: fx.Graph) -> list[FoundRegion]:
         if len(outs) != 1 or outs[0].target is not operator.getitem or outs[0].args[1] != 0:
             continue
         (act,) = list(outs[0].users) if len(outs[0].users) == 1 else (None,)
-        if act is None or act.op != "call_function" or act.target is not aten.silu.default:
-            continue
+        if act is not None and (act.op != "call_function" or act.target is not aten.silu.default):
+            act = None
         a = _bind(node)
         x, w, b = a["input"], a.get("weight"), a.get("bias")
         if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, w, b)):
             continue   # NB: no affine: nothing to hold an example of; the plain group_norm card stays
+        spec = get_spec("group_norm_silu" if act is not None else "group_norm")
+        last = act if act is not None else outs[0]
         try:
             call = spec.bind(_val(x), int(a["group"]), _val(w), _val(b), float(a["eps"]))
-            variant = spec.variant(call, [_val(act)])
+            variant = spec.variant(call, [_val(last)])
         except (Unsupported, TypeError, ValueError):
             continue
-        found.append(FoundRegion(variant, (node, outs[0], act), (x, w, b), (act,)))
+        found.append(FoundRegion(variant, (node, outs[0]) + ((act,) if act is not None else ()), (x, w, b), (last,)))
     return found
 
 

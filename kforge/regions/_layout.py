@@ -22,6 +22,10 @@ from ..ops import FUSED_EPILOGUES, Variant
 
 log = logging.getLogger("kforge.regions")
 
+# Operators (besides pointwise regions) whose cards get a channels-last twin: the fused ones, and a
+# group_norm no SiLU alone reads (its twin stands for the call, placed in the ATen graph like them)
+LAYOUT_TWIN_OPS = frozenset(FUSED_EPILOGUES) | {"group_norm"}
+
 
 def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
     """Whether Inductor would run ``gm``'s convolutions channels-last (its own heuristic, asked on
@@ -43,8 +47,8 @@ def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
-    """The channels-last form of a fused operator's variant whose first input and output are
-    contiguous N,C,H,W, or of a pointwise region whose full-shape 4-d tensors are all contiguous (a
+    """The channels-last form of a fused operator's (or a group_norm's) variant whose first input and
+    output are contiguous N,C,H,W, or of a pointwise region whose full-shape 4-d tensors are all contiguous (a
     residual add + relu between convolutions); None where it has no such form (other ops, a
     reduction, other ranks: Inductor lays out only 2-d convolutions' graphs channels-last, a layout
     already other than contiguous).
@@ -54,7 +58,7 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     given = tuple(given) + (False,) * (len(variant.inputs) - len(given))
     if variant.op == "region":
         return _region_twin(variant, given)
-    if variant.op not in FUSED_EPILOGUES or not variant.inputs or variant.inputs[0] is None or not variant.outputs \
+    if variant.op not in LAYOUT_TWIN_OPS or not variant.inputs or variant.inputs[0] is None or not variant.outputs \
             or given[0]:
         return None
     x, y = variant.inputs[0], variant.outputs[0]
@@ -63,6 +67,16 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     cl = _channels_last_strides(tuple(x.shape))
     as_cl = lambda s: replace(s, stride=cl)  # noqa: E731
     return replace(variant, inputs=(as_cl(x), *variant.inputs[1:]), outputs=(as_cl(y), *variant.outputs[1:]))
+
+
+def is_channels_last_twin(variant: Variant) -> bool:
+    """Whether ``variant``'s first input and output are a 4-d N,C,H,W tensor laid out channels-last (and
+    not also contiguous): what ``channels_last_twin`` makes of an operator's call."""
+    if not variant.inputs or variant.inputs[0] is None or not variant.outputs:
+        return False
+    x, y = variant.inputs[0], variant.outputs[0]
+    return (len(x.shape) == 4 and not x.is_contiguous and tuple(x.stride) == _channels_last_strides(tuple(x.shape))
+            and tuple(y.stride) == tuple(x.stride) and tuple(y.shape) == tuple(x.shape))
 
 
 def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
