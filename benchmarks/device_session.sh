@@ -130,8 +130,9 @@ PY
     # softmax at the paper's 50 iterations.
     # NB: no store: the VAE's examples (bf16 tensors of up to 512 MB) made archiving it outrun the step (2026-12-03j)
     install_wheels
-    timeout "${KF_VAE_S:-500}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes "${KF_MODES:-default}" \
-        --iterations "${KF_ITERATIONS:-1}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline \
+    # --ops: the fused pairs and the lone group_norm (the mid-block attention's), each a channels-last twin
+    timeout "${KF_VAE_S:-520}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu,group_norm \
+        --modes "${KF_MODES:-default}" --iterations "${KF_ITERATIONS:-1}" --max-cards "${KF_MAX_CARDS:-7}" --no-inductor-baseline \
         --profile "${KF_PROFILE_MODE:-default}" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version" | tail -45

@@ -73,7 +73,7 @@ def main() -> None:
     s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
     cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
     ops = set(args.ops.split(","))
-    regions = sorted((c for c in cards if c.op in ops), key=lambda c: -c.share)[: args.max_cards]
+    regions = sorted((c for c in cards if c.op in ops and c.share > 0), key=lambda c: -c.share)[: args.max_cards]
     t1 = time.perf_counter()
     print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions, "
           f"{sum(c.op == 'group_norm_silu' for c in cards)} fused group_norm+silu; searching {len(regions)} "
@@ -102,19 +102,20 @@ def main() -> None:
     print(f"# search {t2 - t1:.0f} s; {len(s.results.winners)} winner(s)", flush=True)
     report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m))
     print(report.table(), flush=True)
-    profile = None
-    if args.profile and args.device.startswith("cuda"):
-        try:
-            profile = _profile(s, model, inputs, args.profile)
-        except Exception as exc:  # NB: a diagnosis that fails costs its lines, not the table's JSON
-            print(f"# profile failed: {type(exc).__name__}: {exc}", flush=True)
     # NB: not benchmarks/results by default: a CPU smoke run's file there was committed twice as a result
     out = Path(os.environ.get("OUT") or ROOT / "runs")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"region_e2e_{args.model}.json").write_text(json.dumps(
-        {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
-         "winners": len(s.results.winners), "end_to_end": report.to_json(),
-         "profile": profile, "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}, indent=1, default=str))
+    result = {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
+              "winners": len(s.results.winners), "end_to_end": report.to_json(),
+              "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}
+    path = out / f"region_e2e_{args.model}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))   # NB: before the profile, which a timeout may cut
+    if args.profile and args.device.startswith("cuda"):
+        try:
+            result["profile"] = _profile(s, model, inputs, args.profile)
+            path.write_text(json.dumps(result, indent=1, default=str))
+        except Exception as exc:  # NB: a diagnosis that fails costs its lines, not the table's JSON
+            print(f"# profile failed: {type(exc).__name__}: {exc}", flush=True)
     s.close()
 
 
