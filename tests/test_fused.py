@@ -391,6 +391,44 @@ def test_a_lone_group_norm_between_convolutions_is_a_channels_last_twin(tmp_path
     assert kernels[0].relayouts == 0 and kernels[0].calls >= 1 and kernels[1].calls == 0
 
 
+class _NormFirst(nn.Module):
+    """A group_norm of the graph's own input (no twin: Inductor keeps inputs as they are), then conv ->
+    group_norm of the same shapes -> conv (a twin)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n1, self.conv = nn.GroupNorm(2, 8), nn.Conv2d(8, 8, 3, padding=1)
+        self.n2, self.conv2 = nn.GroupNorm(2, 8), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(self.n2(self.conv(self.n1(x))))
+
+
+@needs_mkldnn
+def test_a_plain_group_norm_kernel_that_steps_aside_for_a_twin_still_takes_the_calls_the_twin_cannot(tmp_path):
+    """The plain kernel steps aside in dynamo's graph wherever a twin of the same shapes is deployed; the
+    calls the twin cannot take (one reading the graph's input; every call where the mode keeps the traced
+    layout) are then placed in the ATen graph. Before, they stayed on PyTorch's group_norm (found by review)."""
+    torch.manual_seed(0)
+    model, x = _NormFirst().eval(), torch.randn(2, 8, 9, 7)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    (plain,) = [c for c in s.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous]
+    (twin,) = [c for c in s.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    assert plain.calls == 2 and plain.share > 0 and twin.calls == 1
+    kernels = [_kernel(s, twin), _kernel(s, plain)]
+    s.close()
+    expected = _eager(model, x)
+    compiled, got, _ = _compile_run(kernels, model, x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert sorted(compiled.kforge_backend.replaced) == sorted([plain.variant.signature, twin.variant.signature])
+    assert kernels[0].calls >= 1 and kernels[1].calls >= 1
+    torch._dynamo.reset()
+    compiled, got, _ = _compile_run(kernels, model, x, options={"layout_optimization": False})
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert compiled.kforge_backend.replaced == [plain.variant.signature] * 2
+
+
 @needs_mkldnn
 def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp_path):
     """A pointwise region whose tensors Inductor lays out channels-last (the residual add + relu of a

@@ -312,3 +312,21 @@ def test_a_channels_last_pointwise_region_is_walked_in_memory_order():
     assert "load_vec<V>(in0 + (base)" in source and "load_vec<V>(in1 + (base)" in source, source
     if shutil.which("nvcc") is not None:
         assert compile_source(source, "cuda", "sm_90").path.exists()
+
+
+def test_a_second_output_in_another_layout_is_stored_at_its_own_offsets():
+    """A region's outputs are stored in 16-byte vectors at each output's own offset: only the first one is
+    dense in the walk order. Before, every output was stored at the first one's linear index, which put a
+    second output laid out otherwise (here transposed against the first) at the wrong elements."""
+    x = TensorSig.of(torch.empty(8, 3, 8).transpose(0, 1))   # [3,8,8] with strides (8, 24, 1)
+    y = TensorSig.of(torch.empty(3, 8, 8))
+    ir = RegionIR(2, (Node("relu", (Ref("i", 0),)), Node("relu", (Ref("i", 1),))), (0, 1))
+    variant = region_variant(ir, [x, y])
+    assert variant.outputs[0].stride != variant.outputs[1].stride
+    source = generate(variant, "cuda", {"vec": 4})
+    assert "store_vec<V>(out0 + (base)" in source and "store_vec<V>(out1 + (base)" not in source, source
+    assert "store_vec<V>(out1 + (((base) / 24L) * 8L" in source
+    for m in _run(variant, generate(variant, "cpu"), 0):
+        assert m.ok, m.message
+    if shutil.which("nvcc") is not None:
+        assert compile_source(source, "cuda", "sm_90").path.exists()

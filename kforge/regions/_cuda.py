@@ -165,7 +165,9 @@ def _pointwise(plan: Plan, c: Config, sm_count: int) -> str:
     stores = []
     for o, s in enumerate(plan.outputs):
         if vec > 1:
-            stores.append(f"store_vec<V>(out{o} + base, vo{o});")
+            # NB: at the output's own offset of the group's first lane: only the first output is dense in the
+            # walk order (plan_region), another may be laid out otherwise (max_vec: unit stride on the last dim)
+            stores.append(f"store_vec<V>(out{o} + {flat_offset(plan, s.shape, s.stride, 'base')}, vo{o});")
             aligned += f" && (uintptr_t)outputs[{o}].data % 16 == 0"
         else:
             stores.append(f"out{o}[{flat_offset(plan, s.shape, s.stride, 'base')}] = from_f<O{o}>(vo{o}[0]);")

@@ -21,24 +21,31 @@ from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_region
 from ._layout import LAYOUT_TWIN_OPS, channels_last_twin, inductor_lays_out_channels_last, is_channels_last_twin
 
 
-def partition(gm: fx.GraphModule) -> list[FoundRegion]:
+def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
     operator's or a pointwise region's variant is its channels-last twin, and each group_norm no SiLU
-    alone reads is one call, as its twin), so that what deploy finds has the keys capture gave."""
+    alone reads is one call, as its twin), so that what deploy finds has the keys capture gave.
+
+    ``plain_lone`` (deploy): a lone group_norm without a twin (a graph laid out as traced, or one reading
+    the graph's own input) is a call too, in its traced layout: where the dynamo graph's plain group_norm
+    kernel stepped aside for a twin (``deploy._graph.replace_calls``), it is placed here instead. Capture
+    leaves those out: the eager operator card already stands for them."""
     fused = find_fused(gm.graph)
     skip = frozenset(n for f in fused for n in f.nodes)
     found = find_regions(gm.graph, skip=skip) + fused
     lone = find_lone_group_norms(gm.graph)
-    if (found or lone) and inductor_lays_out_channels_last(gm):
-        def twin_of(f: FoundRegion) -> FoundRegion | None:
-            twin = channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs])
-            return replace(f, variant=twin, traced=f.variant) if twin is not None else None
+    channels_last = bool(found or lone) and inductor_lays_out_channels_last(gm)
 
-        found = [twin_of(f) or f for f in found]
-        # NB: a lone group_norm is a graph call only as a twin; in the traced layout its operator card (placed
-        # in dynamo's graph, or eagerly) stands for it
-        found += [t for f in lone if (t := twin_of(f)) is not None]
+    def twin_of(f: FoundRegion) -> FoundRegion | None:
+        twin = channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs]) if channels_last else None
+        return replace(f, variant=twin, traced=f.variant) if twin is not None else None
+
+    found = [twin_of(f) or f for f in found]
+    for f in lone:
+        twin = twin_of(f)
+        if twin is not None or plain_lone:
+            found.append(twin or f)
     return found
 
 
@@ -69,7 +76,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
                                               else [out_node.args[0]]) if isinstance(v, fx.Node)]
     traced_out = {i: v.meta.get("val") for i, v in returned}
     flexible_any = False
-    for region in partition(gm):
+    for region in partition(gm, plain_lone=True):
         name = kernels.get(region.variant.key)
         if name is None:
             if missed is not None:
@@ -179,7 +186,9 @@ def region_pass(kernels: Iterable[Any]):
     A kernel it puts in is registered for ``kforge::run`` (else the call runs the region's reference)."""
     from ..deploy._runop import RUN_TABLE
 
-    regions = {dk.variant.key: dk for dk in kernels if placed_in_aten_graph(dk.variant)}
+    # NB: every group_norm kernel: a plain one that stepped aside in dynamo's graph for a twin that the ATen
+    # graph then has no place for (partition's plain_lone) takes its call here
+    regions = {dk.variant.key: dk for dk in kernels if placed_in_aten_graph(dk.variant) or dk.variant.op == "group_norm"}
     if not regions:
         return None
     table = {key: dk.run_name for key, dk in regions.items()}

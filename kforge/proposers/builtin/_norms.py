@@ -700,7 +700,8 @@ def _gn_tile_ok(v: Variant) -> bool:
 
 
 def _gn_tile_threads(v: Variant, vec: int, threads: int) -> int:
-    """``threads`` rounded up to a whole number of positions (C / vec lanes each), at most 1024."""
+    """``threads`` rounded down to a whole number of positions (C / vec lanes each), at least one position
+    (``valid`` keeps the result within 1024)."""
     lanes = _gn_dims(v)[1] // vec
     return max(threads // lanes, 1) * lanes
 
