@@ -14,6 +14,7 @@ from kforge.kernels import CompileError, DeviceInfo, Kernel, compile_source, fin
 from kforge.ops import Variant, get_spec
 from kforge.proposers._base import Attempt, ProposalRequest, ProposerError
 from kforge.proposers.builtin import BuiltinProposer, all_strategies, strategies_for
+from kforge.proposers.builtin._strategy import get_strategy
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4250.0, 50 << 20, 227 << 10)
 CPU = DeviceInfo("cpu", "test cpu", "x86_64", 2, 20.0)
@@ -166,6 +167,17 @@ def test_channels_last_group_norms_have_strategies():
     for v in nhwc:
         assert {s.name.split(".")[1] for s in strategies_for(v.op) if s.applies(v, H200 if s.backend == "cuda" else CPU)} \
             == {"cuda", "cpu"}, v.signature
+
+
+def test_the_channels_last_tile_design_takes_what_its_grid_can_launch():
+    from kforge.regions._layout import channels_last_twin
+
+    w = torch.empty(8, device="meta")
+    plain = lambda n: variant("group_norm", torch.empty(n, 8, 2, 2, device="meta"), 4, w, w)  # noqa: E731
+    tiles = get_strategy("group_norm.cuda.nhwc_tiles")
+    assert tiles.applies(channels_last_twin(plain(4)), H200)
+    assert not tiles.applies(channels_last_twin(plain(70000)), H200), "the samples are the grid's y dimension"
+    assert not tiles.applies(plain(4), H200), "contiguous: the other designs"
 
 
 def test_cpu_search_space_configs_are_correct():

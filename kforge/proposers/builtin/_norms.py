@@ -696,7 +696,7 @@ def _gn_tile_ok(v: Variant) -> bool:
     if not (_gn_ok(v) and _gn_nhwc(v)):
         return False
     n, c, hw, g = _gn_dims(v)
-    return c // _gn_vmax(v) <= 1024
+    return c // _gn_vmax(v) <= 1024 and n <= 65535   # NB: the samples are the grid's y dimension
 
 
 def _gn_tile_threads(v: Variant, vec: int, threads: int) -> int:
