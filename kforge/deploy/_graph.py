@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, spec_for
+from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, placed_in_aten_graph, spec_for
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -187,8 +187,6 @@ def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
 
 def _is_twin(variant: Any) -> bool:
     """An operator's channels-last twin, which the ATen pass places (kforge.regions)."""
-    from ..regions._deploy import placed_in_aten_graph
-
     return variant.op not in FUSED_EPILOGUES and variant.op != "region" and placed_in_aten_graph(variant)
 
 

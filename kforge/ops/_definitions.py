@@ -108,6 +108,30 @@ register(OpSpec(
 # its result by its only reader).
 FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu")}
 
+# Operators (besides pointwise regions) whose cards get a channels-last twin where Inductor lays a graph out
+# channels-last (kforge.regions._layout): the fused ones, and a group_norm no SiLU alone reads.
+LAYOUT_TWIN_OPS = frozenset(FUSED_EPILOGUES) | {"group_norm"}
+
+
+def is_channels_last_twin(variant) -> bool:
+    """Whether ``variant``'s first input and output are one 4-d N,C,H,W tensor laid out channels-last (and
+    not also contiguous): what a channels-last twin makes of an operator's call."""
+    if not variant.inputs or variant.inputs[0] is None or not variant.outputs:
+        return False
+    x, y = variant.inputs[0], variant.outputs[0]
+    if len(x.shape) != 4 or x.is_contiguous or tuple(y.shape) != tuple(x.shape) or tuple(y.stride) != tuple(x.stride):
+        return False
+    cl = torch.empty(tuple(x.shape), device="meta").to(memory_format=torch.channels_last).stride()
+    return tuple(x.stride) == tuple(cl)
+
+
+def placed_in_aten_graph(variant) -> bool:
+    """Whether graph mode places ``variant``'s kernel in AOTAutograd's ATen graph (kforge.regions' pass)
+    rather than in dynamo's graph: a region, a fused operator, an operator's channels-last twin."""
+    if variant.op == "region" or variant.op in FUSED_EPILOGUES:
+        return True
+    return variant.op in LAYOUT_TWIN_OPS and is_channels_last_twin(variant)
+
 
 def _bind_rms_norm(input, normalized_shape, weight=None, eps=None):
     return Call((input, weight), {"normalized_shape": tuple(normalized_shape),

@@ -18,7 +18,8 @@ import torch
 import torch.fx as fx
 
 from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
-from ._layout import LAYOUT_TWIN_OPS, channels_last_twin, inductor_lays_out_channels_last, is_channels_last_twin
+from ..ops import placed_in_aten_graph
+from ._layout import channels_last_twin, inductor_lays_out_channels_last
 
 
 def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegion]:
@@ -168,16 +169,6 @@ def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
     from ..deploy._graph import KforgeBackend
 
     return KforgeBackend([dk for dk in kernels if dk.variant.op == "region"], inner=inner)
-
-
-def placed_in_aten_graph(variant: Any) -> bool:
-    """Whether graph mode places ``variant``'s kernel in the ATen graph (``region_pass``): a region, a fused
-    operator, an operator's channels-last twin (a group_norm on a channels-last N,C,H,W tensor)."""
-    from ..ops import FUSED_EPILOGUES
-
-    if variant.op == "region" or variant.op in FUSED_EPILOGUES:
-        return True
-    return variant.op in LAYOUT_TWIN_OPS and is_channels_last_twin(variant)
 
 
 def region_pass(kernels: Iterable[Any]):

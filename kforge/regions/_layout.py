@@ -18,14 +18,9 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import FUSED_EPILOGUES, Variant
+from ..ops import LAYOUT_TWIN_OPS, Variant
 
 log = logging.getLogger("kforge.regions")
-
-# Operators (besides pointwise regions) whose cards get a channels-last twin: the fused ones, and a
-# group_norm no SiLU alone reads (its twin stands for the call, placed in the ATen graph like them)
-LAYOUT_TWIN_OPS = frozenset(FUSED_EPILOGUES) | {"group_norm"}
-
 
 def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
     """Whether Inductor would run ``gm``'s convolutions channels-last (its own heuristic, asked on
@@ -67,16 +62,6 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     cl = _channels_last_strides(tuple(x.shape))
     as_cl = lambda s: replace(s, stride=cl)  # noqa: E731
     return replace(variant, inputs=(as_cl(x), *variant.inputs[1:]), outputs=(as_cl(y), *variant.outputs[1:]))
-
-
-def is_channels_last_twin(variant: Variant) -> bool:
-    """Whether ``variant``'s first input and output are a 4-d N,C,H,W tensor laid out channels-last (and
-    not also contiguous): what ``channels_last_twin`` makes of an operator's call."""
-    if not variant.inputs or variant.inputs[0] is None or not variant.outputs:
-        return False
-    x, y = variant.inputs[0], variant.outputs[0]
-    return (len(x.shape) == 4 and not x.is_contiguous and tuple(x.stride) == _channels_last_strides(tuple(x.shape))
-            and tuple(y.stride) == tuple(x.stride) and tuple(y.shape) == tuple(x.shape))
 
 
 def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
