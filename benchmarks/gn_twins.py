@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(VAE))
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--configs", type=int, default=3, help="nhwc_tiles configurations per shape (default first)")
+    ap.add_argument("--configs", type=int, default=4, help="nhwc_tiles configurations per shape (default first)")
     ap.add_argument("--deadline", type=float, default=300.0, help="seconds; shapes not started by then are skipped")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -61,8 +61,10 @@ def main() -> None:
     dev = device_info("cuda")
     tiles = get_strategy("group_norm_silu.cuda.nhwc_tiles")
     others = [get_strategy(f"group_norm_silu.cuda.{n}") for n in ("block_group", "split")]
-    extra = [{"threads": 512, "vec": None, "waves": 4}, {"threads": 1024, "vec": None, "waves": 8},
-             {"threads": 256, "vec": None, "waves": 16}, {"threads": 128, "vec": None, "waves": 8}]
+    # NB: the best of 2026-12-03l first (512 threads, 4 waves), then with 4 positions' loads in flight
+    extra = [{"threads": 512, "vec": None, "waves": 4, "unroll": 1}, {"threads": 512, "vec": None, "waves": 4, "unroll": 4},
+             {"threads": 256, "vec": None, "waves": 8, "unroll": 4}, {"threads": 1024, "vec": None, "waves": 8, "unroll": 1},
+             {"threads": 256, "vec": None, "waves": 16, "unroll": 1}]
     rows = []
     with Evaluator("cuda") as ev:
         for text in args.shapes.split(","):

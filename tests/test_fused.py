@@ -342,8 +342,8 @@ def test_on_the_gpu_the_channels_last_tile_kernel_is_correct(tmp_path, dtype):
     assert card.variant.inputs[0].stride[1] == 1, f"not a channels-last twin: {card.signature}"
     strategy, dev = get_strategy("group_norm_silu.cuda.nhwc_tiles"), device_info("cuda")
     assert strategy.applies(card.variant, dev)
-    configs = [strategy.default(card.variant, dev), {"threads": 1024, "vec": 1, "waves": 2},
-               {"threads": 128, "vec": 2, "waves": 16}]
+    configs = [strategy.default(card.variant, dev), {"threads": 1024, "vec": 1, "waves": 2, "unroll": 4},
+               {"threads": 128, "vec": 2, "waves": 16, "unroll": 4}]
     for config in configs:
         assert strategy.valid(card.variant, config, dev), config
         ev = s.evaluator.evaluate(card, strategy.render(card.variant, config, dev), s.store)

@@ -569,6 +569,7 @@ _GN_NHWC = CUDA + r"""
 #define THREADS {{threads}}
 #define V {{vec}}
 #define TILES {{tiles}}
+#define UNROLL {{unroll}}
 /* Channels-last N,*,C: every position's C channels are one dense run. A thread owns V adjacent channels
    (one group's: V divides CPG) and walks positions, LANES threads covering a position's run (coalesced),
    ROWS positions a block at a time. Statistics: per-thread Welford over its channels, merged per group
@@ -594,15 +595,23 @@ __global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restric
     Welford acc = {0.f, 0.f, 0.f};
     if (row < ROWS) {
         const x_t* xs = x + n * HW * C + (long)lane * V;
-        for (long p = p0 + row; p < p1; p += ROWS) {
-            float v[V], s = 0.f, q = 0.f;
-            load_ch<VEC>(xs + p * C, v);
+        /* UNROLL positions' loads in flight before their statistics are merged */
+        for (long p = p0 + row; p < p1; p += (long)ROWS * UNROLL) {
+            float v[UNROLL][V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) s += v[j];
-            const float m = s / V;
+            for (int u = 0; u < UNROLL; ++u)
+                if (p + (long)u * ROWS < p1) load_ch<VEC>(xs + (p + (long)u * ROWS) * C, v[u]);
 #pragma unroll
-            for (int j = 0; j < V; ++j) q += (v[j] - m) * (v[j] - m);
-            acc.merge(V, m, q);
+            for (int u = 0; u < UNROLL; ++u) {
+                if (p + (long)u * ROWS >= p1) break;
+                float s = 0.f, q = 0.f;
+#pragma unroll
+                for (int j = 0; j < V; ++j) s += v[u][j];
+                const float m = s / V;
+#pragma unroll
+                for (int j = 0; j < V; ++j) q += (v[u][j] - m) * (v[u][j] - m);
+                acc.merge(V, m, q);
+            }
         }
     }
     sh[0][threadIdx.x] = acc.n; sh[1][threadIdx.x] = acc.mean; sh[2][threadIdx.x] = acc.m2;
@@ -649,17 +658,24 @@ __global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restri
         shift[j] = (HAS_B ? to_f(b[c0 + j]) : 0.f) - mean * a[j];
     }
     const long base = n * HW * C + c0;
-    for (long p = p0 + row; p < p1; p += ROWS) {
-        float v[V];
-        load_ch<VEC>(x + base + p * C, v);
+    for (long p = p0 + row; p < p1; p += (long)ROWS * UNROLL) {
+        float v[UNROLL][V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-            v[j] = v[j] * a[j] + shift[j];
-            if (SILU) v[j] = v[j] / (1.f + __expf(-v[j]));
-        }
-        if (VEC) { store_vec<V>(y + base + p * C, v); } else {
+        for (int u = 0; u < UNROLL; ++u)
+            if (p + (long)u * ROWS < p1) load_ch<VEC>(x + base + (p + (long)u * ROWS) * C, v[u]);
 #pragma unroll
-            for (int j = 0; j < V; ++j) y[base + p * C + j] = from_f<y_t>(v[j]);
+        for (int u = 0; u < UNROLL; ++u) {
+            const long q = p + (long)u * ROWS;
+            if (q >= p1) break;
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                v[u][j] = v[u][j] * a[j] + shift[j];
+                if (SILU) v[u][j] = v[u][j] / (1.f + __expf(-v[u][j]));
+            }
+            if (VEC) { store_vec<V>(y + base + q * C, v[u]); } else {
+#pragma unroll
+                for (int j = 0; j < V; ++j) y[base + q * C + j] = from_f<y_t>(v[u][j]);
+            }
         }
     }
 }
@@ -707,6 +723,7 @@ def _gn_tile_threads(v: Variant, vec: int, threads: int) -> int:
 
 
 def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
+    c = {"unroll": 1, **c}   # NB: configurations from before the knob (stores, tests) load one position at a time
     n, ch, hw, g = _gn_dims(v)
     threads = _gn_tile_threads(v, c["vec"], c["threads"])
     rows = threads // (ch // c["vec"])
@@ -717,14 +734,15 @@ def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
 @strategy(_GN_OPS, "cuda", "nhwc_tiles", level=1,
           doc="channels-last: each thread owns adjacent channels of one group and walks positions (coalesced "
               "runs of C), per-tile Welford partials per group, merged, then normalised with per-thread scale",
-          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16)},
+          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16), "unroll": (1, 4)},
           applies=lambda v, d: _gn_tile_ok(v),
-          default=lambda v, d: {"threads": 256, "vec": _gn_vmax(v), "waves": 8},
+          default=lambda v, d: {"threads": 256, "vec": _gn_vmax(v), "waves": 8, "unroll": 1},
           valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
                                  and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
           fit=lambda v, d: 6.0,
           explain=lambda v, c: (f"{c['vec']} channels a thread, {c['threads']}-thread blocks, "
-                                f"{c['waves']} blocks per SM over the positions; three kernels"))
+                                f"{c['waves']} blocks per SM over the positions, {c.get('unroll', 1)} positions' "
+                                "loads in flight; three kernels"))
 def _gn_nhwc_tiles(v: Variant, c: dict, d: DeviceInfo) -> str:
     n = _gn_dims(v)[0]
     return fill(_GN_NHWC, **_gn_common(v, _gn_tile_config(v, c, d)), N=n)
