@@ -736,7 +736,9 @@ def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
               "runs of C), per-tile Welford partials per group, merged, then normalised with per-thread scale",
           space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16), "unroll": (1, 4)},
           applies=lambda v, d: _gn_tile_ok(v),
-          default=lambda v, d: {"threads": 256, "vec": _gn_vmax(v), "waves": 8, "unroll": 1},
+          # NB: 512 threads, 4 blocks an SM: the fastest of three configurations timed on three of the four SD3.5
+          # VAE twins on the H200, 9% behind 1024 threads on the fourth (gn_twins_h200_2026-12-03l.json)
+          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1},
           valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
                                  and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
           fit=lambda v, d: 6.0,
