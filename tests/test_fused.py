@@ -107,6 +107,21 @@ def _eager(model, x):
         return model(x)
 
 
+def _captured(build, shape, tmp_path, device: str = "cpu"):
+    """(session, model, x): ``build()`` in eval mode on a seeded random ``shape`` input, captured."""
+    torch.manual_seed(0)
+    model, x = build().to(device).eval(), torch.randn(*shape, device=device)
+    s = kforge.Session(model, x, device=device, workdir=tmp_path)
+    s.capture(timing_budget_ms=5.0)
+    return s, model, x
+
+
+def _group_norm_cards(s):
+    """(the group_norm cards in the traced layout, their channels-last twins)."""
+    cards = s.cards.by_op("group_norm")
+    return [c for c in cards if c.variant.inputs[0].is_contiguous], [c for c in cards if not c.variant.inputs[0].is_contiguous]
+
+
 def test_the_fused_card_takes_the_share_of_the_calls_it_stands_for(session):
     frame = session.cards.to_frame()
     fused = frame[frame.op == "group_norm_silu"]
@@ -115,8 +130,8 @@ def test_the_fused_card_takes_the_share_of_the_calls_it_stands_for(session):
     # the two fused group_norms are inside it (their op card keeps its calls, its share moves to the
     # fused card); the tail's group_norm (two readers) keeps its share, or hands it to its channels-last
     # twin where Inductor lays the graph out so (mkldnn)
-    plain = {c.calls: c.share for c in session.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous}
-    twins = [c for c in session.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    traced, twins = _group_norm_cards(session)
+    plain = {c.calls: c.share for c in traced}
     assert sorted(plain) == [1, 2] and plain[2] == 0.0
     if torch.backends.mkldnn.is_available():
         assert len(twins) == 1 and twins[0].calls == 1 and twins[0].share > 0 and plain[1] == 0.0
@@ -306,10 +321,7 @@ def test_on_the_gpu_the_kernel_follows_inductors_layout(tmp_path, build, shape, 
     kforge::run_flexible and gets Inductor's buffer without a copy."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    torch.manual_seed(0)
-    model, x = build().cuda().eval(), torch.randn(*shape, device="cuda")
-    s = kforge.Session(model, x, device="cuda", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
+    s, model, x = _captured(build, shape, tmp_path, "cuda")
     card = pick(s)
     kernel = _kernel(s, card, iterations=2)
     channels_last = card.variant.outputs[0].stride[1] == 1
@@ -371,12 +383,8 @@ def test_a_lone_group_norm_between_convolutions_is_a_channels_last_twin(tmp_path
     moves to it) and is placed through ``kforge::run_flexible``: no copy around it. A plain kernel for the
     traced call, deployed with it, steps aside. Before, its only card was the traced (contiguous) one, whose
     kernel paid Inductor's copies in and out."""
-    torch.manual_seed(0)
-    model, x = _LoneNorm().eval(), torch.randn(2, 4, 9, 7)
-    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
-    (plain,) = [c for c in s.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous]
-    (twin,) = [c for c in s.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    s, model, x = _captured(_LoneNorm, (2, 4, 9, 7), tmp_path)
+    (plain,), (twin,) = _group_norm_cards(s)
     cl = torch.empty(2, 8, 9, 7).to(memory_format=torch.channels_last).stride()
     assert twin.variant.inputs[0].stride == cl and twin.variant.outputs[0].stride == cl, twin.signature
     assert twin.calls == 1 and twin.share > 0 and plain.share == 0.0
@@ -409,12 +417,8 @@ def test_a_plain_group_norm_kernel_that_steps_aside_for_a_twin_still_takes_the_c
     """The plain kernel steps aside in dynamo's graph wherever a twin of the same shapes is deployed; the
     calls the twin cannot take (one reading the graph's input; every call where the mode keeps the traced
     layout) are then placed in the ATen graph. Before, they stayed on PyTorch's group_norm (found by review)."""
-    torch.manual_seed(0)
-    model, x = _NormFirst().eval(), torch.randn(2, 8, 9, 7)
-    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
-    (plain,) = [c for c in s.cards.by_op("group_norm") if c.variant.inputs[0].is_contiguous]
-    (twin,) = [c for c in s.cards.by_op("group_norm") if not c.variant.inputs[0].is_contiguous]
+    s, model, x = _captured(_NormFirst, (2, 8, 9, 7), tmp_path)
+    (plain,), (twin,) = _group_norm_cards(s)
     assert plain.calls == 2 and plain.share > 0 and twin.calls == 1
     kernels = [_kernel(s, twin), _kernel(s, plain)]
     s.close()
@@ -434,10 +438,7 @@ def test_a_pointwise_region_between_convolutions_is_a_channels_last_twin_too(tmp
     """A pointwise region whose tensors Inductor lays out channels-last (the residual add + relu of a
     ResNet block) gets the twin's card and ``kforge::run_flexible``: no copy in front of the call,
     the kernel's own layout, eager's output. The graph's own input (the residual) keeps its layout."""
-    torch.manual_seed(0)
-    model, x = _Residual().eval(), torch.randn(2, 8, 16, 16)
-    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
+    s, model, x = _captured(_Residual, (2, 8, 16, 16), tmp_path)
     card = _add_relu(s)
     cl = torch.empty(2, 8, 16, 16).to(memory_format=torch.channels_last).stride()
     assert card.variant.outputs[0].stride == cl and card.share > 0, card.signature
@@ -466,10 +467,7 @@ class _Tail(nn.Module):
 
 @needs_mkldnn
 def test_a_twin_whose_output_is_the_models_output_returns_eagers_layout(tmp_path):
-    torch.manual_seed(0)
-    model, x = _Tail().eval(), torch.randn(2, 8, 16, 16)
-    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
+    s, model, x = _captured(_Tail, (2, 8, 16, 16), tmp_path)
     (card,) = [c for c in s.cards if c.op == "region"]
     assert card.variant.outputs[0].stride[1] == 1, card.signature   # the twin
     kernel = _kernel(s, card)
@@ -515,10 +513,7 @@ def test_a_plain_group_norm_kernel_and_a_fused_one_each_take_their_own_calls(tmp
     the pair goes to the fused kernel (placed in the ATen graph), the other call to the plain kernel
     (placed in dynamo's graph, before the ATen pass runs), whether that call has the fused pair's
     signature but another reader, or is a pair the fused kernel does not take (other parameters)."""
-    torch.manual_seed(0)
-    model, x = build().eval(), torch.randn(2, 8, 9, 7)
-    s = kforge.Session(model, x, device="cpu", workdir=tmp_path)
-    s.capture(timing_budget_ms=5.0)
+    s, model, x = _captured(build, (2, 8, 9, 7), tmp_path)
     fused = next(c for c in s.cards.by_op("group_norm_silu") if c.variant.param_dict["num_groups"] == 2)
     plain = next(c for c in s.cards.by_op("group_norm") if c.variant.param_dict["num_groups"] == plain_groups
                  and c.variant.inputs[0].shape == fused.variant.inputs[0].shape)

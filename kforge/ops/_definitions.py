@@ -113,6 +113,11 @@ FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu")}
 LAYOUT_TWIN_OPS = frozenset(FUSED_EPILOGUES) | {"group_norm"}
 
 
+def channels_last_strides(shape) -> tuple[int, ...]:
+    """The strides torch gives an N,C,H,W tensor of ``shape`` laid out channels-last."""
+    return tuple(torch.empty(tuple(shape), device="meta").to(memory_format=torch.channels_last).stride())
+
+
 def is_channels_last_twin(variant) -> bool:
     """Whether ``variant``'s first input and output are one 4-d N,C,H,W tensor laid out channels-last (and
     not also contiguous): what a channels-last twin makes of an operator's call."""
@@ -121,8 +126,7 @@ def is_channels_last_twin(variant) -> bool:
     x, y = variant.inputs[0], variant.outputs[0]
     if len(x.shape) != 4 or x.is_contiguous or tuple(y.shape) != tuple(x.shape) or tuple(y.stride) != tuple(x.stride):
         return False
-    cl = torch.empty(tuple(x.shape), device="meta").to(memory_format=torch.channels_last).stride()
-    return tuple(x.stride) == tuple(cl)
+    return tuple(x.stride) == channels_last_strides(x.shape)
 
 
 def placed_in_aten_graph(variant) -> bool:

@@ -18,9 +18,10 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import LAYOUT_TWIN_OPS, Variant
+from ..ops import LAYOUT_TWIN_OPS, Variant, channels_last_strides
 
 log = logging.getLogger("kforge.regions")
+
 
 def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
     """Whether Inductor would run ``gm``'s convolutions channels-last (its own heuristic, asked on
@@ -35,10 +36,6 @@ def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
     except Exception as exc:  # NB: an Inductor internal; its absence or failure means no layout change
         log.debug("kforge: Inductor's layout decision not available: %s", exc)
         return False
-
-
-def _channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return torch.empty(shape, device="meta").to(memory_format=torch.channels_last).stride()
 
 
 def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
@@ -59,7 +56,7 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     x, y = variant.inputs[0], variant.outputs[0]
     if len(x.shape) != 4 or not x.is_contiguous or x.shape != y.shape or not y.is_contiguous:
         return None
-    cl = _channels_last_strides(tuple(x.shape))
+    cl = channels_last_strides(tuple(x.shape))
     as_cl = lambda s: replace(s, stride=cl)  # noqa: E731
     return replace(variant, inputs=(as_cl(x), *variant.inputs[1:]), outputs=(as_cl(y), *variant.outputs[1:]))
 
@@ -76,7 +73,7 @@ def _region_twin(variant: Variant, given: Sequence[bool]) -> Variant | None:
     full = [s is not None and tuple(s.shape) == shape and not g for s, g in zip(variant.inputs, given)]
     if not any(full) or any(f and not s.is_contiguous for f, s in zip(full, variant.inputs)):
         return None
-    cl = _channels_last_strides(shape)
+    cl = channels_last_strides(shape)
     inputs = [replace(s, stride=cl) if f else s for f, s in zip(full, variant.inputs)]
     try:
         twin = region_variant(ir, inputs)   # outputs as eager lays them out from channels-last inputs
