@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kforge  # noqa: E402
+from kforge.ops import FUSED_EPILOGUES  # noqa: E402
 
 
 def _model(name: str, args):
@@ -52,7 +53,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--max-cards", type=int, default=8, help="region cards searched, largest share first")
     ap.add_argument("--ops", default="region", help="which cards to search: region cards, fused operators "
-                    "(group_norm_silu), or any operator, comma-separated")
+                    "(group_norm_silu: with or without its convolution's bias), or any operator, comma-separated")
     ap.add_argument("--resolution", type=int, default=None, help="diffusion models: image size")
     ap.add_argument("--dtype", default=None, help="the seed workloads: override the model's dtype (float32, bfloat16)")
     ap.add_argument("--modes", default="default,reduce-overhead")
@@ -73,10 +74,12 @@ def main() -> None:
     s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
     cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
     ops = set(args.ops.split(","))
+    if "group_norm_silu" in ops:   # NB: where its convolution's bias is its prologue, the fused card is biased_...
+        ops.add("biased_group_norm_silu")
     regions = sorted((c for c in cards if c.op in ops and c.share > 0), key=lambda c: -c.share)[: args.max_cards]
     t1 = time.perf_counter()
     print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions, "
-          f"{sum(c.op == 'group_norm_silu' for c in cards)} fused group_norm+silu; searching {len(regions)} "
+          f"{sum(c.op in FUSED_EPILOGUES for c in cards)} fused group_norm+silu; searching {len(regions)} "
           f"of {args.ops} (capture {t1 - t0:.0f} s)", flush=True)
     if not regions:
         raise SystemExit(f"no {args.ops} cards were captured: nothing to search")

@@ -44,6 +44,9 @@ SEEDS = {
                                            torch.empty(512, dtype=BF), torch.empty(512, dtype=BF)),
     "group_norm_silu_nhwc": lambda: variant("group_norm_silu", torch.empty(1, 128, 64, 64, dtype=BF).to(
         memory_format=torch.channels_last), 32, torch.empty(128, dtype=BF), torch.empty(128, dtype=BF)),
+    "biased_group_norm_silu_nhwc": lambda: variant("biased_group_norm_silu", torch.empty(1, 128, 64, 64, dtype=BF).to(
+        memory_format=torch.channels_last), torch.empty(128, dtype=BF), 32, torch.empty(128, dtype=BF),
+        torch.empty(128, dtype=BF)),
     "layer_norm": lambda: variant("layer_norm", torch.empty(1, 4096, 1536, dtype=BF), (1536,),
                                   torch.empty(1536, dtype=BF), torch.empty(1536, dtype=BF)),
     "rms_norm": lambda: variant("rms_norm", torch.empty(1, 512, 1536, dtype=BF), (1536,),
@@ -83,6 +86,10 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         # channels-last (the SD3.5 VAE's attention output; conv outputs in the CPU graph capture)
         variant("group_norm", x(2, 8, 5, 3).to(memory_format=torch.channels_last), 4, w(8), w(8)),
         variant("group_norm_silu", x(1, 16, 7, 9).to(memory_format=torch.channels_last), 4, w(16), w(16)),
+        # with a convolution's bias as a prologue (channels-last as deploy makes it, contiguous, no affine)
+        variant("biased_group_norm_silu", x(2, 16, 7, 9).to(memory_format=torch.channels_last), w(16) * 3, 4,
+                w(16), w(16)),
+        variant("biased_group_norm_silu", x(1, 6, 5, 4), w(6) * 3, 3, None, None),
         variant("batch_norm", x(2, 6, 5, 5), r(6).abs(), r(6).abs() + 0.5, r(6), r(6)),
         variant("adaptive_avg_pool2d", x(2, 3, 7, 9), (3, 4)),
         variant("adaptive_avg_pool2d", x(2, 5, 7, 7), (1, 1)),
@@ -188,8 +195,8 @@ def test_cpu_search_space_configs_are_correct():
 
 
 def test_every_operator_family_has_cpu_and_cuda_strategies():
-    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "rms_norm", "adaptive_avg_pool2d",
-           "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
+    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "biased_group_norm_silu", "rms_norm",
+           "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
            "pad", "embedding", "batch_norm"}
     for op in ops:
         assert strategies_for(op, "cuda"), op

@@ -435,10 +435,26 @@ def test_a_long_forward_still_gets_its_rounds_and_compiled_arms_skip_the_warm_up
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the twin needs Inductor's CPU layout choice")
-def test_a_placed_kernel_whose_calls_pay_a_copy_is_reported(tmp_path):
+def test_a_twins_inputs_are_laid_out_by_the_graph_not_copied_by_the_kernel(tmp_path):
+    """The ATen pass asks for the twin's layout in the graph (``inductor_force_stride_order`` in front of the
+    call: free where Inductor lays the buffer out so anyway, else the producing kernel writes it so): under a
+    backend that keeps eager's layouts the kernel still gets its own and copies nothing. Before, on the H200
+    two SD3.5 VAE twins got their 512 MB inputs in another layout and copied them (5.1 ms a forward)."""
+    s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
+    (sig,) = [c.signature for c in cards]
+    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    (default,) = [f for f in e2e.fallback if f.mode == "default"]
+    assert default.copied == () and sig in default.kept, default.lines()
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_a_placed_kernel_whose_calls_pay_a_copy_is_reported(tmp_path, monkeypatch):
     """The region between tiny_cnn's convolutions is a channels-last twin (what Inductor would lay out);
-    under a backend that keeps eager's layouts (aot_eager) each call gets another layout and pays a
-    copy into the kernel's: the report says which kernel and how many calls of one forward."""
+    under a backend that keeps eager's layouts (aot_eager), with the pass's request for the twin's layout
+    switched off (``_in_layout``: what a layout the pass does not control looks like), each call gets another
+    layout and pays a copy into the kernel's: the report says which kernel and how many calls of one forward."""
+    monkeypatch.setattr("kforge.regions._deploy._in_layout", lambda graph, node, sig: node)
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
     (sig,) = [c.signature for c in cards]
     e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))

@@ -116,6 +116,13 @@ def _captured(build, shape, tmp_path, device: str = "cpu"):
     return s, model, x
 
 
+def _fused_cards(s):
+    """The fused group_norm -> SiLU cards, with or without the convolution's bias as a prologue."""
+    from kforge.ops import FUSED_EPILOGUES
+
+    return [c for c in s.cards if c.op in FUSED_EPILOGUES]
+
+
 def _group_norm_cards(s):
     """(the group_norm cards in the traced layout, their channels-last twins)."""
     cards = s.cards.by_op("group_norm")
@@ -311,7 +318,7 @@ class _WideLone(_ConvBlock):
 
 
 @pytest.mark.parametrize("build,shape,pick", [
-    (_ConvBlock, (1, 64, 64, 64), lambda s: s.cards.by_op("group_norm_silu")[0]),
+    (_ConvBlock, (1, 64, 64, 64), lambda s: _fused_cards(s)[0]),
     (_WideResidual, (2, 128, 32, 32), _add_relu),
     (_WideLone, (1, 64, 64, 64), lambda s: [c for c in s.cards.by_op("group_norm") if c.share > 0][0]),
 ], ids=["fused", "region", "lone"])
@@ -350,9 +357,10 @@ def test_on_the_gpu_the_channels_last_tile_kernel_is_correct(tmp_path, dtype):
     model, x = _ConvBlock().cuda().eval().to(dtype), torch.randn(2, 64, 32, 32, device="cuda", dtype=dtype)
     s = kforge.Session(model, x, device="cuda", workdir=tmp_path)
     s.capture(timing_budget_ms=5.0)
-    (card,) = s.cards.by_op("group_norm_silu")
+    (card,) = _fused_cards(s)
+    assert card.op == "biased_group_norm_silu", "on the GPU the convolution's bias is the kernel's prologue"
     assert card.variant.inputs[0].stride[1] == 1, f"not a channels-last twin: {card.signature}"
-    strategy, dev = get_strategy("group_norm_silu.cuda.nhwc_tiles"), device_info("cuda")
+    strategy, dev = get_strategy(f"{card.op}.cuda.nhwc_tiles"), device_info("cuda")
     assert strategy.applies(card.variant, dev)
     configs = [strategy.default(card.variant, dev), {"threads": 1024, "vec": 1, "waves": 2, "unroll": 4},
                {"threads": 128, "vec": 2, "waves": 16, "unroll": 4}]
@@ -524,3 +532,62 @@ def test_a_plain_group_norm_kernel_and_a_fused_one_each_take_their_own_calls(tmp
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert sorted(compiled.kforge_backend.replaced) == sorted([fused.signature, plain.signature])
     assert kernels[0].calls == 1 and kernels[1].calls == 1
+
+
+class _Peel(nn.Module):
+    """conv -> GroupNorm -> SiLU (the convolution read by the norm alone: its bias can move into the fused kernel),
+    then conv -> GroupNorm -> SiLU -> conv, + that convolution's output again (two readers: its bias stays)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.n1 = nn.Conv2d(4, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.conv2, self.n2 = nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.conv3 = nn.Conv2d(8, 8, 3, padding=1)
+        with torch.no_grad():   # biases far apart per channel: a bias added twice, or not at all, shows
+            for conv in (self.conv, self.conv2):
+                conv.bias.copy_(torch.linspace(-3, 3, 8))
+
+    def forward(self, x):
+        g = self.conv2(torch.nn.functional.silu(self.n1(self.conv(x))))
+        return self.conv3(torch.nn.functional.silu(self.n2(g))) + g
+
+
+@needs_mkldnn
+def test_a_convolutions_bias_moves_into_the_fused_kernel_where_inductor_would_peel_it(tmp_path, monkeypatch):
+    """On the GPU Inductor runs a convolution without its bias and adds the bias in a pointwise kernel of its
+    own, fused into its group_norm's reads. A kforge kernel taking the convolution's output made Inductor write
+    that sum first (652 us a forward for one SD3.5 VAE call on the H200, 2026-12-03m). Where the convolution's
+    only reader is the group_norm, the fused card is ``biased_group_norm_silu``: its kernel takes the
+    convolution's output before the bias, and the bias, and the convolution runs without it. (Forced on the
+    CPU, where Inductor keeps the bias inside mkldnn's convolution.)"""
+    import kforge.regions._finder as finder
+
+    monkeypatch.setattr(finder, "inductor_peels_conv_bias", lambda device: True)
+    s, model, x = _captured(_Peel, (2, 4, 9, 7), tmp_path)
+    (biased,) = s.cards.by_op("biased_group_norm_silu")
+    (plain,) = s.cards.by_op("group_norm_silu")   # the second convolution has two readers: it keeps its bias
+    cl = torch.empty(2, 8, 9, 7).to(memory_format=torch.channels_last).stride()
+    assert biased.variant.inputs[0].stride == cl and [i.shape for i in biased.variant.inputs[1:]] == [(8,)] * 3
+    assert biased.calls == 1 and biased.share > 0
+    # its example is the convolution's output before the bias, exactly
+    with torch.no_grad():
+        conv_out = model.conv(x)
+    found = capture_regions(model, [x])
+    (rec,) = [r for r in found.records if r.variant.op == "biased_group_norm_silu"]
+    ex = rec.examples[0]
+    torch.testing.assert_close(ex[0] + model.conv.bias.detach().view(1, -1, 1, 1), conv_out)
+    torch.testing.assert_close(ex[1], model.conv.bias.detach())
+    kernels = [_kernel(s, biased), _kernel(s, plain)]
+    assert all(c.strategy.startswith("biased_group_norm_silu.cpu.") for c in s.store.candidates(biased.key))
+    expected = _eager(model, x)
+    compiled, got, code = _compile_run(kernels, model, x, code=True)
+    s.close()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)   # the bias added once: in the kernel
+    assert sorted(compiled.kforge_backend.replaced) == sorted([biased.variant.signature, plain.variant.signature])
+    assert code.count("torch.ops.kforge.run_flexible.default(") == 2, code
+    assert kernels[0].calls >= 1 and kernels[0].relayouts == 0
+    # in a graph Inductor keeps as traced there is no twin, so no prologue: both convolutions keep their biases
+    monkeypatch.setattr("kforge.regions._deploy.inductor_lays_out_channels_last", lambda gm: False)
+    torch._dynamo.reset()
+    found = capture_regions(model, [x])
+    assert [(r.variant.op, r.calls) for r in found.records if r.variant.op != "region"] == [("group_norm_silu", 2)]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, placed_in_aten_graph, spec_for
+from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, placed_in_aten_graph, spec_for, without_prologue
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -93,7 +93,7 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     # a call a fused kernel will take in the ATen graph (its first operator, read only by the epilogue,
     # with the fused variant's shapes) is left for it: a plain kernel here would leave no pair there
     # (strides aside: the fused kernel's are the ATen graph's, or its channels-last twin's)
-    fused = {(FUSED_EPILOGUES[dk.variant.op][0], _loose(dk.variant)): FUSED_EPILOGUES[dk.variant.op][1]
+    fused = {(FUSED_EPILOGUES[dk.variant.op][0], _loose(without_prologue(dk.variant))): FUSED_EPILOGUES[dk.variant.op][1]
              for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
     # likewise a call an operator's channels-last twin will take there (a group_norm no SiLU alone reads)
     twins = {(dk.variant.op, _loose(dk.variant)) for dk in kernels if _is_twin(dk.variant)}

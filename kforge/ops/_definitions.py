@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -104,9 +105,45 @@ register(OpSpec(
     reference=lambda x, p: F.silu(F.group_norm(x[0], p["num_groups"], x[1], x[2], p["eps"])),
     doc="silu(group_norm(x)): a group normalization whose only reader is a SiLU (graph mode only)"))
 
+
+
+def _bind_biased_group_norm(input, input_bias, num_groups, weight=None, bias=None, eps=1e-5, *_a, **_k):
+    return Call((input, input_bias, weight, bias), {"num_groups": int(num_groups), "eps": float(eps)})
+
+
+def _channel_view(t: T, ndim: int) -> T:
+    """A per-channel [C] vector shaped to broadcast over an N,C,* tensor of ``ndim`` dims."""
+    return t.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+# NB: a prologue too: the convolution bias Inductor peels off on CUDA ("cudnn is slower with it") and adds in
+# a pointwise kernel of its own, which it fuses into its group_norm's reads. A kforge kernel taking the
+# convolution's output would make Inductor write that sum first (one more read and write of the tensor: 652 us
+# a forward for one SD3.5 VAE call on the H200, profile of 2026-12-03m); this one takes the bias-free output
+# and the bias (kforge.regions finds a convolution whose only reader is the group_norm).
+register(OpSpec(
+    name="biased_group_norm_silu", kind="normalization", targets=(),
+    inputs=("input", "input_bias", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_biased_group_norm,
+    reference=lambda x, p: F.silu(F.group_norm(x[0] + _channel_view(x[1], x[0].dim()), p["num_groups"], x[2], x[3],
+                                               p["eps"])),
+    doc="silu(group_norm(x + input_bias per channel)): a convolution's bias, a group normalization and the SiLU "
+        "that alone reads it (graph mode only)"))
+
 # The fused operators above: (the operator whose call the graph holds, the pointwise op applied to
 # its result by its only reader).
-FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu")}
+FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu"), "biased_group_norm_silu": ("group_norm", "silu")}
+
+# Fused operators whose second input is a per-channel bias added to the first before the operator (the bias of
+# the convolution that made it): the fused operator they are without it.
+PROLOGUE_OPS = {"biased_group_norm_silu": "group_norm_silu"}
+
+
+def without_prologue(variant: Variant) -> Variant:
+    """``variant`` as the operator its graph call is without a prologue (the bias input dropped): its shapes are
+    those of the group_norm call the graph holds."""
+    if variant.op not in PROLOGUE_OPS:
+        return variant
+    return replace(variant, op=PROLOGUE_OPS[variant.op], inputs=(variant.inputs[0], *variant.inputs[2:]))
 
 # Operators (besides pointwise regions) whose cards get a channels-last twin where Inductor lays a graph out
 # channels-last (kforge.regions._layout): the fused ones, and a group_norm no SiLU alone reads.

@@ -67,17 +67,28 @@ class _GraphRun:
             def run_node(self, n):
                 out = super().run_node(n)
                 for r, i in watch.get(n, ()):
-                    if id(r) in seen and isinstance(out, torch.Tensor):
-                        want = r.variant.inputs[i] if i < len(r.variant.inputs) else None
-                        if r.traced is not None and want is not None and tuple(out.shape) == want.shape \
-                                and tuple(out.stride()) != want.stride \
-                                and all(st != 0 or size == 1 for size, st in zip(want.shape, want.stride)):
-                            # the card's layout (a channels-last twin), not the one this run made
-                            seen[id(r)][i] = torch.empty_strided(want.shape, want.stride, dtype=out.dtype,
-                                                                 device=out.device).copy_(out)
-                        else:
-                            seen[id(r)][i] = out.detach().clone()
+                    if id(r) not in seen or not isinstance(out, torch.Tensor):
+                        continue
+                    # NB: a bias prologue's kernel takes the convolution's output before its bias
+                    value = self._without_bias(n) if r.peeled is n and i == 0 else out
+                    want = r.variant.inputs[i] if i < len(r.variant.inputs) else None
+                    if r.traced is not None and want is not None and tuple(value.shape) == want.shape \
+                            and tuple(value.stride()) != want.stride \
+                            and all(st != 0 or size == 1 for size, st in zip(want.shape, want.stride)):
+                        # the card's layout (a channels-last twin), not the one this run made
+                        seen[id(r)][i] = torch.empty_strided(want.shape, want.stride, dtype=value.dtype,
+                                                             device=value.device).copy_(value)
+                    else:
+                        seen[id(r)][i] = value.detach().clone()
                 return out
+
+            def _without_bias(self, n):
+                args, kwargs = self.fetch_args_kwargs_from_env(n)
+                if "bias" in kwargs:
+                    kwargs = {**kwargs, "bias": None}
+                else:
+                    args = (*args[:2], None, *args[3:])
+                return n.target(*args, **kwargs)
 
         with torch.no_grad():
             result = _Interp(self.gm).run(*args)

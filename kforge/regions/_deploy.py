@@ -42,7 +42,9 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
         twin = channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs]) if channels_last else None
         return replace(f, variant=twin, traced=f.variant) if twin is not None else None
 
-    found = [twin_of(f) or f for f in found]
+    # NB: a bias prologue only as a channels-last twin (the layout its kernel is written for, and where Inductor
+    # peels the bias off); elsewhere the convolution keeps its bias and the fused operator is the plain one
+    found = [twin_of(f) or f.without_prologue() for f in found]
     for f in lone:
         twin = twin_of(f)
         if twin is not None or plain_lone:
@@ -88,8 +90,13 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         flexible = region.traced is not None
         flexible_any = flexible_any or flexible
         op = torch.ops.kforge.run_flexible.default if flexible else torch.ops.kforge.run.default
+        if region.peeled is not None:   # the kernel adds the convolution's bias: the convolution runs without it
+            drop_conv_bias(region.peeled)
         with graph.inserting_before(region.nodes[0]):
-            call = graph.call_function(op, (name, [moved.get(n, n) for n in region.inputs]))
+            args = [moved.get(n, n) for n in region.inputs]
+            if flexible:
+                args = [_in_layout(graph, a, sig) for a, sig in zip(args, region.variant.inputs)]
+            call = graph.call_function(op, (name, args))
         for i, out in enumerate(region.outputs):
             with graph.inserting_after(call):
                 item = graph.call_function(operator.getitem, (call, i))
@@ -112,6 +119,43 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         graph.lint()
         gm.recompile()
     return done
+
+
+def _in_layout(graph: fx.Graph, node: Any, sig: Any) -> Any:
+    """``node`` as a twin's kernel takes it: a 4-d tensor through Inductor's ``inductor_force_stride_order`` with
+    the kernel's strides, which costs nothing where Inductor lays the buffer out so anyway and otherwise makes the
+    kernel that writes it write it so (a copy only where that kernel's layout is fixed).
+
+    NB: on the H200 two of the SD3.5 VAE's twins (the group_norms after an upsampler, whose input a 1x1
+    convolution reads too) got their input in another layout, and their calls paid a 512 MB copy each (5.1 ms
+    a forward, 2026-12-03m)."""
+    import torch._inductor.inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
+
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if sig is None or not isinstance(val, torch.Tensor) or val.dim() != 4 or tuple(val.shape) != tuple(sig.shape) \
+            or not _dense(sig.shape, sig.stride):
+        return node
+    forced = graph.call_function(torch.ops.prims.inductor_force_stride_order.default, (node, list(sig.stride)))
+    forced.meta["val"] = val.new_empty_strided(tuple(sig.shape), tuple(sig.stride))
+    return forced
+
+
+def _dense(shape, stride) -> bool:
+    """Whether a tensor of ``shape`` laid out with ``stride`` covers its memory exactly once."""
+    expect = 1
+    for size, st in sorted((d for d in zip(shape, stride) if d[0] != 1), key=lambda d: d[1]):
+        if st != expect:
+            return False
+        expect *= size
+    return True
+
+
+def drop_conv_bias(conv: fx.Node) -> None:
+    """Make the ATen graph's convolution node ``conv`` run without its bias."""
+    if "bias" in conv.kwargs:
+        conv.update_kwarg("bias", None)
+    else:
+        conv.update_arg(2, None)
 
 
 def _keep_output_layouts(graph: fx.Graph, out_node: fx.Node, traced: dict[int, Any]) -> None:

@@ -169,6 +169,18 @@ class FoundRegion:
     inputs: tuple[fx.Node, ...]
     outputs: tuple[fx.Node, ...]
     traced: Variant | None = None   # where ``variant`` is a layout twin (regions._layout): the call as traced
+    # a fused operator with a bias prologue (ops.PROLOGUE_OPS): the convolution whose bias its kernel adds, which
+    # deploy runs without it (its first input is that convolution, its second the bias)
+    peeled: fx.Node | None = None
+
+    def without_prologue(self) -> "FoundRegion":
+        """The fused operator as it is without its bias prologue: the convolution keeps its bias."""
+        from ..ops import without_prologue
+
+        if self.peeled is None:
+            return self
+        return FoundRegion(without_prologue(self.variant), self.nodes, (self.inputs[0], *self.inputs[2:]),
+                           self.outputs)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -220,9 +232,10 @@ def build_region(members: list[fx.Node], trans: dict[fx.Node, list[Piece]]) -> F
 
 def find_fused(graph: fx.Graph) -> list[FoundRegion]:
     """Every fused operator of ``ops.FUSED_EPILOGUES`` in an ATen graph: today a group_norm (with weight
-    and bias) whose output only a SiLU reads, as one ``group_norm_silu`` call. Its card stands for both
-    calls, as a region's does; its kernel replaces both in graph mode."""
-    return [f for f in _group_norms(graph) if f.variant.op == "group_norm_silu"]
+    and bias) whose output only a SiLU reads, as one ``group_norm_silu`` call (``biased_group_norm_silu`` where
+    it can take its convolution's bias as well). Its card stands for those calls, as a region's does; its kernel
+    replaces them in graph mode."""
+    return [f for f in _group_norms(graph) if f.variant.op != "group_norm"]
 
 
 def find_lone_group_norms(graph: fx.Graph) -> list[FoundRegion]:
@@ -250,15 +263,43 @@ def _group_norms(graph: fx.Graph) -> list[FoundRegion]:
         x, w, b = a["input"], a.get("weight"), a.get("bias")
         if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, w, b)):
             continue   # NB: no affine: nothing to hold an example of; the plain group_norm card stays
-        spec = get_spec("group_norm_silu" if act is not None else "group_norm")
         last = act if act is not None else outs[0]
+        nodes = (node, outs[0]) + ((act,) if act is not None else ())
+        conv_bias = _peelable_bias(x) if act is not None else None
         try:
+            if conv_bias is not None:
+                spec = get_spec("biased_group_norm_silu")
+                call = spec.bind(_val(x), _val(conv_bias), int(a["group"]), _val(w), _val(b), float(a["eps"]))
+                found.append(FoundRegion(spec.variant(call, [_val(last)]), nodes, (x, conv_bias, w, b), (last,),
+                                         peeled=x))
+                continue
+            spec = get_spec("group_norm_silu" if act is not None else "group_norm")
             call = spec.bind(_val(x), int(a["group"]), _val(w), _val(b), float(a["eps"]))
             variant = spec.variant(call, [_val(last)])
         except (Unsupported, TypeError, ValueError):
             continue
-        found.append(FoundRegion(variant, (node, outs[0]) + ((act,) if act is not None else ()), (x, w, b), (last,)))
+        found.append(FoundRegion(variant, nodes, (x, w, b), (last,)))
     return found
+
+
+def inductor_peels_conv_bias(device: torch.device) -> bool:
+    """Whether Inductor runs a convolution on ``device`` without its bias and adds the bias in a pointwise
+    kernel of its own (torch/_inductor/kernel/conv.py: on every device but the CPU, "cudnn is slower with it")."""
+    return device.type != "cpu"
+
+
+def _peelable_bias(x: Any) -> fx.Node | None:
+    """The bias of the convolution ``x`` where a fused kernel can take it as a prologue: a 2-d convolution with
+    a bias whose output nothing but the group_norm reads, on a device where Inductor peels the bias off."""
+    if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target is aten.convolution.default) \
+            or len(x.users) != 1:
+        return None
+    a = _bind(x)
+    bias, val = a.get("bias"), _val(x)
+    if not isinstance(bias, fx.Node) or not isinstance(_val(bias), torch.Tensor) or a.get("transposed") \
+            or not isinstance(val, torch.Tensor) or val.dim() != 4 or not inductor_peels_conv_bias(val.device):
+        return None
+    return bias
 
 
 def find_regions(graph: fx.Graph, min_ops: int = 2, skip: frozenset = frozenset()) -> list[FoundRegion]:

@@ -3,7 +3,7 @@ where the row fits, Welford partials over many blocks where a group is large."""
 from __future__ import annotations
 
 from ...kernels import DeviceInfo
-from ...ops import TensorSig, Variant
+from ...ops import PROLOGUE_OPS, TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import cdiv, contiguous, fill, floats_only, prod, rows_of, strategy, vec_width
 
@@ -16,6 +16,9 @@ def _sigs(v: Variant) -> dict[str, TensorSig | None]:
     if v.op == "batch_norm":  # spec order: input, running_mean, running_var, weight, bias
         x, rm, rv, w, b = v.inputs
         sigs = {"x": x, "w": w, "b": b, "rm": rm, "rv": rv}
+    if v.op in _GN_OPS:   # p: a per-channel bias added to x first (biased_group_norm_silu), else absent
+        x, p, w, b = v.inputs if v.op in PROLOGUE_OPS else (v.inputs[0], None, *v.inputs[1:])
+        sigs = {"x": x, "p": p, "w": w, "b": b}
     sigs.setdefault("b", None)
     sigs["y"] = v.outputs[0]
     return sigs
@@ -339,7 +342,9 @@ def _one_pass(v: Variant, c: dict, dev: DeviceInfo) -> str:
 
 # ----------------------------------------------------------------------------- group_norm (CUDA)
 
-_GN_OPS = ("group_norm", "group_norm_silu")   # the second with a SiLU epilogue on each output element
+# the second with a SiLU epilogue on each output element, the third with it and a per-channel bias prologue
+_GN_OPS = ("group_norm", "group_norm_silu", "biased_group_norm_silu")
+_GN_PLAIN = ("group_norm", "group_norm_silu")   # the ops of the designs without the prologue
 
 def _gn_dims(v: Variant) -> tuple[int, int, int, int]:
     """(N, C, spatial size, groups)."""
@@ -520,8 +525,8 @@ def _gn_common(v: Variant, c: dict) -> dict:
     n, ch, hw, g = _gn_dims(v)
     sigs = _sigs(v)
     return dict(types=_types(v), GROUPS=n * g, G=g, CPG=ch // g, HW=hw, EPS=_eps(v),
-                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, SILU=v.op == "group_norm_silu",
-                NHWC=_gn_nhwc(v), **c)
+                HAS_W=sigs["w"] is not None, HAS_B=sigs["b"] is not None, SILU=v.op != "group_norm",
+                PRE=sigs["p"] is not None, NHWC=_gn_nhwc(v), **c)
 
 
 def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
@@ -532,7 +537,7 @@ def _gn_default_split(v: Variant, dev: DeviceInfo) -> int:
     return split
 
 
-@strategy(_GN_OPS, "cuda", "block_group", level=1,
+@strategy(_GN_PLAIN, "cuda", "block_group", level=1,
           doc="one block per (sample, group): Welford statistics over 16-byte loads, then the per-channel affine",
           space={"threads": (256, 512, 1024), "vec": (1, 2, 4, 8)}, applies=lambda v, d: _gn_ok(v),
           default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v)},
@@ -542,7 +547,7 @@ def _gn_block_group(v: Variant, c: dict, d: DeviceInfo) -> str:
     return fill(_GN, **_gn_common(v, {**c, "split": 1}))
 
 
-@strategy(_GN_OPS, "cuda", "split", level=3,
+@strategy(_GN_PLAIN, "cuda", "split", level=3,
           doc="each group split over many blocks: Welford partials in the workspace, merged by the "
               "normalise pass (second read mostly from L2)",
           space={"split": (2, 4, 8, 16, 32, 64, 128, 256), "threads": (256, 512, 1024), "vec": (1, 2, 4, 8)},
@@ -566,6 +571,7 @@ _GN_NHWC = CUDA + r"""
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
 #define SILU {{SILU}}
+#define PRE {{PRE}}
 #define THREADS {{threads}}
 #define V {{vec}}
 #define TILES {{tiles}}
@@ -574,7 +580,8 @@ _GN_NHWC = CUDA + r"""
    (one group's: V divides CPG) and walks positions, LANES threads covering a position's run (coalesced),
    ROWS positions a block at a time. Statistics: per-thread Welford over its channels, merged per group
    in the block, one partial per (sample, group, tile); a second kernel merges a group's TILES partials;
-   the third normalises with each thread's per-channel scale and shift held in registers. */
+   the third normalises with each thread's per-channel scale and shift held in registers. PRE: x is a
+   convolution's output before its bias, p that bias, added to each element as it is loaded. */
 #define LANES ((int)(C / V))
 #define ROWS (THREADS / LANES)
 #define PT ((HW + TILES - 1) / TILES)
@@ -586,14 +593,23 @@ template <bool VEC> __device__ __forceinline__ void load_ch(const x_t* p, float 
     }
 }
 
+/* The thread's V channels' prologue bias (zeros without one). */
+__device__ __forceinline__ void load_pre(const p_t* __restrict__ pb, int c0, float (&pv)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) pv[j] = PRE ? to_f(pb[c0 + j]) : 0.f;
+}
+
 template <bool VEC>
-__global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restrict__ x, float* __restrict__ part) {
+__global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restrict__ x, const p_t* __restrict__ pb,
+                                                           float* __restrict__ part) {
     __shared__ float sh[3][THREADS];
     const int lane = threadIdx.x % LANES, row = threadIdx.x / LANES;
     const long n = blockIdx.y, p0 = (long)blockIdx.x * PT;
     const long p1 = p0 + PT < HW ? p0 + PT : HW;
     Welford acc = {0.f, 0.f, 0.f};
     if (row < ROWS) {
+        float pv[V];
+        load_pre(pb, lane * V, pv);
         const x_t* xs = x + n * HW * C + (long)lane * V;
         /* UNROLL positions' loads in flight before their statistics are merged */
         for (long p = p0 + row; p < p1; p += (long)ROWS * UNROLL) {
@@ -606,7 +622,7 @@ __global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restric
                 if (p + (long)u * ROWS >= p1) break;
                 float s = 0.f, q = 0.f;
 #pragma unroll
-                for (int j = 0; j < V; ++j) s += v[u][j];
+                for (int j = 0; j < V; ++j) { v[u][j] += pv[j]; s += v[u][j]; }
                 const float m = s / V;
 #pragma unroll
                 for (int j = 0; j < V; ++j) q += (v[u][j] - m) * (v[u][j] - m);
@@ -642,7 +658,8 @@ __global__ void __launch_bounds__(32) gn_tile_stats(const float* __restrict__ pa
 }
 
 template <bool VEC>
-__global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restrict__ x, const float* __restrict__ stats,
+__global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restrict__ x, const p_t* __restrict__ pb,
+                                                            const float* __restrict__ stats,
                                                             const w_t* __restrict__ w, const b_t* __restrict__ b,
                                                             y_t* __restrict__ y) {
     const int lane = threadIdx.x % LANES, row = threadIdx.x / LANES;
@@ -651,11 +668,12 @@ __global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restri
     const long p1 = p0 + PT < HW ? p0 + PT : HW;
     const int c0 = lane * V, gi = c0 / CPG;
     const float mean = stats[2 * (n * G + gi)], rstd = stats[2 * (n * G + gi) + 1];
-    float a[V], shift[V];
+    float a[V], shift[V], pv[V];
+    load_pre(pb, c0, pv);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
         a[j] = HAS_W ? rstd * to_f(w[c0 + j]) : rstd;
-        shift[j] = (HAS_B ? to_f(b[c0 + j]) : 0.f) - mean * a[j];
+        shift[j] = (HAS_B ? to_f(b[c0 + j]) : 0.f) + (pv[j] - mean) * a[j];   /* (x + p - mean) * a + b */
     }
     const long base = n * HW * C + c0;
     for (long p = p0 + row; p < p1; p += (long)ROWS * UNROLL) {
@@ -680,13 +698,14 @@ __global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restri
     }
 }
 
-template <bool VEC> static void run(const x_t* x, const w_t* w, const b_t* b, y_t* y, float* ws, cudaStream_t stream) {
+template <bool VEC> static void run(const x_t* x, const p_t* pb, const w_t* w, const b_t* b, y_t* y, float* ws,
+                                    cudaStream_t stream) {
     float* part = ws;
     float* stats = ws + 3L * NB * G * TILES;
     const dim3 grid(TILES, NB);
-    gn_tile_partials<VEC><<<grid, THREADS, 0, stream>>>(x, part);
+    gn_tile_partials<VEC><<<grid, THREADS, 0, stream>>>(x, pb, part);
     gn_tile_stats<<<NB * G, 32, 0, stream>>>(part, stats);
-    gn_tile_normalise<VEC><<<grid, THREADS, 0, stream>>>(x, stats, w, b, y);
+    gn_tile_normalise<VEC><<<grid, THREADS, 0, stream>>>(x, pb, stats, w, b, y);
 }
 
 KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (3 * (size_t)NB * G * TILES + 2 * (size_t)NB * G); }
@@ -695,12 +714,13 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
                        const double* params, int n_params, void* workspace, void* stream) {
     const x_t* x = (const x_t*)inputs[0].data;
     y_t* y = (y_t*)outputs[0].data;
-    const w_t* w = (const w_t*)inputs[1].data;
-    const b_t* b = (const b_t*)inputs[2].data;
+    const p_t* pb = PRE ? (const p_t*)inputs[1].data : (const p_t*)0;
+    const w_t* w = (const w_t*)inputs[1 + PRE].data;
+    const b_t* b = (const b_t*)inputs[2 + PRE].data;
     if (V > 1 && (uintptr_t)x % 16 == 0 && (uintptr_t)y % 16 == 0)
-        run<true>(x, w, b, y, (float*)workspace, (cudaStream_t)stream);
+        run<true>(x, pb, w, b, y, (float*)workspace, (cudaStream_t)stream);
     else
-        run<false>(x, w, b, y, (float*)workspace, (cudaStream_t)stream);
+        run<false>(x, pb, w, b, y, (float*)workspace, (cudaStream_t)stream);
     return (int)cudaGetLastError();
 }
 """
@@ -763,18 +783,21 @@ _CPU_GN_HEAD = CPU + r"""
 #define HAS_W {{HAS_W}}
 #define HAS_B {{HAS_B}}
 #define SILU {{SILU}}
+#define PRE {{PRE}}
 #define NHWC {{NHWC}}
 #define CH_ALL ((long)G * CPG)
 /* Where channel cl (of the group's CPG) of group grp is at spatial position i: contiguous N,C,* or
    channels-last (NHWC). */
 #define AT(grp, cl, i) (NHWC ? ((grp) / G) * HW * CH_ALL + (i) * CH_ALL + ((grp) % G) * CPG + (cl) \
                              : (grp) * GSIZE + (cl) * HW + (i))
+/* The value normalised there: x, plus the per-channel prologue bias p where the operator has one. */
+#define XV(grp, cl, i) (x_ld(x, AT(grp, cl, i)) + (PRE ? p_ld(p, ((grp) % G) * CPG + (cl)) : 0.f))
 
 static inline float epilogue(float y) { return SILU ? y / (1.f + expf(-y)) : y; }
 
 /* Normalise channels [c_begin, c_end) of group `grp` with its statistics. */
-static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t* y, long grp, long c_begin,
-                                  long c_end, double mean, double var) {
+static inline void write_channels(const x_t* x, const p_t* p, const w_t* w, const b_t* b, y_t* y, long grp,
+                                  long c_begin, long c_end, double mean, double var) {
     const float rstd = (float)(1.0 / sqrt((var > 0.0 ? var : 0.0) + EPS));
 #if NHWC
     /* channels-last: a group's channels are adjacent at each position, so position outer, channel inner */
@@ -786,30 +809,30 @@ static inline void write_channels(const x_t* x, const w_t* w, const b_t* b, y_t*
     }
     for (long i = 0; i < HW; ++i) {
         #pragma omp simd
-        for (long cl = c_begin; cl < c_end; ++cl) y_st(y, AT(grp, cl, i), epilogue(x_ld(x, AT(grp, cl, i)) * a[cl] + shift[cl]));
+        for (long cl = c_begin; cl < c_end; ++cl) y_st(y, AT(grp, cl, i), epilogue(XV(grp, cl, i) * a[cl] + shift[cl]));
     }
 #else
     for (long cl = c_begin; cl < c_end; ++cl) {
         const long c = (grp % G) * CPG + cl;
         const float a = HAS_W ? rstd * w_ld(w, c) : rstd;
         const float shift = (HAS_B ? b_ld(b, c) : 0.f) - (float)mean * a;
-        for (long i = 0; i < HW; ++i) y_st(y, AT(grp, cl, i), epilogue(x_ld(x, AT(grp, cl, i)) * a + shift));
+        for (long i = 0; i < HW; ++i) y_st(y, AT(grp, cl, i), epilogue(XV(grp, cl, i) * a + shift));
     }
 #endif
 }
 
 /* The sum and sum of squares of group `grp`, in the order its elements lie in memory. */
-static inline void group_sums(const x_t* x, long grp, double* s_out, double* q_out) {
+static inline void group_sums(const x_t* x, const p_t* p, long grp, double* s_out, double* q_out) {
     double s = 0.0, q = 0.0;
 #if NHWC
     for (long i = 0; i < HW; ++i) {
         #pragma omp simd reduction(+:s, q)
-        for (long cl = 0; cl < CPG; ++cl) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
+        for (long cl = 0; cl < CPG; ++cl) { const double v = XV(grp, cl, i); s += v; q += v * v; }
     }
 #else
     for (long cl = 0; cl < CPG; ++cl) {
         #pragma omp simd reduction(+:s, q)
-        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(grp, cl, i)); s += v; q += v * v; }
+        for (long i = 0; i < HW; ++i) { const double v = XV(grp, cl, i); s += v; q += v * v; }
     }
 #endif
     *s_out = s; *q_out = q;
@@ -821,13 +844,15 @@ _CPU_GN_PER_GROUP = _CPU_GN_HEAD + r"""
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
     const x_t* x = (const x_t*)inputs[0].data;
+    const p_t* p = PRE ? (const p_t*)inputs[1].data : (const p_t*)0;
     y_t* y = (y_t*)outputs[0].data;
     #pragma omp parallel for schedule(static)
     for (long grp = 0; grp < GROUPS; ++grp) {
         double s, q;
-        group_sums(x, grp, &s, &q);
+        group_sums(x, p, grp, &s, &q);
         const double mean = s / GSIZE;
-        write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, 0, CPG, mean, q / GSIZE - mean * mean);
+        write_channels(x, p, (const w_t*)inputs[1 + PRE].data, (const b_t*)inputs[2 + PRE].data, y, grp, 0, CPG, mean,
+                       q / GSIZE - mean * mean);
     }
     return 0;
 }
@@ -838,6 +863,7 @@ _CPU_GN_PER_CHANNEL = _CPU_GN_HEAD + r"""
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
     const x_t* x = (const x_t*)inputs[0].data;
+    const p_t* p = PRE ? (const p_t*)inputs[1].data : (const p_t*)0;
     y_t* y = (y_t*)outputs[0].data;
     double* part = (double*)malloc(sizeof(double) * 2 * GROUPS * CPG);
     if (!part) return 1;
@@ -845,7 +871,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     for (long k = 0; k < (long)GROUPS * CPG; ++k) {
         double s = 0.0, q = 0.0;
         #pragma omp simd reduction(+:s, q)
-        for (long i = 0; i < HW; ++i) { const double v = x_ld(x, AT(k / CPG, k % CPG, i)); s += v; q += v * v; }
+        for (long i = 0; i < HW; ++i) { const double v = XV(k / CPG, k % CPG, i); s += v; q += v * v; }
         part[2 * k] = s; part[2 * k + 1] = q;
     }
     #pragma omp parallel for schedule(static)
@@ -854,7 +880,8 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
         double s = 0.0, q = 0.0;
         for (long j = 0; j < CPG; ++j) { s += part[2 * (grp * CPG + j)]; q += part[2 * (grp * CPG + j) + 1]; }
         const double mean = s / GSIZE;
-        write_channels(x, (const w_t*)inputs[1].data, (const b_t*)inputs[2].data, y, grp, k % CPG, k % CPG + 1, mean, q / GSIZE - mean * mean);
+        write_channels(x, p, (const w_t*)inputs[1 + PRE].data, (const b_t*)inputs[2 + PRE].data, y, grp, k % CPG,
+                       k % CPG + 1, mean, q / GSIZE - mean * mean);
     }
     free(part);
     return 0;
