@@ -24,7 +24,8 @@
 #                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
 #                                                            then benchmarks/gn_twins.py: the VAE's group_norm -> SiLU twins,
-#                                                            each CUDA design against eager and Inductor
+#                                                            each CUDA design against eager and Inductor (KF_TWINS_OPS=
+#                                                            "group_norm_silu biased_group_norm_silu": both forms)
 #   device run: bash benchmarks/device_session.sh owed      the Gemma attention and Qwen router softmax searched at 50
 #                                                            iterations, then graph-mode and decode GPU tests
 #   device run: bash benchmarks/device_session.sh accuracy  the decode GPU test, then eager's and compile's distance from
@@ -156,10 +157,17 @@ PY
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
   twins)
-    timeout 150 python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" tests/test_fused.py -k gpu -s 2>&1 \
-        | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "PASSED|FAILED|passed|failed|^E |nhwc_tiles" | cut -c1-300 | tail -16
-    timeout "${KF_TWINS_S:-300}" python3 benchmarks/gn_twins.py --deadline "${KF_TWINS_DEADLINE:-200}" 2>&1 \
-        | grep --line-buffered -v "^DEBUG" | tee "$OUT/gn_twins.txt" | tail -30 ;;
+    # KF_TWINS_TESTS: pytest node ids to run instead of every GPU test of test_fused.py ("0": none)
+    if [ "${KF_TWINS_TESTS:-}" != "0" ]; then
+      timeout "${KF_TWINS_TESTS_S:-150}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" \
+          ${KF_TWINS_TESTS:-tests/test_fused.py -k gpu} -s 2>&1 \
+          | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_gpu_test.txt" | grep -E "PASSED|FAILED|passed|failed|^E |nhwc_tiles" | cut -c1-300 | tail -16
+    fi
+    # KF_TWINS_OPS: group_norm_silu and/or biased_group_norm_silu (the convolution's bias as a prologue)
+    for op in ${KF_TWINS_OPS:-group_norm_silu}; do
+      timeout "${KF_TWINS_S:-300}" python3 benchmarks/gn_twins.py --op "$op" --configs "${KF_TWINS_CONFIGS:-4}" \
+          --deadline "${KF_TWINS_DEADLINE:-200}" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/gn_twins_$op.txt" | tail -30
+    done ;;
   owed)
     # issue 14's owed seed searches (the Gemma attention softmax and the Qwen router softmax at the paper's 50
     # iterations; stores and .jsonl land in $OUT), then the graph-mode and decode GPU tests

@@ -3,6 +3,7 @@ against eager and against Inductor's kernel for the same call, in one run.
 
     python benchmarks/gn_twins.py                       # the four largest VAE shapes, bf16
     python benchmarks/gn_twins.py --shapes 1x512x256x256 --configs 4
+    python benchmarks/gn_twins.py --op biased_group_norm_silu   # with the convolution's bias as a prologue
 
 Under torch.compile Inductor lays the VAE out channels-last (regions._layout), so these twins are what
 kforge's fused kernels must beat there. Per shape: eager (its own group_norm + silu on the channels-last
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kforge.evaluate import Evaluator  # noqa: E402
 from kforge.kernels import device_info  # noqa: E402
-from kforge.ops import Card, get_spec  # noqa: E402
+from kforge.ops import PROLOGUE_OPS, Card, get_spec  # noqa: E402
 from kforge.proposers.builtin._strategy import get_strategy  # noqa: E402
 from kforge.regions._baseline import inductor_baseline_us  # noqa: E402
 from kforge.regions._layout import channels_last_twin  # noqa: E402
@@ -35,11 +36,12 @@ VAE = ("1x512x256x256", "1x256x512x512", "1x128x1024x1024", "1x256x1024x1024")
 FLOOR_GBS = 4250.0
 
 
-def twin_card(shape: tuple[int, ...], groups: int, dtype: torch.dtype) -> Card:
-    spec = get_spec("group_norm_silu")
+def twin_card(shape: tuple[int, ...], groups: int, dtype: torch.dtype, op: str = "group_norm_silu") -> Card:
+    spec = get_spec(op)
     x = torch.empty(shape, dtype=dtype, device="cuda")   # NB: never written, only its signature is read
     w = torch.empty(shape[1], dtype=dtype, device="cuda")
-    call = spec.bind(x, groups, w, w.clone(), 1e-6)
+    pre = (w.clone(),) if op in PROLOGUE_OPS else ()
+    call = spec.bind(x, *pre, groups, w, w.clone(), 1e-6)
     variant = spec.variant(call, [x])
     twin = channels_last_twin(variant)
     if twin is None:
@@ -52,6 +54,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(VAE))
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--op", default="group_norm_silu", choices=("group_norm_silu", "biased_group_norm_silu"),
+                    help="biased_...: the convolution's bias added first (Inductor's baseline fuses that add too)")
     ap.add_argument("--configs", type=int, default=4, help="nhwc_tiles configurations per shape (default first)")
     ap.add_argument("--deadline", type=float, default=300.0, help="seconds; shapes not started by then are skipped")
     args = ap.parse_args()
@@ -59,8 +63,8 @@ def main() -> None:
         raise SystemExit("gn_twins.py times CUDA kernels: run it on a machine with CUDA")
     t0 = time.perf_counter()
     dev = device_info("cuda")
-    tiles = get_strategy("group_norm_silu.cuda.nhwc_tiles")
-    others = [get_strategy(f"group_norm_silu.cuda.{n}") for n in ("block_group", "split")]
+    tiles = get_strategy(f"{args.op}.cuda.nhwc_tiles")
+    others = [] if args.op in PROLOGUE_OPS else [get_strategy(f"{args.op}.cuda.{n}") for n in ("block_group", "split")]
     # NB: the best of 2026-12-03l first (512 threads, 4 waves), then with 4 positions' loads in flight
     extra = [{"threads": 512, "vec": None, "waves": 4, "unroll": 1}, {"threads": 512, "vec": None, "waves": 4, "unroll": 4},
              {"threads": 256, "vec": None, "waves": 8, "unroll": 4}, {"threads": 1024, "vec": None, "waves": 8, "unroll": 1},
@@ -72,7 +76,7 @@ def main() -> None:
                 print(f"# deadline: {text} and later shapes skipped", flush=True)
                 break
             shape = tuple(int(s) for s in text.split("x"))
-            card = twin_card(shape, args.groups, getattr(torch, args.dtype))
+            card = twin_card(shape, args.groups, getattr(torch, args.dtype), args.op)
             v = card.variant
             floor = v.io_bytes / (FLOOR_GBS * 1e9) * 1e6
             row: dict = {"signature": v.signature, "floor_us": floor, "kernels": []}
@@ -110,7 +114,8 @@ def main() -> None:
               f"{r['floor_us'] / best['us']:.2f} |")
     out = Path(os.environ.get("OUT") or ROOT / "runs")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gn_twins.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1, default=str))
+    name = "gn_twins.json" if args.op == "group_norm_silu" else f"gn_twins_{args.op}.json"
+    (out / name).write_text(json.dumps({"torch": torch.__version__, "op": args.op, "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -688,7 +688,9 @@ __global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restri
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 v[u][j] = v[u][j] * a[j] + shift[j];
-                if (SILU) v[u][j] = v[u][j] / (1.f + __expf(-v[u][j]));
+                /* NB: __fdividef (a reciprocal and a multiply; 0 where exp overflows, as the SiLU's limit is), not
+                   IEEE division, whose slow-path check sits in the loop that is meant to be bandwidth-bound */
+                if (SILU) v[u][j] = __fdividef(v[u][j], 1.f + __expf(-v[u][j]));
             }
             if (VEC) { store_vec<V>(y + base + q * C, v[u]); } else {
 #pragma unroll
