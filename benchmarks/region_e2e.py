@@ -103,16 +103,28 @@ def main() -> None:
             print(f"  {r.signature[:70]:<70} share {r.share * 100:5.1f}%  {r.status.value:<12} {r.speedup:.2f}x",
                   flush=True)
     print(f"# search {t2 - t1:.0f} s; {len(s.results.winners)} winner(s)", flush=True)
-    report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m))
-    print(report.table(), flush=True)
     # NB: not benchmarks/results by default: a CPU smoke run's file there was committed twice as a result
     out = Path(os.environ.get("OUT") or ROOT / "runs")
     out.mkdir(parents=True, exist_ok=True)
-    result = {"model": args.model, "layers": args.layers, "iterations": args.iterations, "regions_searched": len(regions),
-              "winners": len(s.results.winners), "end_to_end": report.to_json(),
-              "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2}
     path = out / f"region_e2e_{args.model}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))   # NB: before the profile, which a timeout may cut
+
+    def save(report, final: bool) -> dict:
+        result = {"model": args.model, "layers": args.layers, "iterations": args.iterations,
+                  "regions_searched": len(regions), "winners": len(s.results.winners), "end_to_end": report.to_json(),
+                  "capture_s": t1 - t0, "search_s": t2 - t1, "e2e_s": time.perf_counter() - t2, "complete": final}
+        path.write_text(json.dumps(result, indent=1, default=str))
+        return result
+
+    def so_far(report) -> None:
+        # NB: the table and its JSON after eager and after each mode: a step cut by its timeout in its second
+        # mode lost the whole table (the SD3.5 VAE, 2026-12-03o)
+        print(report.table(), flush=True)
+        save(report, False)
+
+    report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m), on_mode=so_far)
+    print("# complete:", flush=True)
+    print(report.table(), flush=True)
+    result = save(report, True)   # NB: before the profile, which a timeout may cut
     if args.profile and args.device.startswith("cuda"):
         try:
             result["profile"] = _profile(s, model, inputs, args.profile)

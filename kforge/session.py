@@ -368,18 +368,19 @@ class Session:
 
     def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
                    guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,
-                   compare: Callable | None = None) -> "EndToEnd":
+                   compare: Callable | None = None, on_mode: Callable[["EndToEnd"], None] | None = None) -> "EndToEnd":
         """The model's forward on the first example batch, in one run: eager, torch.compile in each of
         ``modes``, and each of them with kforge, timed interleaved against its baseline, with outputs
         compared with eager's. With ``guard=True`` each mode keeps only the kernels that make the
         model measurably faster in that mode (the report's ``fallback`` says which were left out).
-        ``compare`` replaces the timer (a ``deploy._fallback.Compare``)."""
+        ``compare`` replaces the timer (a ``deploy._fallback.Compare``). ``on_mode`` gets the table so far
+        after eager and after each compile mode (to save what a long run has before it is cut)."""
         from .deploy._report import measure
 
         args, kwargs = self._inputs()
         kernels, gains, skipped = self._deployable(all_winners or guard)  # the check replaces the filter
         return measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
-                       guard=guard, backend=compile_backend, compare=compare, skipped=skipped)
+                       guard=guard, backend=compile_backend, compare=compare, skipped=skipped, on_mode=on_mode)
 
     def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs.

@@ -442,9 +442,17 @@ def test_a_twins_inputs_are_laid_out_by_the_graph_not_copied_by_the_kernel(tmp_p
     two SD3.5 VAE twins got their 512 MB inputs in another layout and copied them (5.1 ms a forward)."""
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
     (sig,) = [c.signature for c in cards]
-    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))
+    so_far = []
+    e2e = s.end_to_end(modes=("default", "max-autotune"), compile_backend="aot_eager",
+                       compare=_model_time({sig: -30.0}), on_mode=so_far.append)
     (default,) = [f for f in e2e.fallback if f.mode == "default"]
     assert default.copied == () and sig in default.kept, default.lines()
+    # the table so far after eager and after each mode (what a run cut in its second mode still has)
+    labels = [[r.label for r in t.rows] for t in so_far]
+    assert labels == [["eager", "eager + kforge"],
+                      ["eager", "compile default", "eager + kforge", "compile default + kforge"],
+                      [r.label for r in e2e.rows]], labels
+    assert "compile max-autotune + kforge" in labels[-1]
     torch._dynamo.reset()
     s.close()
 

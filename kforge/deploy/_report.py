@@ -307,8 +307,9 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
 def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKernel], gains: Sequence[float], *,
             device: str, modes: Sequence[str] = MODES, compile: bool = True, guard: bool = True,
             backend: str = "inductor", compare: Compare | None = None, skipped: Sequence[tuple[str, str]] = (),
-            dynamic: bool | None = False) -> EndToEnd:
-    """The end-to-end table in one run (see ``Session.end_to_end``)."""
+            dynamic: bool | None = False, on_mode: Callable[[EndToEnd], None] | None = None) -> EndToEnd:
+    """The end-to-end table in one run (see ``Session.end_to_end``). ``on_mode`` gets the table so far after
+    eager and after each compile mode (what a run cut later still has)."""
     compare = compare or interleaved(device)
     forward = lambda m: m(*args, **kwargs)  # noqa: E731
     with torch.no_grad():
@@ -361,6 +362,15 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
     rows.append(Row("eager", eager_us, float64_rel_diff=eager_err64))
     compile_us = compile_kforge_us = None
     compiled_rows: list[Row] = []
+
+    def table() -> EndToEnd:
+        out = rows + [Row("eager + kforge", kforge_us, "eager", cmp if kept else None, diff, len(kept),
+                          float64_rel_diff=kforge_err64)] + compiled_rows
+        return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
+                        tuple(out), tuple(reports))
+
+    if on_mode is not None:
+        on_mode(table())
     if compile:
         for mode in modes:
             label = f"compile {mode}"
@@ -395,8 +405,6 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                 rows.append(Row(label, None, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             finally:
                 torch._dynamo.reset()
-    rows.append(Row("eager + kforge", kforge_us, "eager", cmp if kept else None, diff, len(kept),
-                    float64_rel_diff=kforge_err64))
-    rows.extend(compiled_rows)
-    return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
-                    tuple(rows), tuple(reports))
+            if on_mode is not None:
+                on_mode(table())
+    return table()
