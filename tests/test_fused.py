@@ -591,3 +591,29 @@ def test_a_convolutions_bias_moves_into_the_fused_kernel_where_inductor_would_pe
     torch._dynamo.reset()
     found = capture_regions(model, [x])
     assert [(r.variant.op, r.calls) for r in found.records if r.variant.op != "region"] == [("group_norm_silu", 2)]
+
+
+@needs_mkldnn
+def test_a_kernel_from_before_the_bias_prologue_still_takes_its_calls(tmp_path, monkeypatch):
+    """A store searched before the prologue existed has a kernel for the plain fused twin of a call that is now
+    ``biased_group_norm_silu``: the ATen pass places it there as before (the convolution keeps its bias), so a
+    search a user paid for is not lost."""
+    import kforge.regions._finder as finder
+    from kforge.ops import without_prologue
+    from kforge.proposers.builtin._strategy import get_strategy
+
+    monkeypatch.setattr(finder, "inductor_peels_conv_bias", lambda device: True)
+    s, model, x = _captured(_Peel, (2, 4, 9, 7), tmp_path)
+    (biased,) = s.cards.by_op("biased_group_norm_silu")
+    s.close()
+    old = without_prologue(biased.variant)   # the plain twin: same shapes and strides, no bias input
+    dev = device_info("cpu")
+    strategy = get_strategy("group_norm_silu.cpu.per_group")
+    built = compile_source(strategy.render(old, strategy.default(old, dev), dev), "cpu", "native")
+    kernel = DeployedKernel(old, Kernel(built.path))
+    expected = _eager(model, x)
+    compiled, got, code = _compile_run([kernel], model, x, code=True)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    # both calls: the one now biased, and the second (its convolution has two readers: plain, of the same shapes)
+    assert compiled.kforge_backend.replaced == [old.signature] * 2, code
+    assert kernel.calls >= 2 and kernel.relayouts == 0

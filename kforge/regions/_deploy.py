@@ -81,6 +81,12 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     flexible_any = False
     for region in partition(gm, plain_lone=True):
         name = kernels.get(region.variant.key)
+        if name is None and region.peeled is not None:
+            # NB: a kernel for the call without its bias prologue (a store searched before the prologue existed):
+            # placed as it was then, the convolution keeping its bias
+            plain = region.without_prologue()
+            name = kernels.get(plain.variant.key)
+            region = plain if name is not None else region
         if name is None:
             if missed is not None:
                 missed.append(region.variant)

@@ -180,7 +180,7 @@ class FoundRegion:
         if self.peeled is None:
             return self
         return FoundRegion(without_prologue(self.variant), self.nodes, (self.inputs[0], *self.inputs[2:]),
-                           self.outputs)
+                           self.outputs, without_prologue(self.traced) if self.traced is not None else None)
 
     @property
     def ops(self) -> tuple[str, ...]:
