@@ -65,7 +65,8 @@ def main() -> None:
     dev = device_info("cuda")
     tiles = get_strategy(f"{args.op}.cuda.nhwc_tiles")
     others = [] if args.op in PROLOGUE_OPS else [get_strategy(f"{args.op}.cuda.{n}") for n in ("block_group", "split")]
-    # NB: the best of 2026-12-03l first (512 threads, 4 waves), then with 4 positions' loads in flight
+    # NB: after the default (registers bounded), the best of 2026-12-03l (512 threads, 4 waves; no "bound": the
+    # form timed before that knob), then with 4 positions' loads in flight
     extra = [{"threads": 512, "vec": None, "waves": 4, "unroll": 1}, {"threads": 512, "vec": None, "waves": 4, "unroll": 4},
              {"threads": 256, "vec": None, "waves": 8, "unroll": 4}, {"threads": 1024, "vec": None, "waves": 8, "unroll": 1},
              {"threads": 256, "vec": None, "waves": 16, "unroll": 1}]

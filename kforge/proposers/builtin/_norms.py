@@ -576,6 +576,11 @@ _GN_NHWC = CUDA + r"""
 #define V {{vec}}
 #define TILES {{tiles}}
 #define UNROLL {{unroll}}
+/* Blocks an SM must hold at once (the knob `bound`): the waves of tiles the grid is sized for (at most what the
+   SM's threads allow), so the compiler keeps each thread's registers within that; 1 without the bound. NB: at 33-40 registers a thread, 512-thread blocks
+   fit 3 to an SM, not the 4 the grid was sized for: a second, mostly empty round of tiles (found reading ptxas'
+   register counts after the bias prologue ran 50 us slower than the plain twin of [1,128,1024,1024] on the H200) */
+#define MINB {{minb}}
 /* Channels-last N,*,C: every position's C channels are one dense run. A thread owns V adjacent channels
    (one group's: V divides CPG) and walks positions, LANES threads covering a position's run (coalesced),
    ROWS positions a block at a time. Statistics: per-thread Welford over its channels, merged per group
@@ -600,7 +605,7 @@ __device__ __forceinline__ void load_pre(const p_t* __restrict__ pb, int c0, flo
 }
 
 template <bool VEC>
-__global__ void __launch_bounds__(THREADS) gn_tile_partials(const x_t* __restrict__ x, const p_t* __restrict__ pb,
+__global__ void __launch_bounds__(THREADS, MINB) gn_tile_partials(const x_t* __restrict__ x, const p_t* __restrict__ pb,
                                                            float* __restrict__ part) {
     __shared__ float sh[3][THREADS];
     const int lane = threadIdx.x % LANES, row = threadIdx.x / LANES;
@@ -658,7 +663,7 @@ __global__ void __launch_bounds__(32) gn_tile_stats(const float* __restrict__ pa
 }
 
 template <bool VEC>
-__global__ void __launch_bounds__(THREADS) gn_tile_normalise(const x_t* __restrict__ x, const p_t* __restrict__ pb,
+__global__ void __launch_bounds__(THREADS, MINB) gn_tile_normalise(const x_t* __restrict__ x, const p_t* __restrict__ pb,
                                                             const float* __restrict__ stats,
                                                             const w_t* __restrict__ w, const b_t* __restrict__ b,
                                                             y_t* __restrict__ y) {
@@ -745,28 +750,35 @@ def _gn_tile_threads(v: Variant, vec: int, threads: int) -> int:
 
 
 def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
-    c = {"unroll": 1, **c}   # NB: configurations from before the knob (stores, tests) load one position at a time
+    # NB: configurations from before a knob (stores, tests) render as they did: one position's loads at a time, no
+    # register bound
+    c = {"unroll": 1, "bound": 0, **c}
     n, ch, hw, g = _gn_dims(v)
     threads = _gn_tile_threads(v, c["vec"], c["threads"])
     rows = threads // (ch // c["vec"])
     tiles = max(1, min(-(-c["waves"] * d.sm_count // n), -(-hw // rows)))
-    return {**c, "threads": threads, "tiles": tiles}
+    minb = max(1, min(c["waves"], 2048 // threads)) if c["bound"] else 1
+    return {**c, "threads": threads, "tiles": tiles, "minb": minb}
 
 
 @strategy(_GN_OPS, "cuda", "nhwc_tiles", level=1,
           doc="channels-last: each thread owns adjacent channels of one group and walks positions (coalesced "
               "runs of C), per-tile Welford partials per group, merged, then normalised with per-thread scale",
-          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16), "unroll": (1, 4)},
+          space={"threads": (128, 256, 512, 1024), "vec": (1, 2, 4, 8), "waves": (2, 4, 8, 16), "unroll": (1, 4),
+                 "bound": (1, 0)},
           applies=lambda v, d: _gn_tile_ok(v),
           # NB: 512 threads, 4 blocks an SM: the fastest of three configurations timed on three of the four SD3.5
           # VAE twins on the H200, 9% behind 1024 threads on the fourth (gn_twins_h200_2026-12-03l.json)
-          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1},
+          # "bound": registers capped so the blocks the grid is sized for fit an SM at once (not yet timed: ptxas
+          # counted 33-40 registers a thread in three of the VAE twins' kernels, 3 blocks of 512 threads an SM, not 4)
+          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1, "bound": 1},
           valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
                                  and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
           fit=lambda v, d: 6.0,
           explain=lambda v, c: (f"{c['vec']} channels a thread, {c['threads']}-thread blocks, "
                                 f"{c['waves']} blocks per SM over the positions, {c.get('unroll', 1)} positions' "
-                                "loads in flight; three kernels"))
+                                "loads in flight" + (", registers bounded so they fit at once" if c.get("bound") else "")
+                                + "; three kernels"))
 def _gn_nhwc_tiles(v: Variant, c: dict, d: DeviceInfo) -> str:
     n = _gn_dims(v)[0]
     return fill(_GN_NHWC, **_gn_common(v, _gn_tile_config(v, c, d)), N=n)
