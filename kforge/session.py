@@ -114,7 +114,8 @@ class Session:
 
             cards = region_cards(self.model, self.batches, cards, device=self.device, store=self.store,
                                  timing_budget_ms=budget, examples_per_variant=self.limits.examples_per_variant,
-                                 inductor=self.device != "cpu" if inductor_baseline is None else inductor_baseline)
+                                 inductor=self.device != "cpu" if inductor_baseline is None else inductor_baseline,
+                                 max_tensor_bytes=self.limits.max_tensor_bytes)
         self.store.save_cards(cards)
         self.store.set_meta("device", self.device)
         self._cards = cards

@@ -55,6 +55,23 @@ def test_the_graph_capture_finds_group_norm_then_silu_as_one_fused_call():
                                want)
 
 
+def test_a_fused_card_with_a_tensor_over_the_capture_limit_keeps_no_example(tmp_path):
+    """Region capture keeps operator capture's limit (``CaptureLimits.max_tensor_bytes``): a card with a larger
+    tensor keeps no example, and its search runs on fresh inputs. Before, the SD3.5 VAE's fused twins (512 MB
+    tensors) kept two examples each and their outputs: gigabytes cloned, written and read again."""
+    model, x = _model()
+    found = capture_regions(model, [x], max_tensor_bytes=2 * 8 * 9 * 7 * 4 - 1)   # one byte under [2,8,9,7] f32
+    (fused,) = [r for r in found.records if r.variant.op == "group_norm_silu"]
+    assert fused.calls == 2 and fused.examples == []
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path, limits=kforge.CaptureLimits(max_tensor_bytes=1000))
+    s.capture(timing_budget_ms=2.0)
+    (card,) = s.cards.by_op("group_norm_silu")
+    assert card.examples == 0 and s.store.load_examples(card.key, "cpu") == []
+    s.close()
+    found = capture_regions(model, [x], max_tensor_bytes=2 * 8 * 9 * 7 * 4)
+    assert [len(r.examples) for r in found.records if r.variant.op == "group_norm_silu"] == [2]
+
+
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     model, x = _model()

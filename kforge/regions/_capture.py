@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import Variant, get_spec
+from ..ops import Variant, get_spec, torch_dtype
 from ._finder import FoundRegion
 
 
@@ -57,7 +57,8 @@ class _GraphRun:
         if not self.owner.recording:
             return self.gm(*args)
         wanted = {r.variant.key for r in self.regions
-                  if len(self.owner.record(r.variant).examples) < self.owner.examples_per_variant}
+                  if len(self.owner.record(r.variant).examples) < self.owner.examples_per_variant
+                  and self.owner.small_enough(r.variant)}
         # NB: per region of the graph, not per variant: two calls of one signature in a graph have
         # inputs of their own, and an example must be one call's
         seen: dict[int, list] = {id(r): [None] * len(r.inputs) for r in self.regions if r.variant.key in wanted}
@@ -137,11 +138,21 @@ def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
 
 
 class _Recorder:
-    def __init__(self, examples_per_variant: int):
+    def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None):
         self.examples_per_variant = examples_per_variant
+        self.max_tensor_bytes = max_tensor_bytes
         self.records: dict[str, _Record] = {}
         self.graphs = 0
         self.recording = True
+
+    def small_enough(self, variant: Variant) -> bool:
+        """Whether ``variant``'s examples may be kept: none of its tensors over ``max_tensor_bytes`` (as operator
+        capture has it: CaptureLimits). NB: the SD3.5 VAE's fused twins hold 512 MB bf16 tensors; two examples
+        each, with their outputs, made gigabytes to clone, write and load again (capture 131 s on the H200)."""
+        if self.max_tensor_bytes is None:
+            return True
+        sigs = [s for s in (*variant.inputs, *variant.outputs) if s is not None]
+        return all(s.numel * torch_dtype(s.dtype).itemsize <= self.max_tensor_bytes for s in sigs)
 
     def record(self, variant: Variant) -> _Record:
         return self.records.setdefault(variant.key, _Record(variant))
@@ -175,7 +186,8 @@ def no_recompile_limit():
     return cfg.patch({n: 1 << 20 for n in names})
 
 
-def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2) -> RegionCapture:
+def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2,
+                    max_tensor_bytes: int | None = None) -> RegionCapture:
     """Run ``model`` once per batch under a recording torch.compile backend and collect its regions.
 
     A model dynamo cannot trace gives no regions and the reason (``error``), never an exception:
@@ -183,7 +195,7 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
     """
     from ..capture import split_batch
 
-    rec = _Recorder(examples_per_variant)
+    rec = _Recorder(examples_per_variant, max_tensor_bytes)
     try:
         compiled = torch.compile(model, backend=rec.backend(), dynamic=False, fullgraph=False)
         with torch.no_grad(), no_recompile_limit():
@@ -210,13 +222,14 @@ def covered_op_calls(variant: Variant) -> collections.Counter:
 
 
 def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: str, store=None,
-                 timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False):
+                 timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False,
+                 max_tensor_bytes: int | None = None):
     """``op_cards`` plus one card per region variant of the model's graph, shares recomputed so that
     a region's card replaces the operator calls inside it (shares of one forward sum to at most 1)."""
     from ..capture import Card, Cards
     from ..capture._capture import time_variant
 
-    found = capture_regions(model, batches, examples_per_variant=examples_per_variant)
+    found = capture_regions(model, batches, examples_per_variant=examples_per_variant, max_tensor_bytes=max_tensor_bytes)
     if store is not None:
         store.set_meta("regions", {"graphs": found.graphs, "graph_breaks": found.graph_breaks,
                                    "regions": len(found.records), "error": found.error})
