@@ -122,8 +122,7 @@ def main() -> None:
         save(report, False)
 
     report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m), on_mode=so_far)
-    print("# complete:", flush=True)
-    print(report.table(), flush=True)
+    print("# complete", flush=True)   # NB: the last table printed (after the last mode) is the whole one
     result = save(report, True)   # NB: before the profile, which a timeout may cut
     if args.profile and args.device.startswith("cuda"):
         try:

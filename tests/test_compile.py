@@ -435,34 +435,32 @@ def test_a_long_forward_still_gets_its_rounds_and_compiled_arms_skip_the_warm_up
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the twin needs Inductor's CPU layout choice")
-def test_a_twins_inputs_are_laid_out_by_the_graph_not_copied_by_the_kernel(tmp_path):
-    """The ATen pass asks for the twin's layout in the graph (``inductor_force_stride_order`` in front of the
-    call: free where Inductor lays the buffer out so anyway, else the producing kernel writes it so): under a
-    backend that keeps eager's layouts the kernel still gets its own and copies nothing. Before, on the H200
-    two SD3.5 VAE twins got their 512 MB inputs in another layout and copied them (5.1 ms a forward)."""
+def test_end_to_end_hands_over_the_table_after_eager_and_after_each_mode(tmp_path):
+    """``on_mode``: the table so far after eager and after each compile mode, what a run cut in its second mode
+    still has (an H200 call of the SD3.5 VAE lost its whole table that way)."""
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
     (sig,) = [c.signature for c in cards]
     so_far = []
     e2e = s.end_to_end(modes=("default", "max-autotune"), compile_backend="aot_eager",
                        compare=_model_time({sig: -30.0}), on_mode=so_far.append)
-    (default,) = [f for f in e2e.fallback if f.mode == "default"]
-    assert default.copied == () and sig in default.kept, default.lines()
-    # the table so far after eager and after each mode (what a run cut in its second mode still has)
     labels = [[r.label for r in t.rows] for t in so_far]
     assert labels == [["eager", "eager + kforge"],
                       ["eager", "compile default", "eager + kforge", "compile default + kforge"],
                       [r.label for r in e2e.rows]], labels
     assert "compile max-autotune + kforge" in labels[-1]
+    # a hook that fails costs its call, not the run
+    e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}),
+                       on_mode=lambda t: 1 / 0)
+    assert [r.label for r in e2e.rows][-1] == "compile default + kforge"
     torch._dynamo.reset()
     s.close()
 
 
-def test_a_placed_kernel_whose_calls_pay_a_copy_is_reported(tmp_path, monkeypatch):
+def test_a_placed_kernel_whose_calls_pay_a_copy_is_reported(tmp_path):
     """The region between tiny_cnn's convolutions is a channels-last twin (what Inductor would lay out);
-    under a backend that keeps eager's layouts (aot_eager), with the pass's request for the twin's layout
-    switched off (``_in_layout``: what a layout the pass does not control looks like), each call gets another
-    layout and pays a copy into the kernel's: the report says which kernel and how many calls of one forward."""
-    monkeypatch.setattr("kforge.regions._deploy._in_layout", lambda graph, node, sig: node)
+    under a backend that keeps eager's layouts (aot_eager: the pass asks no layout of a compiler other than
+    Inductor) each call gets another layout and pays a copy into the kernel's: the report says which kernel and
+    how many calls of one forward."""
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("region",))
     (sig,) = [c.signature for c in cards]
     e2e = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: -30.0}))

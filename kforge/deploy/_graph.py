@@ -12,6 +12,7 @@ registers its own) rewrite the forward graph, and compiles that graph with the c
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -31,6 +32,16 @@ GraphPass = Callable[[torch.fx.GraphModule], Sequence[str]]   # rewrites in plac
 # Given a compile's kernels, a pass over AOTAutograd's ATen forward graph, or None when none of them needs one.
 AtenPassMaker = Callable[[Sequence[DeployedKernel]], "GraphPass | None"]
 _ATEN_PASS_MAKERS: list[AtenPassMaker] = []
+
+
+# Whether the ATen graph the registered passes rewrite goes to Inductor next (True) or to another compiler.
+_INDUCTOR_LOWERS: contextvars.ContextVar[bool] = contextvars.ContextVar("kforge_inductor_lowers", default=False)
+
+
+def inductor_lowers() -> bool:
+    """In an ATen pass: whether Inductor compiles the graph next (an Inductor-only prim, such as its layout
+    request ``prims.inductor_force_stride_order``, is then lowered away rather than run as it is eagerly)."""
+    return _INDUCTOR_LOWERS.get()
 
 
 def register_aten_pass(maker: AtenPassMaker) -> AtenPassMaker:
@@ -262,10 +273,14 @@ class KforgeBackend:
         def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs: list, forward: bool) -> Callable:
             # NB: under the mode's Inductor options, so that the passes' questions to Inductor (its layout
             # decision: regions._layout) get the answers the compile will (options={"layout_optimization": False})
-            with self._inductor_config():
-                for aten_pass in self.aten_passes:
-                    record.replaced.extend(aten_pass(aten_gm))
-                    record.missed.extend(getattr(aten_pass, "missed", ()))
+            token = _INDUCTOR_LOWERS.set(compiler is self._inductor)
+            try:
+                with self._inductor_config():
+                    for aten_pass in self.aten_passes:
+                        record.replaced.extend(aten_pass(aten_gm))
+                        record.missed.extend(getattr(aten_pass, "missed", ()))
+            finally:
+                _INDUCTOR_LOWERS.reset(token)
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
             # its own AOTAutograd over it again: a re-trace of a functional graph, apart from the copy_
             # into inputs an inference graph keeps; so do the aot_* backends). What they return takes its arguments unpacked, which

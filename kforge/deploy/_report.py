@@ -369,8 +369,15 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
                         tuple(out), tuple(reports))
 
-    if on_mode is not None:
-        on_mode(table())
+    def report_so_far() -> None:
+        if on_mode is None:
+            return
+        try:
+            on_mode(table())
+        except Exception as exc:  # NB: the caller's progress hook failing (a full disk) costs its call, not the run
+            log.warning("kforge: end_to_end's on_mode failed: %s: %s", type(exc).__name__, exc)
+
+    report_so_far()
     if compile:
         for mode in modes:
             label = f"compile {mode}"
@@ -405,6 +412,5 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                 rows.append(Row(label, None, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             finally:
                 torch._dynamo.reset()
-            if on_mode is not None:
-                on_mode(table())
+            report_so_far()
     return table()

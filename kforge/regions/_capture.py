@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import Variant, get_spec, torch_dtype
+from ..ops import Variant, get_spec, torch_dtype, without_prologue
 from ._finder import FoundRegion
 
 
@@ -71,7 +71,7 @@ class _GraphRun:
                     if id(r) not in seen or not isinstance(out, torch.Tensor):
                         continue
                     # NB: a bias prologue's kernel takes the convolution's output before its bias
-                    value = self._without_bias(n) if r.peeled is n and i == 0 else out
+                    value = self._without_bias(n, out) if r.peeled is n and i == 0 else out
                     want = r.variant.inputs[i] if i < len(r.variant.inputs) else None
                     if r.traced is not None and want is not None and tuple(value.shape) == want.shape \
                             and tuple(value.stride()) != want.stride \
@@ -83,13 +83,17 @@ class _GraphRun:
                         seen[id(r)][i] = value.detach().clone()
                 return out
 
-            def _without_bias(self, n):
+            def _without_bias(self, n, out):
                 args, kwargs = self.fetch_args_kwargs_from_env(n)
+                bias = kwargs["bias"] if "bias" in kwargs else args[2]
                 if "bias" in kwargs:
                     kwargs = {**kwargs, "bias": None}
                 else:
                     args = (*args[:2], None, *args[3:])
-                return n.target(*args, **kwargs)
+                try:
+                    return n.target(*args, **kwargs)
+                except RuntimeError:   # NB: where the node itself needed TracedLayoutInterpreter's retry
+                    return (out.float() - bias.float().reshape(1, -1, *([1] * (out.dim() - 2)))).to(out.dtype)
 
         with torch.no_grad():
             result = _Interp(self.gm).run(*args)
@@ -258,7 +262,8 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
         new_cards.append(Card(variant, rec.calls, timing.median_us, 0.0, None, len(rec.examples), timing.spread,
                               inductor_us=inductor_us))
         # NB: a layout twin stands for the calls as traced (eager ran and captured them so)
-        for op_key, n in covered_op_calls(rec.traced or variant).items():
+        # NB: without a bias prologue: eager runs that bias inside its convolution, not as an add of its own
+        for op_key, n in covered_op_calls(without_prologue(rec.traced or variant)).items():
             covered[op_key] += n * rec.calls
     op_list = list(op_cards)
     by_key = {c.key: c for c in op_list}

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
+from ..deploy._graph import inductor_lowers
 from ..ops import placed_in_aten_graph
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
 
@@ -100,7 +101,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
             drop_conv_bias(region.peeled)
         with graph.inserting_before(region.nodes[0]):
             args = [moved.get(n, n) for n in region.inputs]
-            if flexible:
+            if flexible and inductor_lowers():
                 args = [_in_layout(graph, a, sig) for a, sig in zip(args, region.variant.inputs)]
             call = graph.call_function(op, (name, args))
         for i, out in enumerate(region.outputs):
@@ -130,7 +131,8 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
 def _in_layout(graph: fx.Graph, node: Any, sig: Any) -> Any:
     """``node`` as a twin's kernel takes it: a 4-d tensor through Inductor's ``inductor_force_stride_order`` with
     the kernel's strides, which costs nothing where Inductor lays the buffer out so anyway and otherwise makes the
-    kernel that writes it write it so (a copy only where that kernel's layout is fixed).
+    kernel that writes it write it so (a copy only where that kernel's layout is fixed). Only where Inductor
+    compiles the graph: run as it is (aot_eager), that prim copies every input, whatever its layout.
 
     NB: on the H200 two of the SD3.5 VAE's twins (the group_norms after an upsampler, whose input a 1x1
     convolution reads too) got their input in another layout, and their calls paid a 512 MB copy each (5.1 ms

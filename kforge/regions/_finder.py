@@ -9,7 +9,7 @@ IR does not model are boundaries. A region must plan (``plan_region``): one kern
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -179,8 +179,8 @@ class FoundRegion:
 
         if self.peeled is None:
             return self
-        return FoundRegion(without_prologue(self.variant), self.nodes, (self.inputs[0], *self.inputs[2:]),
-                           self.outputs, without_prologue(self.traced) if self.traced is not None else None)
+        return replace(self, variant=without_prologue(self.variant), inputs=(self.inputs[0], *self.inputs[2:]),
+                       traced=without_prologue(self.traced) if self.traced is not None else None, peeled=None)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -298,6 +298,10 @@ def _peelable_bias(x: Any) -> fx.Node | None:
     bias, val = a.get("bias"), _val(x)
     if not isinstance(bias, fx.Node) or not isinstance(_val(bias), torch.Tensor) or a.get("transposed") \
             or not isinstance(val, torch.Tensor) or val.dim() != 4 or not inductor_peels_conv_bias(val.device):
+        return None
+    # NB: the shapes the prologue's CUDA design (group_norm_silu's nhwc_tiles: a position's channels over at most
+    # 1024 threads, the samples a grid dimension) takes; elsewhere the plain fused card keeps its other designs
+    if val.shape[1] > 1024 or val.shape[0] > 65535:
         return None
     return bias
 
