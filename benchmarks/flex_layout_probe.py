@@ -5,7 +5,12 @@ got at run time and Inductor's code around its call.
 
     python benchmarks/flex_layout_probe.py cuda
 """
-import sys, torch, torch.nn as nn, torch.nn.functional as F
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
 dev = sys.argv[1] if len(sys.argv) > 1 else "cpu"
 seen = []
 lib = torch.library.Library("probe", "DEF")

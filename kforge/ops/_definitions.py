@@ -121,7 +121,7 @@ def _biased_group_norm_silu(x: list, p: dict) -> T:
     it (in the input's type, x + bias rounds before the statistics: a kernel exact in float32 failed the check
     on 785 of 65536 bf16 elements where the bias dominates, found by review)."""
     dt = x[0].dtype
-    f32 = lambda t: None if t is None else t.float()  # noqa: E731
+    f32 = lambda t: None if t is None else t.float()
     y = f32(x[0]) + _channel_view(x[1].float(), x[0].dim())
     return F.silu(F.group_norm(y, p["num_groups"], f32(x[2]), f32(x[3]), p["eps"])).to(dt)
 

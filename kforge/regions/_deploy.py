@@ -17,9 +17,9 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
 from ..deploy._graph import inductor_lowers
 from ..ops import placed_in_aten_graph
+from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
 
 
@@ -68,7 +68,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     which the twin and ``run_flexible`` stand; dynamo's own example values can differ (on the H200 two
     of the SD3.5 VAE's group_norm inputs were channels-last there and contiguous here).
     """
-    import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
+    import kforge.deploy._dispatch  # (defines torch.ops.kforge.run)
 
     graph = gm.graph
     done: list[str] = []
@@ -137,7 +137,7 @@ def _in_layout(graph: fx.Graph, node: Any, sig: Any) -> Any:
     NB: on the H200 two of the SD3.5 VAE's twins (the group_norms after an upsampler, whose input a 1x1
     convolution reads too) got their input in another layout, and their calls paid a 512 MB copy each (5.1 ms
     a forward, 2026-12-03m)."""
-    import torch._inductor.inductor_prims  # noqa: F401  (defines prims.inductor_force_stride_order)
+    import torch._inductor.inductor_prims  # (defines prims.inductor_force_stride_order)
 
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     if sig is None or not isinstance(val, torch.Tensor) or val.dim() != 4 or tuple(val.shape) != tuple(sig.shape) \

@@ -173,7 +173,7 @@ class FoundRegion:
     # deploy runs without it (its first input is that convolution, its second the bias)
     peeled: fx.Node | None = None
 
-    def without_prologue(self) -> "FoundRegion":
+    def without_prologue(self) -> FoundRegion:
         """The fused operator as it is without its bias prologue: the convolution keeps its bias."""
         from ..ops import without_prologue
 
