@@ -68,7 +68,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     which the twin and ``run_flexible`` stand; dynamo's own example values can differ (on the H200 two
     of the SD3.5 VAE's group_norm inputs were channels-last there and contiguous here).
     """
-    import kforge.deploy._dispatch  # (defines torch.ops.kforge.run)
+    import kforge.deploy._dispatch  # noqa: F401  (defines torch.ops.kforge.run)
 
     graph = gm.graph
     done: list[str] = []
