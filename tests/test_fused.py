@@ -287,13 +287,13 @@ def test_the_capture_interpreter_lays_arguments_out_as_traced():
 
 
 class _ConvBlock(nn.Module):
-    """3x3 convolutions wide enough that Inductor lays the graph out channels-last on the GPU."""
+    """3x3 convolutions wide enough (by default) that Inductor lays the graph out channels-last on the GPU."""
 
-    def __init__(self):
+    def __init__(self, cin: int = 64, channels: int = 128, groups: int = 32):
         super().__init__()
-        self.conv = nn.Conv2d(64, 128, 3, padding=1)
-        self.norm = nn.GroupNorm(32, 128)
-        self.conv2 = nn.Conv2d(128, 128, 3, padding=1)
+        self.conv = nn.Conv2d(cin, channels, 3, padding=1)
+        self.norm = nn.GroupNorm(groups, channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x):
         return self.conv2(torch.nn.functional.silu(self.norm(self.conv(x))))
@@ -389,17 +389,11 @@ def test_on_the_gpu_the_channels_last_tile_kernel_is_correct(tmp_path, dtype):
     s.close()
 
 
-class _LoneNorm(nn.Module):
-    """conv -> GroupNorm -> conv: a group_norm no SiLU reads (the SD3.5 VAE's attention norm, many UNets)."""
+class _LoneNorm(_WideLone):
+    """conv -> GroupNorm -> conv, small: a group_norm no SiLU reads (the SD3.5 VAE's attention norm, many UNets)."""
 
     def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(4, 8, 3, padding=1)
-        self.norm = nn.GroupNorm(2, 8)
-        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv2(self.norm(self.conv(x)))
+        super().__init__(4, 8, 2)
 
 
 @needs_mkldnn

@@ -106,7 +106,6 @@ register(OpSpec(
     doc="silu(group_norm(x)): a group normalization whose only reader is a SiLU (graph mode only)"))
 
 
-
 def _bind_biased_group_norm(input, input_bias, num_groups, weight=None, bias=None, eps=1e-5, *_a, **_k):
     return Call((input, input_bias, weight, bias), {"num_groups": int(num_groups), "eps": float(eps)})
 
@@ -134,7 +133,7 @@ def _biased_group_norm_silu(x: list, p: dict) -> T:
 register(OpSpec(
     name="biased_group_norm_silu", kind="normalization", targets=(),
     inputs=("input", "input_bias", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_biased_group_norm,
-    reference=lambda x, p: _biased_group_norm_silu(x, p),
+    reference=_biased_group_norm_silu,
     doc="silu(group_norm(x + input_bias per channel)): a convolution's bias, a group normalization and the SiLU "
         "that alone reads it (graph mode only)"))
 
@@ -153,6 +152,7 @@ def without_prologue(variant: Variant) -> Variant:
     if variant.op not in PROLOGUE_OPS:
         return variant
     return replace(variant, op=PROLOGUE_OPS[variant.op], inputs=(variant.inputs[0], *variant.inputs[2:]))
+
 
 # Operators (besides pointwise regions) whose cards get a channels-last twin where Inductor lays a graph out
 # channels-last (kforge.regions._layout): the fused ones, and a group_norm no SiLU alone reads.
