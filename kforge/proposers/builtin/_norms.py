@@ -769,9 +769,12 @@ def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
           applies=lambda v, d: _gn_tile_ok(v),
           # NB: 512 threads, 4 blocks an SM: the fastest of three configurations timed on three of the four SD3.5
           # VAE twins on the H200, 9% behind 1024 threads on the fourth (gn_twins_h200_2026-12-03l.json)
-          # "bound": registers capped so the blocks the grid is sized for fit an SM at once (not yet timed: ptxas
-          # counted 33-40 registers a thread in three of the VAE twins' kernels, 3 blocks of 512 threads an SM, not 4)
-          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1, "bound": 1},
+          # "bound": registers capped so the blocks the grid is sized for fit an SM at once (ptxas counted 33-39
+          # registers a thread in the prologue's kernels). On the H200 it made the biased twins 1.2-18.8% faster
+          # (275.3 -> 231.8 us at [1,128,1024,1024]) and the plain ones 0-5.9% slower (75.5 -> 80.0 us at
+          # [1,512,256,256]; gn_twins_*_h200_2026-12-03q.txt): on where the operator has the prologue
+          default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1,
+                                "bound": int(v.op in PROLOGUE_OPS)},
           valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
                                  and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
           fit=lambda v, d: 6.0,
