@@ -130,6 +130,9 @@ PY
     # (carry [".whl"]; the twins' GPU tests are in `twins`); then (KF_SOFTMAX_S=seconds) the Gemma attention
     # softmax at the paper's 50 iterations.
     # NB: no store: the VAE's examples (bf16 tensors of up to 512 MB) made archiving it outrun the step (2026-12-03j)
+    # KF_MODES=max-autotune with KF_CONV_BACKENDS=ATEN: max-autotune's GEMM autotuning and CUDA graphs, the
+    # convolutions from ATen (Triton's convolution templates did not finish autotuning in a call before)
+    [ -n "${KF_CONV_BACKENDS:-}" ] && export TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=$KF_CONV_BACKENDS
     install_wheels
     # --ops: the fused pairs and the lone group_norm (the mid-block attention's), each a channels-last twin
     timeout "${KF_VAE_S:-520}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu,group_norm \
