@@ -129,7 +129,10 @@ PY
     # under compile default with and without them, then the GPU time per kernel of both arms (--profile)
     # (carry [".whl"]; the twins' GPU tests are in `twins`); then (KF_SOFTMAX_S=seconds) the Gemma attention
     # softmax at the paper's 50 iterations.
-    # NB: no store: the VAE's examples (bf16 tensors of up to 512 MB) made archiving it outrun the step (2026-12-03j)
+    # NB: no store by default: the VAE's examples (bf16 tensors of up to 512 MB) made archiving it outrun the step
+    # (2026-12-03j); KF_STORE's is lean (no examples)
+    # KF_STORE=runs/vae_store.tgz: the search's store without its examples, written there and into $OUT after the
+    # search; a later call given it back (carry it) searches nothing again and spends its time on other modes
     # KF_MODES=max-autotune with KF_CONV_BACKENDS=ATEN: max-autotune's GEMM autotuning and CUDA graphs, the
     # convolutions from ATen (Triton's convolution templates did not finish autotuning in a call before)
     [ -n "${KF_CONV_BACKENDS:-}" ] && export TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=$KF_CONV_BACKENDS
@@ -137,7 +140,7 @@ PY
     # --ops: the fused pairs and the lone group_norm (the mid-block attention's), each a channels-last twin
     timeout "${KF_VAE_S:-520}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu,group_norm \
         --modes "${KF_MODES:-default}" --iterations "${KF_ITERATIONS:-1}" --max-cards "${KF_MAX_CARDS:-7}" --no-inductor-baseline \
-        --profile "${KF_PROFILE_MODE:-default}" 2>&1 \
+        --profile "${KF_PROFILE_MODE:-default}" ${KF_STORE:+--store "$KF_STORE" --lean-store} 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version" | tail -45
     if [ -n "${KF_SOFTMAX_S:-}" ]; then

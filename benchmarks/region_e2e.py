@@ -8,7 +8,8 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
 
 Writes region_e2e_<model>.json to $OUT (or runs/, which git ignores). With ``--store PATH.tgz`` the session's
 store is unpacked from PATH when it exists (cards searched there are not searched again) and packed back
-to PATH (and into $OUT) after the search, so a later call can time other modes without searching.
+to PATH (and into $OUT) after the search, so a later call can time other modes without searching
+(``--lean-store``: without the captured examples, which the later call's capture records again).
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def main() -> None:
                          "winner against plain compile through kforge's backend, the kernels that differ most")
     ap.add_argument("--store", type=Path, default=None,
                     help="a .tgz of the session's store: resumed from when it exists, written after the search")
+    ap.add_argument("--lean-store", action="store_true",
+                    help="write the store without its tensors (blobs/: the captured examples, which the resumed "
+                         "capture records again): the SD3.5 VAE's were gigabytes, too large to come back from a call")
     args = ap.parse_args()
     t0 = time.perf_counter()
     model, inputs = _model(args.model, args)
@@ -96,7 +100,8 @@ def main() -> None:
         s.optimize(cards=todo, iterations=args.iterations, confirm=False, on_event=progress)
     t2 = time.perf_counter()
     if args.store is not None:
-        _archive(workdir, args.store)
+        s.store.checkpoint()   # NB: the database whole in kforge.db, not half in its write-ahead log
+        _archive(workdir, args.store, lean=args.lean_store)
     searched = {c.key for c in regions}
     for r in s.results:
         if r.key in searched:
@@ -169,13 +174,17 @@ def _profile(s, model, inputs, mode: str) -> dict:
     return out
 
 
-def _archive(workdir: Path, archive: Path) -> None:
+def _archive(workdir: Path, archive: Path, lean: bool = False) -> None:
     archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         for item in sorted(workdir.iterdir()):
+            if lean and item.name == "blobs":
+                continue
             tar.add(item, arcname=item.name)
     if os.environ.get("OUT"):
-        shutil.copyfile(archive, Path(os.environ["OUT"]) / archive.name)
+        copy = Path(os.environ["OUT"]) / archive.name
+        if not (copy.exists() and copy.samefile(archive)):
+            shutil.copyfile(archive, copy)
     print(f"# store: {archive} ({archive.stat().st_size / 1e6:.1f} MB)", flush=True)
 
 

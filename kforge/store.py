@@ -210,6 +210,14 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def checkpoint(self) -> None:
+        """Move everything written so far from the write-ahead log into ``kforge.db`` itself, so that a copy
+        of that one file (an archive of the workdir, a copy made while the session runs) holds all of it."""
+        if self.readonly:
+            return
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
             try:

@@ -170,6 +170,24 @@ def test_readonly_workdir_opens_to_look_but_not_to_optimize(capsys, tmp_path, re
         session.store.set_meta("x", 1)
 
 
+def test_after_a_checkpoint_the_database_file_alone_holds_what_was_written(tmp_path):
+    """An archive of a running session's workdir (region_e2e.py --store) must not need the write-ahead log:
+    ``Store.checkpoint`` moves it into kforge.db."""
+    import shutil
+
+    store = kforge.store.Store(tmp_path / "wd")
+    store.set_meta("winners", [1, 2, 3])
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copyfile(tmp_path / "wd" / "kforge.db", copy / "kforge.db")
+    with pytest.raises(kforge.store.WorkdirError, match="damaged"):   # the tables themselves sat in the log
+        kforge.store.Store(copy, readonly=True).get_meta("winners")
+    store.checkpoint()
+    shutil.copyfile(tmp_path / "wd" / "kforge.db", copy / "kforge.db")
+    assert kforge.store.Store(copy, readonly=True).get_meta("winners") == [1, 2, 3]
+    store.close()
+
+
 def test_workdir_that_cannot_be_created(capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
