@@ -65,7 +65,7 @@ def main() -> None:
     dev = device_info("cuda")
     tiles = get_strategy(f"{args.op}.cuda.nhwc_tiles")
     others = [] if args.op in PROLOGUE_OPS else [get_strategy(f"{args.op}.cuda.{n}") for n in ("block_group", "split")]
-    # NB: after the default (registers bounded), the best of 2026-12-03l (512 threads, 4 waves; no "bound": the
+    # NB: after the default (registers bounded where the operator has the prologue), the best of 2026-12-03l (512 threads, 4 waves; no "bound": the
     # form timed before that knob), then with 4 positions' loads in flight
     extra = [{"threads": 512, "vec": None, "waves": 4, "unroll": 1}, {"threads": 512, "vec": None, "waves": 4, "unroll": 4},
              {"threads": 256, "vec": None, "waves": 8, "unroll": 4}, {"threads": 1024, "vec": None, "waves": 8, "unroll": 1},
@@ -83,7 +83,10 @@ def main() -> None:
             row: dict = {"signature": v.signature, "floor_us": floor, "kernels": []}
             default = tiles.default(v, dev)
             configs = [default] + [{**c, "vec": default["vec"]} for c in extra]
-            configs = [c for i, c in enumerate(configs) if c not in configs[:i] and tiles.valid(v, c, dev)][:args.configs]
+            # NB: compared as they render (a missing knob renders as its old value): the plain default (no bound)
+            # and the first extra one are one kernel
+            full = [{"unroll": 1, "bound": 0, **c} for c in configs]
+            configs = [c for i, c in enumerate(configs) if full[i] not in full[:i] and tiles.valid(v, c, dev)][:args.configs]
             trials = [(tiles, c) for c in configs] + [(s, s.default(v, dev)) for s in others if s.applies(v, dev)]
             for strategy, config in trials:
                 e = ev.evaluate(card, strategy.render(v, config, dev))

@@ -29,6 +29,10 @@ import torch
 from ._launch import DeployedKernel
 
 
+# The least noise a comparison reports, as a fraction of the slower arm: smaller differences are not claimed.
+NOISE_FLOOR = 0.005
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Forward latency with and without a set of kernels, timed interleaved (medians, us).
@@ -70,7 +74,9 @@ class Comparison:
         """A saving too small to claim but large enough that more rounds may claim it: within the noise and
         the margin, and more than half of them. Timed rounds only (a Comparison without them cannot pool)."""
         bar = self.noise_us + self.margin_us
-        return bool(self.rounds) and 0.5 * bar < self.saved_us <= bar
+        # NB: more rounds narrow the noise only down to its floor: a saving within margin + floor never passes
+        reachable = self.saved_us > self.margin_us + NOISE_FLOOR * max(self.with_us, self.without_us)
+        return bool(self.rounds) and reachable and 0.5 * bar < self.saved_us <= bar
 
     def pooled(self, more: Comparison) -> Comparison:
         """This comparison's rounds and ``more``'s (the same two arms timed again) as one comparison."""
@@ -287,4 +293,4 @@ def comparison_of(with_us: Sequence[float], without_us: Sequence[float]) -> Comp
     mad = statistics.median([abs(d - med) for d in diffs]) * 1.4826
     se = 1.2533 * mad / max(len(diffs), 1) ** 0.5
     wa, wb = statistics.median(with_us), statistics.median(without_us)
-    return Comparison(wa, wb, max(3.0 * se, 0.005 * max(wa, wb)), med, tuple(zip(with_us, without_us)))
+    return Comparison(wa, wb, max(3.0 * se, NOISE_FLOOR * max(wa, wb)), med, tuple(zip(with_us, without_us)))
