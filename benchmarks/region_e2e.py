@@ -67,10 +67,8 @@ def main() -> None:
                     help="a .tgz of the session's store: resumed from when it exists, written after the search")
     ap.add_argument("--lean-store", action="store_true",
                     help="write the store without its tensors (blobs/: the captured examples, which the resumed "
-                         "capture records again): the SD3.5 VAE's were gigabytes, too large to come back from a call. "
-                         "NB: operator capture times a card from its stored examples before it records new ones, so "
-                         "a resumed capture whose examples are not bit-identical to the first's fails on a missing "
-                         "blob (region cards record first)")
+                         "capture records again): the SD3.5 VAE's were gigabytes, too large to come back from a call; "
+                         "the resumed capture's examples replace the stored ones, whatever their values)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     model, inputs = _model(args.model, args)

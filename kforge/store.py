@@ -210,13 +210,25 @@ class Store:
         with self._lock:
             self._db.close()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, timeout_s: float = 5.0) -> None:
         """Move everything written so far from the write-ahead log into ``kforge.db`` itself, so that a copy
-        of that one file (an archive of the workdir, a copy made while the session runs) holds all of it."""
+        of that one file (an archive of the workdir, a copy made while the session runs) holds all of it.
+
+        Waits up to ``timeout_s`` for other connections that are reading the log; raises WorkdirError if
+        they still are (a copy of kforge.db alone would then miss what sits in the log)."""
         if self.readonly:
             return
         with self._lock:
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            (before,), = self._db.execute("PRAGMA busy_timeout").fetchall()
+            self._db.execute(f"PRAGMA busy_timeout = {max(int(timeout_s * 1000), 0)}")
+            try:
+                (busy, _, _), = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout = {before}")
+        if busy:
+            raise WorkdirError(
+                f"cannot checkpoint {self.workdir / 'kforge.db'}: another connection kept reading it for "
+                f"{timeout_s:g} s. Close the other sessions or processes that have this workdir open, then try again")
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
@@ -287,6 +299,10 @@ class Store:
     def save_example(self, card_key: str, idx: int, inputs: Sequence[str | None], outputs: Sequence[str]) -> None:
         self._write("INSERT OR REPLACE INTO examples (card_key, idx, body) VALUES (?, ?, ?)",
                     (card_key, idx, json.dumps({"inputs": list(inputs), "outputs": list(outputs)})))
+
+    def trim_examples(self, card_key: str, count: int) -> None:
+        """Forget a card's stored examples from index ``count`` on (a new capture recorded fewer)."""
+        self._write("DELETE FROM examples WHERE card_key = ? AND idx >= ?", (card_key, count))
 
     def example_refs(self, card_key: str) -> list[dict]:
         return [json.loads(b) for (b,) in self._rows(

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,6 +212,36 @@ def test_session_reopens_from_its_workdir(tmp_path):
     assert [c.key for c in again.cards] == [c.key for c in cards]
     assert again.cards[0].eager_us == cards[0].eager_us
     assert again.cards.model_us == cards.model_us
+
+
+def test_a_capture_resumed_without_its_blobs_records_new_examples_and_drops_stale_ones(tmp_path):
+    # A store archived without blobs/ (region_e2e.py --lean-store) and captured again on other inputs: the
+    # eager timing must read this capture's examples, and no row may point at a tensor that is gone.
+    import shutil
+
+    from kforge.capture import Batches
+
+    model, x = kforge.example("tiny_cnn")
+    s = kforge.Session(model, Batches([x, x * 0.5]), device="cpu", workdir=tmp_path / "wd")
+    first = s.capture(**FAST)
+    assert any(c.examples == 2 for c in first)
+    s.store.close()
+    shutil.rmtree(tmp_path / "wd" / "blobs")
+    (tmp_path / "wd" / "blobs").mkdir()
+
+    again = kforge.Session(model, x + 1e-3, device="cpu", workdir=tmp_path / "wd",
+                           limits=CaptureLimits(examples_per_variant=1))
+    cards = again.capture(**FAST)
+    seen_input = 0
+    for c in cards:
+        assert len(again.store.example_refs(c.key)) == c.examples == 1
+        for ins, outs in again.store.example_paths(c.key):
+            assert all(p is None or Path(p).exists() for p in ins + outs)
+        ins, _ = again.store.load_examples(c.key)[0]
+        if ins[0] is not None and ins[0].shape == x.shape:
+            assert torch.equal(ins[0], x + 1e-3)
+            seen_input += 1
+    assert seen_input >= 1
 
 
 # ----------------------------------------------------------------------------- bad input

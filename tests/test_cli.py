@@ -188,6 +188,24 @@ def test_after_a_checkpoint_the_database_file_alone_holds_what_was_written(tmp_p
     store.close()
 
 
+def test_a_checkpoint_that_a_reader_blocks_says_so_instead_of_leaving_the_log_behind(tmp_path):
+    import sqlite3
+
+    store = kforge.store.Store(tmp_path / "wd")
+    store.set_meta("winners", [1])
+    reader = sqlite3.connect(tmp_path / "wd" / "kforge.db")
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM meta").fetchall()    # a read transaction holds the log
+    with pytest.raises(kforge.store.WorkdirError, match="another connection"):
+        store.checkpoint(timeout_s=0.05)
+    reader.rollback()
+    reader.close()
+    store.checkpoint(timeout_s=0.05)
+    store.set_meta("winners", [2])                            # the connection's own waiting is as before
+    assert store.get_meta("winners") == [2]
+    store.close()
+
+
 def test_workdir_that_cannot_be_created(capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -217,10 +217,13 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
         window_ms = timing_budget_ms * (_CPU_WINDOW_BUDGETS if device == "cpu" else _CUDA_WINDOW_BUDGETS)
         attribution = _attribute(model, batches, limits, device, window_ms, clock)
         for key, r in records.items():
-            timing = time_variant(r.variant, store, key, device, timing_budget_ms, threads=threads, clock=clock)
             if store is not None:
+                # NB: recorded before the eager timing reads them back, and rows past this capture's count
+                # dropped: a store resumed without its blobs (or captured on other inputs) must not be read.
                 for idx, (ins, outs) in enumerate(r.examples):
                     store.save_example(key, idx, ins, outs)
+                store.trim_examples(key, len(r.examples))
+            timing = time_variant(r.variant, store, key, device, timing_budget_ms, threads=threads, clock=clock)
             noisy = timing.noisy or attribution.noisy.get(key, False)
             cards.append(Card(r.variant, r.calls, timing.median_us, attribution.share.get(key, 0.0),
                               _vendor(r.variant.op, device), len(r.examples), timing.robust_spread, noisy,

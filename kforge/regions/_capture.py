@@ -250,6 +250,7 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
                 outs = get_spec(variant.op).reference(ins, variant.param_dict)
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 store.save_example(key, idx, [store.put_tensor(t) for t in ins], [store.put_tensor(o) for o in outs])
+            store.trim_examples(key, len(rec.examples))
         timing = time_variant(variant, store, key, device, timing_budget_ms)
         inductor_us = None
         if inductor:
