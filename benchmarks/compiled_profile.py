@@ -2,6 +2,7 @@
 
     python benchmarks/compiled_profile.py sd35_vae_decoder --modes default
     python benchmarks/compiled_profile.py resnet50 --modes default,max-autotune-no-cudagraphs
+    python benchmarks/compiled_profile.py qwen35_moe --layers 4 --experts grouped_mm --modes default,reduce-overhead
 
 For each mode (and eager), the model is compiled with plain torch.compile, warmed, and five forwards
 are profiled (CUDA activity only). Every kernel's GPU time a forward is summed by name and by kind:
@@ -91,15 +92,26 @@ def main() -> None:
     ap.add_argument("--modes", default="default", help="comma-separated torch.compile modes ('eager' for none)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--experts", default=None, help="MoE models: the experts implementation (e.g. grouped_mm, what "
+                    "the end-to-end rows of Qwen 3.5 run; the seed's default is per-expert F.linear calls)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("compiled_profile.py profiles GPU kernels: run it on a machine with CUDA")
     model, inputs = seed_model(args.model, "cuda", layers=args.layers)
+    if args.experts and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(args.experts)
     from kforge.capture import split_batch
 
     args_, kwargs_ = split_batch(inputs)
     call = lambda m: m(*args_, **kwargs_)  # noqa: E731
     result: dict = {"model": args.model, "torch": torch.__version__, "modes": {}}
+    try:
+        import transformers
+
+        result["transformers"] = transformers.__version__
+        print("transformers", transformers.__version__)
+    except ImportError:
+        pass
     for mode in ["eager"] + [m for m in args.modes.split(",") if m and m != "eager"]:
         torch._dynamo.reset()
         target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)

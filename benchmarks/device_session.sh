@@ -137,10 +137,11 @@ PY
     # convolutions from ATen (Triton's convolution templates did not finish autotuning in a call before)
     [ -n "${KF_CONV_BACKENDS:-}" ] && export TORCHINDUCTOR_MAX_AUTOTUNE_CONV_BACKENDS=$KF_CONV_BACKENDS
     install_wheels
+    prof_mode=${KF_PROFILE_MODE-default}   # KF_PROFILE_MODE= (empty): no profile
     # --ops: the fused pairs and the lone group_norm (the mid-block attention's), each a channels-last twin
     timeout "${KF_VAE_S:-520}" python3 benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu,group_norm \
         --modes "${KF_MODES:-default}" --iterations "${KF_ITERATIONS:-1}" --max-cards "${KF_MAX_CARDS:-7}" --no-inductor-baseline \
-        --profile "${KF_PROFILE_MODE:-default}" ${KF_STORE:+--store "$KF_STORE" --lean-store} 2>&1 \
+        ${prof_mode:+--profile "$prof_mode"} ${KF_STORE:+--store "$KF_STORE" --lean-store} 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/fused_vae.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version" | tail -45
     if [ -n "${KF_SOFTMAX_S:-}" ]; then
@@ -158,8 +159,11 @@ PY
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
   profile)
     install_wheels
-    for m in resnet50 sd35_vae_decoder; do
-      timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m --modes "${KF_MODES:-default}" 2>&1 \
+    # KF_PROFILE_MODELS: which seed models (default: the two vision ones); Qwen 3.5 at 4 layers, grouped_mm
+    # experts, as its end-to-end rows run
+    for m in ${KF_PROFILE_MODELS:-resnet50 sd35_vae_decoder}; do
+      extra=""; [ "$m" = qwen35_moe ] && extra="--layers 4 --experts grouped_mm"
+      timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m $extra --modes "${KF_MODES:-default}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
   twins)
