@@ -278,6 +278,31 @@ def test_a_saving_near_the_noise_is_timed_again_and_decided_on_the_pooled_rounds
     assert kept == [] and report.model.margin_us == pytest.approx(200.0) and len(calls) == 1 + 1
 
 
+def test_pooled_rounds_are_no_surer_than_the_timings_agree():
+    """Rounds of one timing share its conditions (clocks, what else ran): pooled, two timings that disagree
+    would claim a noise narrower than their disagreement. The pooled noise is at least the spread of the
+    timings' own paired medians: a kernel read at 200 us, then at 640 us, is not claimed at the 420 us between."""
+    near = _Kernel("drifts")
+    build = lambda ks: Arm(lambda: None, ks)  # noqa: E731
+    readings = iter([200.0, 640.0, 200.0])
+    calls = []
+
+    def drifting(a: Arm, b: Arm) -> Comparison:
+        calls.append(1)
+        saved = next(readings) if a.kernels != b.kernels else 0.0
+        spread = [(-200.0 if i % 2 else 200.0) for i in range(10)]
+        return comparison_of([26000.0 - saved] * 10, [26000.0 + e for e in spread])
+
+    kept, report = keep_faster([near], [200.0], build, drifting, "default", settle=1)
+    assert len(calls) == 2 and len(report.model.rounds) == 20
+    assert report.model.timings == (200.0, 640.0)
+    assert report.model.saved_us == pytest.approx(420.0) and report.model.noise_us == pytest.approx(440.0)
+    assert kept == [], report.model.describe()
+    # the same rounds pooled with no floor would have claimed it
+    plain = comparison_of([a for a, _ in report.model.rounds], [b for _, b in report.model.rounds])
+    assert plain.faster, plain.describe()
+
+
 def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_path):
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
     (sig,) = [c.signature for c in cards]

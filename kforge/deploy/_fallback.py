@@ -15,7 +15,8 @@ run alike (on the H200 two arms that ran the same Qwen graph read 2% apart): the
 plain compilation, made afresh, against the first (the A/A control), and a saving must exceed the
 noise plus the gap between those two (``margin_us``). A saving over half that bar but not over it is
 timed again, its rounds pooled with the first (``settle``): a real saving near the bar is then claimed
-on more evidence instead of left out, and one that is not real stays within the narrowed noise.
+on more evidence instead of left out, and one that is not real stays within the narrowed noise. The pooled
+noise is never narrower than the timings' disagreement (the spread of their own paired medians).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Comparison:
     paired_us: float | None = None
     rounds: tuple[tuple[float, float], ...] = field(default=(), repr=False)   # (with, without) per round, in order
     margin_us: float = 0.0   # a systematic gap a saving must exceed too (two plain compilations' A/A difference)
+    timings: tuple[float, ...] = ()   # pooled: each timing's own paired median, in order
 
     @property
     def saved_us(self) -> float:
@@ -79,9 +81,15 @@ class Comparison:
         return bool(self.rounds) and reachable and 0.5 * bar < self.saved_us <= bar
 
     def pooled(self, more: Comparison) -> Comparison:
-        """This comparison's rounds and ``more``'s (the same two arms timed again) as one comparison."""
+        """This comparison's rounds and ``more``'s (the same two arms timed again) as one comparison.
+
+        Its noise is never less than the spread between the timings' own paired medians: rounds of one timing
+        share its conditions, so pooled rounds narrow the noise only as far as the timings agree."""
         rounds = (*self.rounds, *more.rounds)
-        return replace(comparison_of([a for a, _ in rounds], [b for _, b in rounds]), margin_us=self.margin_us)
+        meds = (self.timings or (self.saved_us,)) + (more.timings or (more.saved_us,))
+        pooled = comparison_of([a for a, _ in rounds], [b for _, b in rounds])
+        return replace(pooled, noise_us=max(pooled.noise_us, max(meds) - min(meds)), margin_us=self.margin_us,
+                       timings=meds)
 
     @property
     def speedup(self) -> float:
