@@ -59,7 +59,19 @@ SEEDS = {
     "add_bcast_bf16": lambda: variant("add", torch.empty(2, 64, 32, 32, dtype=BF), torch.empty(2, 64, 1, 1, dtype=BF)),
     "relu": lambda: variant("relu", torch.empty(8, 64, 112, 112)),
     "embedding": lambda: variant("embedding", torch.zeros(1, 512, dtype=torch.long), torch.empty(262144, 1536, dtype=BF)),
+    "gated_delta_rule": lambda: _qwen_gdn(),
 }
+
+
+def _qwen_gdn(tokens: int = 512, final: bool = True, device: str = "cpu") -> Variant:
+    """Qwen 3.5 35B-A3B's linear attention as its layers call it: query, key and value views of one projection
+    (16 key heads, 32 value heads, 128 wide), g in float32, the final state asked for (the model's cache)."""
+    mixed = torch.zeros(1, tokens, 2 * 16 * 128 + 32 * 128, dtype=BF, device=device)
+    q, k, v = torch.split(mixed, [2048, 2048, 4096], -1)
+    return variant("gated_delta_rule", q.reshape(1, tokens, 16, 128), k.reshape(1, tokens, 16, 128),
+                   v.reshape(1, tokens, 32, 128), torch.zeros(1, tokens, 32, device=device),
+                   torch.zeros(1, tokens, 32, dtype=BF, device=device), output_final_state=final,
+                   use_qk_l2norm_in_kernel=True)
 
 
 def small_variants(dtype: torch.dtype) -> list[Variant]:
@@ -122,6 +134,11 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         variant("pad", x(2, 4, 5), (1, 1, 2, 0), "replicate"),
         variant("pad", x(2, 3, 6), (2, 3), "circular"),
         variant("embedding", torch.tensor([[3, 0, 7], [2, 2, 9]]), x(10, 24)),
+        # Qwen 3.5's linear attention: two value heads a key head, query and key L2-normalised; and without either
+        variant("gated_delta_rule", x(2, 9, 2, 8), x(2, 9, 2, 8), x(2, 9, 4, 12), -r(2, 9, 4).abs(),
+                x(2, 9, 4).sigmoid(), use_qk_l2norm_in_kernel=True),
+        variant("gated_delta_rule", x(1, 17, 3, 5), x(1, 17, 3, 5), x(1, 17, 3, 7), -r(1, 17, 3).abs(),
+                x(1, 17, 3).sigmoid()),
     ]
 
 
@@ -208,6 +225,48 @@ def test_the_tile_design_bounds_registers_so_its_blocks_fit_an_sm_at_once():
     assert "#define MINB 1\n" in plain.render(vp, plain.default(vp, H200), H200)
 
 
+def test_the_gated_delta_rule_carries_its_state_in_and_out():
+    """The model's cache hands the rule the state it left (decode) and takes the new one: both match the
+    reference, on the CPU strategy, from a state of its own and from none."""
+    spec = get_spec("gated_delta_rule")
+    (s,) = strategies_for("gated_delta_rule", "cpu")
+    x = lambda *shape: r(*shape, dtype=BF)  # noqa: E731
+    for state in (None, r(2, 4, 6, 8) * 0.1):
+        v = variant("gated_delta_rule", x(2, 11, 2, 6), x(2, 11, 2, 6), x(2, 11, 4, 8), -r(2, 11, 4).abs(),
+                    x(2, 11, 4).sigmoid(), initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert [o.dtype for o in v.outputs] == ["bfloat16", "float32"] and v.outputs[1].shape == (2, 4, 6, 8)
+        kernel = Kernel(compile_source(s.render(v, s.default(v, CPU), CPU), "cpu", "native").path)
+        inputs = spec.random_inputs(v, seed=3)
+        assert (inputs[3] <= 0).all() and ((inputs[4] > 0) & (inputs[4] < 1)).all(), "g is a log decay, beta a rate"
+        out, final = _run(kernel, v, inputs)
+        ref_out, ref_final = spec.reference(inputs, v.param_dict)
+        assert torch.allclose(out.float(), ref_out.float(), rtol=1.6e-2, atol=1.6e-2 * ref_out.float().abs().max())
+        assert torch.allclose(final, ref_final, rtol=1e-4, atol=1e-5)
+        if state is not None:
+            assert not torch.allclose(final, variant_free_final(spec, inputs, v)), "the initial state was ignored"
+
+
+def variant_free_final(spec, inputs, v):
+    """The reference's final state from no initial state (what ignoring it would give)."""
+    return spec.reference(inputs[:5] + [None], v.param_dict)[1]
+
+
+def test_the_gated_delta_rule_reference_is_transformers_own():
+    """kforge's reference of the operator is the rule transformers' Qwen 3.5 layers compute (its chunked
+    PyTorch fallback), output and final state, with grouped key heads, views of one projection and L2 norms."""
+    tf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    spec = get_spec("gated_delta_rule")
+    torch.manual_seed(0)
+    mixed = torch.randn(1, 70, 2 * 2 * 16 + 4 * 16).to(BF)
+    q, k, val = (t.reshape(1, 70, -1, 16) for t in torch.split(mixed, [32, 32, 64], -1))
+    g, beta = -torch.rand(1, 70, 4) * 2, torch.randn(1, 70, 4).sigmoid().to(BF)
+    ours = spec.reference([q, k, val, g, beta, None], {"use_qk_l2norm": True, "output_final_state": True})
+    theirs = tf.torch_chunk_gated_delta_rule(q, k, val, g=g, beta=beta, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)
+    assert torch.allclose(ours[0].float(), theirs[0].float(), atol=1e-2)
+    assert torch.allclose(ours[1], theirs[1], atol=1e-4)
+
+
 def test_cpu_search_space_configs_are_correct():
     v = next(v for v in small_variants(torch.float32) if v.op == "relu")  # 1001 elements: a tail
     (s,) = [s for s in strategies_for("relu", "cpu") if s.space]
@@ -218,7 +277,7 @@ def test_cpu_search_space_configs_are_correct():
 def test_every_operator_family_has_cpu_and_cuda_strategies():
     ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "biased_group_norm_silu", "rms_norm",
            "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
-           "pad", "embedding", "batch_norm"}
+           "pad", "embedding", "batch_norm", "gated_delta_rule"}
     for op in ops:
         assert strategies_for(op, "cuda"), op
         assert strategies_for(op, "cpu"), op

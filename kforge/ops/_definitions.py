@@ -460,6 +460,64 @@ register(OpSpec(
     doc="softmax(q k^T * scale + mask) v"))
 
 
+
+# ----------------------------------------------------------------------------- the gated delta rule
+
+def _bind_gated_delta_rule(query, key, value, g, beta, *_a, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, **_k):
+    if query.dim() != 4 or key.shape != query.shape or value.dim() != 4 or value.shape[:2] != query.shape[:2]:
+        raise Unsupported("gated delta rule: query and key [B, T, Hk, Dk], value [B, T, Hv, Dv]")
+    if value.shape[2] % key.shape[2] or tuple(g.shape) != tuple(value.shape[:3]) or tuple(beta.shape) != tuple(g.shape):
+        raise Unsupported("gated delta rule: Hv a multiple of Hk, g and beta [B, T, Hv]")
+    return Call((query, key, value, g, beta, initial_state),
+                {"use_qk_l2norm": bool(use_qk_l2norm_in_kernel), "output_final_state": bool(output_final_state)})
+
+
+def _gated_delta_rule(x: list, p: dict):
+    """The gated delta rule token by token, in float32: per value head a state S [Dk, Dv] decays by exp(g_t),
+    corrects its prediction of v_t from k_t by beta_t (the delta rule) and is read by q_t scaled by Dk^-0.5
+    (query and key L2-normalised first when ``use_qk_l2norm``; key heads shared by Hv / Hk value heads)."""
+    q, k, v, g, beta, s0 = x
+    b, t, hk, dk = k.shape
+    hv, dv = v.shape[-2:]
+    q, k = (y.float().repeat_interleave(hv // hk, dim=2) for y in (q, k))
+    if p["use_qk_l2norm"]:
+        q, k = (y * torch.rsqrt((y * y).sum(-1, keepdim=True) + 1e-6) for y in (q, k))
+    q = q * dk ** -0.5
+    v, g, beta = v.float(), g.float(), beta.float()
+    state = torch.zeros(b, hv, dk, dv, device=v.device) if s0 is None else s0.float().clone()
+    out = torch.empty(b, t, hv, dv, device=v.device)
+    for i in range(t):
+        state = state * g[:, i].exp()[..., None, None]
+        delta = (v[:, i] - (state * k[:, i, :, :, None]).sum(-2)) * beta[:, i, :, None]
+        state = state + k[:, i, :, :, None] * delta[:, :, None, :]
+        out[:, i] = (state * q[:, i, :, :, None]).sum(-2)
+    out = out.to(x[0].dtype)
+    return (out, state) if p["output_final_state"] else out
+
+
+def _sample_gated_delta_rule(v: Variant, seed: int, gen: torch.Generator) -> list:
+    """Valid values: g (a log decay) at most 0, beta in (0, 1), a small initial state."""
+    q, k, val, g, beta, s0 = (None if s is None else random_tensor(s, gen) for s in v.inputs)
+    g.copy_(-(g.float().abs() * 0.5))
+    beta.copy_(torch.sigmoid(beta.float()))
+    if s0 is not None:
+        s0.copy_(s0.float() * 0.1)
+    return [q, k, val, g, beta, s0]
+
+
+# NB: not a torch function: the model calls a Python function of its own (transformers' Qwen 3.5 linear attention
+# layers call ``torch_chunk_gated_delta_rule`` when flash-linear-attention is not installed). In eager mode it is
+# dozens of small operators (and a loop over 64-token chunks); under torch.compile Inductor fuses some of them, and
+# the loop and float32 matrix products stay (1.5-1.8 ms of compiled Qwen 3.5's 5.8 ms of GPU time at 4 layers and
+# 512 tokens on the H200, compiled_profile_qwen35_moe_h200_2026-12-03t).
+register(OpSpec(
+    name="gated_delta_rule", kind="recurrent", targets=(),
+    inputs=("query", "key", "value", "g", "beta", "initial_state"), params=("use_qk_l2norm", "output_final_state"),
+    bind=_bind_gated_delta_rule, reference=_gated_delta_rule, sample=_sample_gated_delta_rule,
+    doc="the gated delta rule (linear attention with a decaying, delta-corrected state): output [B, T, Hv, Dv], "
+        "and the final state [B, Hv, Dk, Dv] when asked"))
+
 def inplace_binder(spec: OpSpec, func) -> Any:
     """The binder for one spelling of ``spec``: in-place spellings mark the call in-place."""
     if func not in spec.inplace_targets:
