@@ -20,6 +20,8 @@
 #                                                            searched and end to end under compile (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh resnet    ResNet-50's region cards (channels-last twins where Inductor
 #                                                            lays the graph out so) searched, then end to end under compile
+#   device run: bash benchmarks/device_session.sh gdn       Qwen 3.5's gated delta rule as one kforge kernel: the operator
+#                                                            against transformers' fallback, then the model end to end
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
@@ -157,6 +159,13 @@ PY
     timeout "${KF_RESNET_S:-420}" python3 benchmarks/region_e2e.py resnet50 --ops region --modes "${KF_MODES:-default}" \
         --iterations "${KF_ITERATIONS:-3}" --max-cards "${KF_MAX_CARDS:-6}" --no-inductor-baseline --profile default 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/resnet_regions.txt" | grep -v "Warning\|warn\|^ \{4\}\|^$\|This call" | tail -40 ;;
+  gdn)
+    # Qwen 3.5's gated delta rule (transformers' PyTorch fallback) as one kforge kernel: every configuration of
+    # the built-in CUDA strategy against the function eagerly and compiled alone, then the 4-layer model's
+    # 512-token prefill eager and under compile (KF_MODES) with and without it, interleaved (benchmarks/gated_delta.py)
+    timeout "${KF_GDN_S:-480}" python3 benchmarks/gated_delta.py --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/gated_delta.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^ \{2,\}" | tail -40 ;;
   profile)
     install_wheels
     # KF_PROFILE_MODELS: which seed models (default: the two vision ones); Qwen 3.5 at 4 layers, grouped_mm

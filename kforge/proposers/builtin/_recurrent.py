@@ -72,31 +72,49 @@ _DEFINES = """#define B {{B}}
 _CUDA = CUDA + """{{types}}""" + _DEFINES + r"""#define W {{W}}
 #define CH {{CH}}
 #define R (DK / W)
+#define QTOK {{QTOK}}
+#define VTOK {{VTOK}}
 
 __global__ void __launch_bounds__(W * 32) gdn_columns(
         const q_t* __restrict__ q, const q_t* __restrict__ k, const v_t* __restrict__ v, const g_t* __restrict__ g,
         const beta_t* __restrict__ beta, const s0_t* __restrict__ s0, o_t* __restrict__ o, float* __restrict__ fs) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int bh = blockIdx.x / (DV / 32), col = (blockIdx.x % (DV / 32)) * 32 + lane;
+    const int sl = blockIdx.x % (DV / 32), bh = blockIdx.x / (DV / 32), col = sl * 32 + lane;
     const int b = bh / HV, h = bh % HV, hk = h / REP;
-    __shared__ __align__(16) float q_s[CH][DK];
-    __shared__ __align__(16) float k_s[CH][DK];
-    __shared__ float v_s[CH][32], dec_s[CH], beta_s[CH];
+    // NB: rows padded by one float: staged token-major (lanes along tokens) they would all hit one bank
+    __shared__ float q_s[CH][DK + 1];
+    __shared__ float k_s[CH][DK + 1];
+    __shared__ float v_s[CH][33], dec_s[CH], beta_s[CH];
     __shared__ float red_kv[W][32], red_o[W][32];
     float S[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) S[r] = HAS_S0 ? to_f(s0[SIX(b, h, w * R + r, col)]) : 0.f;
     for (int t0 = 0; t0 < T; t0 += CH) {
         const int n = T - t0 < CH ? T - t0 : CH;
-        // stage a run of tokens: each warp normalises whole query and key rows (a warp sum each)
+        // stage a run of tokens, the threads walking whichever index is contiguous in memory (the model's
+        // projections are often laid out token-major: Qwen 3.5's come transposed from its convolution)
+        for (int x = threadIdx.x; x < CH * DK; x += W * 32) {
+            const int i = QTOK ? x % CH : x / DK, d = QTOK ? x / CH : x % DK;
+            if (i < n) {
+                q_s[i][d] = to_f(q[QIX(b, t0 + i, hk, d)]);
+                k_s[i][d] = to_f(k[KIX(b, t0 + i, hk, d)]);
+            }
+        }
+        for (int x = threadIdx.x; x < CH * 32; x += W * 32) {
+            const int i = VTOK ? x % CH : x / 32, c = VTOK ? x / CH : x % 32;
+            if (i < n) v_s[i][c] = to_f(v[VIX(b, t0 + i, h, sl * 32 + c)]);
+        }
+        for (int i = threadIdx.x; i < n; i += W * 32) {
+            dec_s[i] = expf(to_f(g[GIX(b, t0 + i, h)]));
+            beta_s[i] = to_f(beta[BIX(b, t0 + i, h)]);
+        }
+        __syncthreads();
+        // normalise the staged rows: a warp a token (query scaled by Dk^-0.5, both L2-normalised when asked)
         for (int i = w; i < n; i += W) {
             float sq = 0.f, sk = 0.f;
             for (int d = lane; d < DK; d += 32) {
-                const float a = to_f(q[QIX(b, t0 + i, hk, d)]), c = to_f(k[KIX(b, t0 + i, hk, d)]);
-                q_s[i][d] = a;
-                k_s[i][d] = c;
-                sq += a * a;
-                sk += c * c;
+                sq += q_s[i][d] * q_s[i][d];
+                sk += k_s[i][d] * k_s[i][d];
             }
             float iq = SCALE, ik = 1.f;
             if (L2) {
@@ -106,11 +124,6 @@ __global__ void __launch_bounds__(W * 32) gdn_columns(
             for (int d = lane; d < DK; d += 32) {
                 q_s[i][d] *= iq;
                 k_s[i][d] *= ik;
-            }
-            v_s[i][lane] = to_f(v[VIX(b, t0 + i, h, col)]);
-            if (lane == 0) {
-                dec_s[i] = expf(to_f(g[GIX(b, t0 + i, h)]));
-                beta_s[i] = to_f(beta[BIX(b, t0 + i, h)]);
             }
         }
         __syncthreads();
@@ -173,7 +186,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 
 def _cuda_smem(v: Variant, c: dict) -> int:
     dk = _dims(v)[4]
-    return 4 * (2 * c["chunk"] * dk + c["chunk"] * 34 + 2 * c["warps"] * 32)
+    return 4 * (2 * c["chunk"] * (dk + 1) + c["chunk"] * 35 + 2 * c["warps"] * 32)
 
 
 def _cuda_ok(v: Variant) -> bool:
@@ -196,7 +209,9 @@ def _cuda_ok(v: Variant) -> bool:
 def _gdn_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
     types = cuda_types({"q": v.inputs[0], "v": v.inputs[2], "g": v.inputs[3], "beta": v.inputs[4],
                         "s0": v.inputs[5], "o": v.outputs[0]})
-    return fill(_CUDA, types=types, W=c["warps"], CH=c["chunk"], **_common(v))
+    q, val = v.inputs[0], v.inputs[2]
+    return fill(_CUDA, types=types, W=c["warps"], CH=c["chunk"], QTOK=int(q.stride[1] < q.stride[3]),
+                VTOK=int(val.stride[1] < val.stride[3]), **_common(v))
 
 
 # ----------------------------------------------------------------------------- CPU
