@@ -165,7 +165,7 @@ PY
     # 512-token prefill eager and under compile (KF_MODES) with and without it, interleaved (benchmarks/gated_delta.py)
     timeout "${KF_GDN_S:-480}" python3 benchmarks/gated_delta.py --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/gated_delta.txt" \
-        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^ \{2,\}" | tail -40 ;;
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^    \|^E1\|AUTOTUNE" | tail -40 ;;
   profile)
     install_wheels
     # KF_PROFILE_MODELS: which seed models (default: the two vision ones); Qwen 3.5 at 4 layers, grouped_mm
