@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..timing import Clock, Timing, bench, cpu_threads, measurement_threads
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
+from ..ops._functions import HookPoint, Hooks, function_specs, hook_functions, pop_handler, push_handler
 from ..store import Store, iter_tensors
 from ..ops import Card, Cards
 
@@ -55,11 +56,13 @@ class _Recorder(TorchFunctionMode):
     """Sees every torch call in the model; records the ones a spec claims.
 
     NB: while a claimed call runs, this mode is popped, so the calls it makes internally
-    (F.layer_norm calling torch.layer_norm) are not counted twice.
+    (F.layer_norm calling torch.layer_norm) are not counted twice. An operator computed by a library's
+    Python function (``OpSpec.functions``) is claimed at the function's hooks (``model``'s submodules and the
+    module's global), and the torch calls inside it are not recorded.
     """
 
     def __init__(self, store: Store | None, limits: CaptureLimits, stored_bytes: list[int], seen_blobs: set[str],
-                 timer: "_CallTimer | None" = None):
+                 timer: "_CallTimer | None" = None, model: Any = None):
         super().__init__()
         self.store = store
         self.limits = limits
@@ -68,11 +71,40 @@ class _Recorder(TorchFunctionMode):
         self.uncaptured: collections.Counter[str] = collections.Counter()
         self.outside: collections.Counter[str] = collections.Counter()
         self.timer = timer
+        self.model = model
         self._stored_bytes = stored_bytes
         self._seen_blobs = seen_blobs
+        self._muted = 0      # > 0 inside a claimed function: its torch calls are its own
+        self._hooks: Hooks | None = None
+
+    def __enter__(self):
+        specs = function_specs()
+        self._hooks = hook_functions(specs, self.model) if specs else None
+        for op in self._hooks.ops if self._hooks is not None else ():
+            push_handler(op, self._on_function)
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._unhook()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._unhook()
+
+    def _unhook(self) -> None:
+        if self._hooks is not None:
+            for op in self._hooks.ops:
+                pop_handler(op, self._on_function)
+            self._hooks.release()
+            self._hooks = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._muted:
+            return func(*args, **kwargs)
         spec = spec_for(func)
         if spec is None:
             result = func(*args, **kwargs)
@@ -84,14 +116,39 @@ class _Recorder(TorchFunctionMode):
         except (Unsupported, TypeError, ValueError):
             self.uncaptured[spec.name] += 1
             return func(*args, **kwargs)
+        return self._claim(spec, call, lambda: func(*args, **kwargs),
+                           lambda r: list(r) if isinstance(r, (tuple, list)) else [r])
+
+    def _on_function(self, point: HookPoint, args: tuple, kwargs: dict) -> Any:
+        """A call of an operator's Python function, at one of its hooks."""
+        def run():
+            self._muted += 1
+            try:
+                return point.original(*args, **kwargs)
+            finally:
+                self._muted -= 1
+
+        if self._muted:
+            return run()
+        try:
+            call = point.spec.bind(*args, **kwargs)
+        except (Unsupported, TypeError, ValueError):
+            self.uncaptured[point.spec.name] += 1
+            return run()
+        return self._claim(point.spec, call, run, point.target.outputs)
+
+    def _claim(self, spec: OpSpec, call, run: Callable[[], Any], outputs_of: Callable[[Any], list]) -> Any:
         want_example = self._wants_example(spec, call)
         before = [t.detach().clone() if isinstance(t, torch.Tensor) else None for t in call.inputs] \
             if want_example and call.params.get("inplace") else None
         token = self.timer.start() if self.timer is not None else None
-        result = func(*args, **kwargs)
+        result = run()
         if self.timer is not None:
             self.timer.stop(token)
-        outputs = [o for o in (result if isinstance(result, (tuple, list)) else (result,))]
+        try:
+            outputs = outputs_of(result)
+        except (TypeError, ValueError):
+            outputs = [result]
         if not all(isinstance(o, torch.Tensor) for o in outputs):
             self.uncaptured[spec.name] += 1
             return result
@@ -182,11 +239,11 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
     outside: collections.Counter[str] = collections.Counter()
     with torch.no_grad():
         for i, batch in enumerate(batches):
-            rec = _Recorder(store, limits, stored, seen)
+            rec = _Recorder(store, limits, stored, seen, model=model)
             with rec:
                 _run(model, batch)
             if check_repeatable:
-                again = _Recorder(None, limits, [0], set())
+                again = _Recorder(None, limits, [0], set(), model=model)
                 with again:
                     _run(model, batch)
                 if again.sequence != rec.sequence:
@@ -352,7 +409,7 @@ def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, d
             totals: dict[str, float] = collections.defaultdict(float)
             for batch in batches:
                 timer = _CallTimer(device, clock)
-                with _Recorder(None, limits, [0], set(), timer):
+                with _Recorder(None, limits, [0], set(), timer, model=model):
                     _run(model, batch)
                 for key, us in timer.per_key_us().items():
                     totals[key] += us

@@ -19,6 +19,7 @@ from torch.autograd import forward_ad
 from ._fast import dispatch_type
 from ._launch import DeployedKernel, _device
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
+from ..ops._functions import HookPoint, Hooks, hook_functions, pop_handler, push_handler
 
 if TYPE_CHECKING:
     from ._deployment import Deployment
@@ -71,14 +72,26 @@ class Dispatcher:
         self.first_shapes: dict[str, set[torch.Size]] = {}
         self.generation = 0  # bumped whenever the installed kernels change: cached decisions expire
         self.patches: dict[tuple[int, str], _Patch] = {}
+        # operators computed by a library's function: the hooks each deployment holds, the handler per operator
+        self.function_hooks: dict[int, Hooks] = {}
+        self.function_handlers: dict[str, Callable] = {}
         self.lock = threading.RLock()
 
     def install(self, deployment: "Deployment") -> None:
         with self.lock:
+            functions: dict[str, OpSpec] = {}
             for dk in deployment.kernels:
                 spec = get_spec(dk.variant.op)
                 self.tables.setdefault(spec.name, {})[variant_key(dk.variant)] = (dk, deployment)
                 self._patch_op(spec)
+                if spec.functions:
+                    functions[spec.name] = spec
+            if functions:
+                self.function_hooks[id(deployment)] = hook_functions(list(functions.values()), deployment.model)
+                for name, spec in functions.items():
+                    if name not in self.function_handlers:
+                        self.function_handlers[name] = _function_handler(self, spec)
+                        push_handler(name, self.function_handlers[name])
             self._index_shapes()
 
     def uninstall(self, deployment: "Deployment") -> None:
@@ -90,6 +103,11 @@ class Dispatcher:
                 if not table:
                     del self.tables[op]
                     self._unpatch_op(op)
+                    if op in self.function_handlers:
+                        pop_handler(op, self.function_handlers.pop(op))
+            hooks = self.function_hooks.pop(id(deployment), None)
+            if hooks is not None:
+                hooks.release()
             self._index_shapes()
 
     def _index_shapes(self) -> None:
@@ -247,6 +265,35 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
     kforge_dispatch.__name__ = getattr(original, "__name__", spec.name)
     kforge_dispatch.__doc__ = getattr(original, "__doc__", None)
     return kforge_dispatch
+
+
+def _function_handler(dispatcher: Dispatcher, spec: OpSpec) -> Callable:
+    """The eager decision for an operator computed by a library's function, taken at its hooks: the kernel for
+    the call's exact signature, handed back as the function returns its value, or the function itself."""
+    table = dispatcher.tables.setdefault(spec.name, {})
+    names = spec.params
+
+    def handle(point: HookPoint, args: tuple, kwargs: dict) -> Any:
+        original = point.original
+        if not table or _eager_only():
+            return original(*args, **kwargs)
+        try:
+            call = spec.bind(*args, **kwargs)
+            entry = table.get(_fast_key(call.inputs, _param_values(names, call.params)))
+        except (Unsupported, TypeError, ValueError, AttributeError):
+            return original(*args, **kwargs)
+        if entry is None:
+            return original(*args, **kwargs)
+        dk, dep = entry
+        grad = torch.is_grad_enabled()
+        for t in call.inputs:
+            if t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj()):
+                return original(*args, **kwargs)
+        if not dep.active:
+            return original(*args, **kwargs)
+        return point.target.result(dk.launch(call.inputs), call.params)
+
+    return handle
 
 
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)

@@ -13,15 +13,19 @@ registers its own) rewrite the forward graph, and compiles that graph with the c
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import operator
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 
-from ..ops import FUSED_EPILOGUES, Unsupported, inplace_binder, placed_in_aten_graph, spec_for, without_prologue
+from ..ops import (FUSED_EPILOGUES, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
+                   without_prologue)
+from ..ops._functions import GRAPH, graph_calls, hook_functions
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -150,8 +154,10 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
             outs = [gm.graph.call_function(operator.getitem, (run, i)) for i in range(len(dk.variant.outputs))]
             if dk.inplace:
                 result: Any = gm.graph.call_method("copy_", (sources[0], outs[0]))
-            else:
-                result = outs[0] if len(outs) == 1 else tuple(outs)
+            elif len(outs) == 1 and not getattr(fn, "kforge_function", None):
+                result = outs[0]
+            else:   # NB: a function's graph twin returns what the function does: a tuple, even of one tensor
+                result = tuple(outs)
         if isinstance(result, tuple):
             for user in list(node.users):
                 if user.op == "call_function" and user.target is operator.getitem:
@@ -244,6 +250,7 @@ class KforgeBackend:
     passes: list[GraphPass] = field(default_factory=list)
     graphs: list[CompiledGraph] = field(default_factory=list)
     enabled: bool = True   # False: graphs compiled from now on (recompilations) get no kernels
+    function_hooks: Any = field(default=None, repr=False)   # hooks of functions whose graph twins it places
 
     def __post_init__(self):
         self._inductor = None
@@ -377,6 +384,37 @@ def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str 
         raise ValueError("pass mode= or options=, not both (as with torch.compile)")
     kb = KforgeBackend(list(kernels), mode, options, dynamic, inner=backend, passes=list(passes))
     compiled = torch.compile(model, backend=kb, dynamic=dynamic, **torch_compile_kwargs)
+    functions = {get_spec(dk.variant.op).name: get_spec(dk.variant.op) for dk in kernels
+                 if get_spec(dk.variant.op).functions}
+    if functions:
+        compiled = _with_graph_twins(compiled, model, list(functions.values()), kb)
     object.__setattr__(compiled, "kforge_backend", kb) if isinstance(compiled, torch.nn.Module) else \
         setattr(compiled, "kforge_backend", kb)
     return compiled
+
+
+def _with_graph_twins(compiled: Any, model: Any, specs: list, kb: KforgeBackend) -> Any:
+    """``compiled`` whose calls trace the functions of ``specs`` as their graph twins (one node each, which
+    ``replace_calls`` gives a kernel): hooks at the places ``model`` reaches them, held while the compiled model
+    lives, and ``graph_calls`` around each of its calls (outside the compiled frame: forward hooks of the
+    wrapper torch.compile returns, or a wrapping function)."""
+    hooks = hook_functions(specs, model)
+    kb.function_hooks = hooks
+    weakref.finalize(kb, hooks.release)
+    if isinstance(compiled, torch.nn.Module):
+        def enter(*_):
+            GRAPH.depth += 1
+
+        def leave(*_):
+            GRAPH.depth = max(GRAPH.depth - 1, 0)
+
+        compiled.register_forward_pre_hook(enter)
+        compiled.register_forward_hook(leave, always_call=True)
+        return compiled
+
+    @functools.wraps(compiled)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with graph_calls():
+            return compiled(*args, **kwargs)
+
+    return run

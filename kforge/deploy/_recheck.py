@@ -37,9 +37,18 @@ def _load(path: str | None, device: str) -> torch.Tensor | None:
     return torch.load(path, map_location="cpu", weights_only=True).to(device)
 
 
-def _fresh_like(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with its exact shape and strides at a new address."""
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+def _fresh_like(t: torch.Tensor, sig=None) -> torch.Tensor:
+    """A copy of ``t`` at a new address, laid out as the variant's input ``sig`` has it (the kernel reads by those
+    strides; an example stored before the store kept strides is dense), or as ``t`` is."""
+    stride = tuple(sig.stride) if sig is not None and tuple(sig.shape) == tuple(t.shape) else t.stride()
+    dims = sorted((st, n) for n, st in zip(t.shape, stride) if n != 1)
+    span = 1
+    for st, n in dims:
+        if st < span:   # a broadcast layout no copy can take: as it is
+            stride = t.stride()
+            break
+        span = st * n
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(t)
 
 
@@ -65,7 +74,7 @@ def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
     for label, inputs in sets:
         refs = reference_outputs(spec, inputs, params)
         # NB: the kernel sees copies, so a write into an input is seen and the reference stays clean.
-        copies = tuple(_fresh_like(t) if t is not None else None for t in inputs)
+        copies = tuple(_fresh_like(t, sig) if t is not None else None for t, sig in zip(inputs, variant.inputs))
         with torch.no_grad():
             try:
                 outs = list(launch(copies))

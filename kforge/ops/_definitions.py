@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ._functions import FunctionTarget
 from ._registry import Call, OpSpec, Unsupported, random_tensor, register
 from ._signature import Variant
 
@@ -463,8 +464,14 @@ register(OpSpec(
 
 # ----------------------------------------------------------------------------- the gated delta rule
 
-def _bind_gated_delta_rule(query, key, value, g, beta, *_a, initial_state=None, output_final_state=False,
-                           use_qk_l2norm_in_kernel=False, **_k):
+def _bind_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, *, cu_seqlens=None, scale=None, **_k):
+    # NB: chunk_size only orders the arithmetic; packed sequences (cu_seqlens) and another scale change the result
+    if cu_seqlens is not None or scale is not None:
+        raise Unsupported("gated delta rule: packed sequences (cu_seqlens) or a scale other than Dk^-0.5")
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value, g, beta)) or not (
+            initial_state is None or isinstance(initial_state, torch.Tensor)):
+        raise Unsupported("gated delta rule: tensor inputs")
     if query.dim() != 4 or key.shape != query.shape or value.dim() != 4 or value.shape[:2] != query.shape[:2]:
         raise Unsupported("gated delta rule: query and key [B, T, Hk, Dk], value [B, T, Hv, Dv]")
     if value.shape[2] % key.shape[2] or tuple(g.shape) != tuple(value.shape[:3]) or tuple(beta.shape) != tuple(g.shape):
@@ -511,8 +518,22 @@ def _sample_gated_delta_rule(v: Variant, seed: int, gen: torch.Generator) -> lis
 # dozens of small operators (and a loop over 64-token chunks); under torch.compile Inductor fuses some of them, and
 # the loop and float32 matrix products stay (1.5-1.8 ms of compiled Qwen 3.5's 5.8 ms of GPU time at 4 layers and
 # 512 tokens on the H200, compiled_profile_qwen35_moe_h200_2026-12-03t).
+def _gdn_outputs(result: Any) -> list:
+    out, state = result
+    return [out] if state is None else [out, state]
+
+
+def _gdn_result(outs: Sequence[torch.Tensor], params: dict) -> Any:
+    return (outs[0], outs[1] if params.get("output_final_state") else None)
+
+
+# transformers' models whose linear attention layers call it (the same signature and return value in each)
+_GDN_FUNCTIONS = tuple(
+    FunctionTarget(f"transformers.models.{m}.modeling_{m}", "torch_chunk_gated_delta_rule", _gdn_outputs, _gdn_result)
+    for m in ("qwen3_5_moe", "qwen3_5", "qwen3_next"))
+
 register(OpSpec(
-    name="gated_delta_rule", kind="recurrent", targets=(),
+    name="gated_delta_rule", kind="recurrent", targets=(), functions=_GDN_FUNCTIONS,
     inputs=("query", "key", "value", "g", "beta", "initial_state"), params=("use_qk_l2norm", "output_final_state"),
     bind=_bind_gated_delta_rule, reference=_gated_delta_rule, sample=_sample_gated_delta_rule,
     doc="the gated delta rule (linear attention with a decaying, delta-corrected state): output [B, T, Hv, Dv], "

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from ._functions import FunctionTarget, spec_of_twin
 from ._signature import TensorSig, Variant, freeze_params, torch_dtype
 
 
@@ -43,6 +44,8 @@ class OpSpec:
     sample: Callable[[Variant, int, torch.Generator], list] | None = None
     inplace_targets: tuple[Callable, ...] = field(default=())
     io_bytes: Callable[[Variant], int] | None = None  # fewest bytes moved, when not every input is read whole
+    # Python functions of libraries that compute this operator (kforge.ops._functions): reached through hooks
+    functions: tuple[FunctionTarget, ...] = field(default=())
 
     def variant(self, call: Call, outputs: Iterable[torch.Tensor]) -> Variant:
         sigs = tuple(TensorSig.of(t) if t is not None else None for t in call.inputs)
@@ -111,10 +114,13 @@ def get_spec(name: str) -> OpSpec:
 
 
 def spec_for(func: Any) -> OpSpec | None:
+    """The operator a callable computes: a torch callable a spec targets, or the graph twin of a function a spec
+    names (a node of a graph kforge compiled)."""
     try:
-        return _BY_TARGET.get(func)
+        found = _BY_TARGET.get(func)
     except TypeError:  # unhashable callable
         return None
+    return found if found is not None else spec_of_twin(func)
 
 
 def all_specs() -> list[OpSpec]:

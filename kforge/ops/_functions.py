@@ -1,0 +1,246 @@
+"""Operators a model computes with a Python function of a library rather than a torch callable.
+
+Some operators have no torch callable to intercept: transformers' Qwen 3.5 layers compute the gated delta
+rule with ``torch_chunk_gated_delta_rule``, a Python function of dozens of torch calls. An operator names
+such functions in ``OpSpec.functions`` (``FunctionTarget``), and kforge reaches them the way the model does:
+through the module's global and through every submodule of the model that holds the function as an
+attribute (transformers binds it to each layer in some versions).
+
+While anything in kforge uses a function (a capture records it, a deployment runs a kernel for it, a model
+compiled with its kernel exists), each of those places holds one **hook**. The hook calls the newest
+``handler`` pushed for the operator (capture's recorder, the eager dispatcher) or, with none, the function
+itself. Under torch.compile it calls the function, so dynamo traces the function as plain compile would;
+inside a call of a model kforge compiled with a kernel for it (``graph_calls``), it calls the function's
+**graph twin** instead: the function wrapped so that dynamo puts it in the graph as one node
+(``torch.compiler.allow_in_graph``), which kforge's graph pass replaces by the kernel where the call's
+signature has one, and which AOTAutograd traces through (as plain compile would) where it has none.
+When nothing uses a place any more, the original is put back.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from ._registry import OpSpec
+
+
+@dataclass(frozen=True)
+class FunctionTarget:
+    """A library's Python function that computes an operator.
+
+    ``outputs``: the operator's outputs (tensors, in the spec's order) from the function's return value.
+    ``result``: the function's return value from the operator's outputs and the call's params (what a kernel's
+    outputs are handed back as).
+    """
+
+    module: str
+    name: str
+    outputs: Callable[[Any], list]
+    result: Callable[[Sequence[torch.Tensor], dict], Any]
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def resolve(self) -> Callable | None:
+        """The function, when its module is imported (kforge never imports a model's library itself)."""
+        module = sys.modules.get(self.module)
+        return getattr(module, self.name, None) if module is not None else None
+
+
+# A handler takes (the hook point, args, kwargs) and returns the function's value.
+Handler = Callable[["HookPoint", tuple, dict], Any]
+
+
+class _GraphState:
+    depth = 0
+
+
+# NB: read inside the traced hook: dynamo guards on it, so a graph traced for plain torch.compile (0) and one
+# traced inside a kforge compiled model's call (> 0) are different cache entries of the same code. Process-wide
+# (dynamo guards on a plain object's attribute; a thread-local is not one it reads).
+GRAPH = _GraphState()
+
+
+@contextlib.contextmanager
+def graph_calls() -> Iterator[None]:
+    """While this runs, a hook traced by dynamo puts its function's graph twin in the graph."""
+    GRAPH.depth += 1
+    try:
+        yield
+    finally:
+        GRAPH.depth -= 1
+
+
+@dataclass
+class HookPoint:
+    """One place a model reaches an operator's function: ``owner.name``."""
+
+    owner: Any
+    name: str
+    original: Callable
+    spec: "OpSpec"
+    target: FunctionTarget
+    owned: bool        # the attribute was in the owner's own __dict__ (else inherited: delete to undo)
+    users: int = 0
+    hook: Callable | None = field(default=None, repr=False)
+
+
+_POINTS: dict[tuple[int, str], HookPoint] = {}
+_HANDLERS: dict[str, list[Handler]] = {}
+_TWINS: dict[int, tuple[Callable, Callable, "OpSpec"]] = {}   # id(original) -> (original, its graph twin, spec)
+_LOCK = threading.RLock()
+
+
+def graph_twin(original: Callable, spec: "OpSpec") -> Callable:
+    """The function as one graph node: the same for every place that holds ``original``."""
+    with _LOCK:
+        found = _TWINS.get(id(original))
+        if found is not None and found[0] is original:
+            return found[1]
+
+        def kforge_graph_call(*args: Any, **kwargs: Any) -> Any:
+            return original(*args, **kwargs)
+
+        kforge_graph_call.__name__ = f"kforge_{getattr(original, '__name__', spec.name)}"
+        kforge_graph_call.__qualname__ = kforge_graph_call.__name__
+        kforge_graph_call.kforge_function = spec.name   # type: ignore[attr-defined]
+        torch.compiler.allow_in_graph(kforge_graph_call)
+        _TWINS[id(original)] = (original, kforge_graph_call, spec)
+        return kforge_graph_call
+
+
+def spec_of_twin(fn: Any) -> "OpSpec | None":
+    """The operator whose graph twin ``fn`` is (a node of a graph kforge compiled), or None."""
+    name = getattr(fn, "kforge_function", None)
+    if name is None:
+        return None
+    for original, twin, spec in list(_TWINS.values()):
+        if twin is fn:
+            return spec
+    return None
+
+
+def _make_hook(point: HookPoint, twin: Callable) -> Callable:
+    original, spec_name = point.original, point.spec.name
+
+    def kforge_function_hook(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            if GRAPH.depth > 0:
+                return twin(*args, **kwargs)
+            return original(*args, **kwargs)
+        handlers = _HANDLERS.get(spec_name)
+        if handlers:
+            return handlers[-1](point, args, kwargs)
+        return original(*args, **kwargs)
+
+    kforge_function_hook.__wrapped__ = original   # type: ignore[attr-defined]
+    kforge_function_hook.kforge_original = original   # type: ignore[attr-defined]
+    kforge_function_hook.__name__ = getattr(original, "__name__", spec_name)
+    kforge_function_hook.__doc__ = getattr(original, "__doc__", None)
+    return kforge_function_hook
+
+
+def _places(target: FunctionTarget, model: Any) -> list[tuple[Any, str, Callable]]:
+    """Where ``model`` reaches ``target``: the module's global, and submodules holding the function (or a hook
+    kforge put there) as an attribute of their own."""
+    fn = target.resolve()
+    if fn is None:
+        return []
+    original = getattr(fn, "kforge_original", fn)   # a hook of kforge's is there already
+    out = [(sys.modules[target.module], target.name, original)]
+    if isinstance(model, torch.nn.Module):
+        for sub in model.modules():
+            for name, value in list(vars(sub).items()):
+                if value is original or getattr(value, "kforge_original", None) is original:
+                    out.append((sub, name, original))
+    return out
+
+
+class Hooks:
+    """The hook points one user (a capture, a deployment, a compiled model) holds; ``release`` gives them back."""
+
+    def __init__(self, points: list[HookPoint]):
+        self.points = points
+        self.released = False
+
+    @property
+    def ops(self) -> set[str]:
+        return {p.spec.name for p in self.points}
+
+    def release(self) -> None:
+        with _LOCK:
+            if self.released:
+                return
+            self.released = True
+            for point in self.points:
+                point.users -= 1
+                if point.users > 0:
+                    continue
+                key = (id(point.owner), point.name)
+                if _POINTS.get(key) is point:
+                    del _POINTS[key]
+                if getattr(point.owner, point.name, None) is point.hook:
+                    if point.owned:
+                        setattr(point.owner, point.name, point.original)
+                    else:
+                        delattr(point.owner, point.name)
+
+
+def hook_functions(specs: Sequence["OpSpec"], model: Any = None) -> Hooks:
+    """Put a hook at every place ``model`` (and any caller of the module's global) reaches the functions of
+    ``specs``; the returned ``Hooks`` holds them until released."""
+    held: list[HookPoint] = []
+    with _LOCK:
+        for spec in specs:
+            for target in spec.functions:
+                for owner, name, original in _places(target, model):
+                    key = (id(owner), name)
+                    point = _POINTS.get(key)
+                    if point is None or point.owner is not owner:
+                        d = owner.__dict__ if isinstance(owner, type) else vars(owner)
+                        point = HookPoint(owner, name, original, spec, target, owned=name in d)
+                        point.hook = _make_hook(point, graph_twin(original, spec))
+                        _POINTS[key] = point
+                        setattr(owner, name, point.hook)
+                    point.users += 1
+                    held.append(point)
+    return Hooks(held)
+
+
+@contextlib.contextmanager
+def handling(op: str, handler: Handler) -> Iterator[None]:
+    """``handler`` answers the calls of ``op``'s hooks while this runs (the newest handler answers)."""
+    push_handler(op, handler)
+    try:
+        yield
+    finally:
+        pop_handler(op, handler)
+
+
+def push_handler(op: str, handler: Handler) -> None:
+    with _LOCK:
+        _HANDLERS.setdefault(op, []).append(handler)
+
+
+def pop_handler(op: str, handler: Handler) -> None:
+    with _LOCK:
+        stack = _HANDLERS.get(op, [])
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is handler:
+                del stack[i]
+                break
+        if not stack:
+            _HANDLERS.pop(op, None)
+
+
+def function_specs() -> list["OpSpec"]:
+    from ._registry import all_specs
+
+    return [s for s in all_specs() if s.functions]

@@ -1,0 +1,157 @@
+"""Operators a model computes with a library's Python function (transformers' gated delta rule): captured at
+the function's hooks, run as kforge kernels eagerly and inside torch.compile, and the function put back."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kforge
+from kforge.kernels import device_info
+from kforge.ops import CardStatus, CardVerdict
+from kforge.proposers.builtin import strategies_for
+
+M = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+ORIGINAL = M.torch_chunk_gated_delta_rule
+B, T, HK, HV, D = 1, 24, 2, 4, 8
+
+
+class _Layer(torch.nn.Module):
+    """A linear attention layer that calls the function through its own attribute (as transformers 5.17 binds
+    it) or through the module's global (as 5.24 calls it)."""
+
+    def __init__(self, via_attribute: bool, final_state: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(HV * D, 2 * HK * D + HV * D + 2 * HV)
+        self.final_state = final_state
+        if via_attribute:
+            self.chunk_gated_delta_rule = ORIGINAL
+
+    def forward(self, x):
+        q, k, v, a, b = self.proj(x).split([HK * D, HK * D, HV * D, HV, HV], dim=-1)
+        q, k, v = (t.reshape(B, T, -1, D) for t in (q, k, v))
+        q, k = (t.repeat_interleave(HV // HK, dim=2) for t in (q, k))
+        g = -F.softplus(a)
+        fn = self.chunk_gated_delta_rule if "chunk_gated_delta_rule" in vars(self) else M.torch_chunk_gated_delta_rule
+        out, state = fn(q, k, v, g=g, beta=b.sigmoid(), initial_state=None, output_final_state=self.final_state,
+                        use_qk_l2norm_in_kernel=True)
+        assert (state is None) != self.final_state
+        return x + out.reshape(B, T, HV * D)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(True, True), _Layer(False, False), _Layer(True, True)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _model():
+    torch.manual_seed(0)
+    return _Model().eval(), torch.randn(B, T, HV * D)
+
+
+def _untouched(model) -> bool:
+    return M.torch_chunk_gated_delta_rule is ORIGINAL and all(
+        vars(layer).get("chunk_gated_delta_rule", ORIGINAL) is ORIGINAL for layer in model.layers)
+
+
+def _session_with_winners(tmp_path):
+    model, x = _model()
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2, regions=False)
+    dev = device_info("cpu")
+    cards = [c for c in s.cards if c.op == "gated_delta_rule"]
+    for card in cards:
+        (strategy,) = strategies_for(card.op, "cpu")
+        src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
+        ev = s.evaluator.evaluate(card, src, s.store)
+        assert ev.status.is_correct, ev.summary()
+        cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
+        s.store.set_evaluation(cid, ev)
+        s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
+                                                  kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
+    return s, model, x, cards
+
+
+def test_capture_finds_the_function_in_the_layers_and_the_modules_global_and_puts_it_back(tmp_path):
+    model, x = _model()
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    cards = s.capture(timing_budget_ms=2, regions=False)
+    assert _untouched(model)
+    gdn = {c.variant.params: c for c in cards if c.op == "gated_delta_rule"}
+    assert len(gdn) == 2, [c.signature for c in cards]
+    calls = {dict(p)["output_final_state"]: c.calls for p, c in gdn.items()}
+    assert calls == {True: 2, False: 1}, "two layers through their attribute, one through the module's global"
+    with_state = next(c for c in gdn.values() if len(c.variant.outputs) == 2)
+    assert with_state.variant.outputs[1].shape == (B, HV, D, D) and with_state.variant.outputs[1].dtype == "float32"
+    # the function's own torch calls (exp, cumsum, matmuls inside it) are its card's, not cards of their own
+    assert not {"exp", "cumsum", "matmul"} & {c.op for c in cards}
+    assert all(c.examples > 0 for c in gdn.values())
+    assert sum(c.share for c in cards) <= 1.0 + 1e-6
+    s.close()
+
+
+def test_the_kernels_run_eagerly_and_the_model_gets_its_function_back_when_removed(tmp_path):
+    s, model, x, cards = _session_with_winners(tmp_path)
+    with torch.no_grad():
+        expected = model(x)
+        dep = s.apply(all_winners=True)
+        try:
+            assert not _untouched(model)
+            got = model(x)
+        finally:
+            dep.remove()
+        assert _untouched(model)
+        again = model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(again, expected)
+    assert sorted(dep.calls.values()) == [1, 2]
+    s.close()
+
+
+def test_compile_puts_one_kernel_node_per_call_and_plain_compile_still_traces_the_function(tmp_path):
+    s, model, x, cards = _session_with_winners(tmp_path)
+    with torch.no_grad():
+        expected = model(x)
+        torch._dynamo.reset()
+        compiled = s.compile(guard=False, backend="aot_eager", dynamic=False)
+        got = compiled(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert sorted(compiled.kforge_backend.replaced) == sorted(
+            [c.signature for c in cards for _ in range(c.calls)])
+        assert sorted(dk.calls for dk in compiled.kforge_backend.kernels) == [1, 2]
+        # plain torch.compile of the same model, in the same process, sees the function's own operators
+        seen = []
+
+        def backend(gm, example_inputs):
+            seen.append({str(n.target) for n in gm.graph.nodes})
+            return gm.forward
+
+        plain = torch.compile(model, backend=backend, dynamic=False)
+        torch.testing.assert_close(plain(x), expected)
+        assert seen and not any("kforge" in t for targets in seen for t in targets)
+        assert any("cumsum" in t for targets in seen for t in targets)
+        # the compiled model again: its own graph, its kernels
+        compiled(x)
+        assert sorted(dk.calls for dk in compiled.kforge_backend.kernels) == [2, 4]
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_a_stored_example_keeps_the_strides_of_a_view_with_gaps(tmp_path):
+    """One part of a split (the layer's value) has gaps between its rows; a kernel made for that variant reads
+    it by those strides, so the store and the apply-time re-check must keep them."""
+    from kforge.store import Store
+
+    store = Store(tmp_path / "s")
+    base = torch.randn(2, 24, 72)
+    part = base[..., 16:48]
+    got = store.get_tensor(store.put_tensor(part))
+    assert got.stride() == part.stride() and torch.equal(got, part)
+    wide = torch.randn(1, 5).expand(4, 5)   # overlapping: its values, densely
+    assert torch.equal(store.get_tensor(store.put_tensor(wide)), wide)
