@@ -5,6 +5,7 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
     python benchmarks/region_e2e.py gemma4_e2b --layers 2 --iterations 4 --max-cards 8
     python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
     python benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default   # fused cards
+    python benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm --ops gated_delta_rule --no-regions
 
 Writes region_e2e_<model>.json to $OUT (or runs/, which git ignores). With ``--store PATH.tgz`` the session's
 store is unpacked from PATH when it exists (cards searched there are not searched again) and packed back
@@ -42,7 +43,12 @@ def _model(name: str, args):
     from seed_workloads import LANGUAGE
 
     layers = (args.layers or 2) if name in LANGUAGE else args.layers
-    return seed_model(name, args.device, layers=layers, attn=args.attn, resolution=args.resolution, dtype=args.dtype)
+    extra = {"tokens": args.tokens} if args.tokens else {}
+    model, inputs = seed_model(name, args.device, layers=layers, attn=args.attn, resolution=args.resolution,
+                               dtype=args.dtype, **extra)
+    if args.experts and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation(args.experts)   # Qwen 3.5: grouped_mm, as its end-to-end rows run
+    return model, inputs
 
 
 def main() -> None:
@@ -56,6 +62,10 @@ def main() -> None:
     ap.add_argument("--ops", default="region", help="which cards to search: region cards, fused operators "
                     "(group_norm_silu: with or without its convolution's bias), or any operator, comma-separated")
     ap.add_argument("--resolution", type=int, default=None, help="diffusion models: image size")
+    ap.add_argument("--tokens", type=int, default=None, help="language models: prompt tokens (the seed's 512 if not given)")
+    ap.add_argument("--experts", default=None, help="MoE models: the experts implementation (grouped_mm)")
+    ap.add_argument("--no-regions", action="store_true",
+                    help="operator cards only (no graph capture): for --ops naming operators, e.g. gated_delta_rule")
     ap.add_argument("--dtype", default=None, help="the seed workloads: override the model's dtype (float32, bfloat16)")
     ap.add_argument("--modes", default="default,reduce-overhead")
     ap.add_argument("--no-inductor-baseline", action="store_true",
@@ -77,7 +87,7 @@ def main() -> None:
         with tarfile.open(args.store) as tar:
             tar.extractall(workdir, filter="data")
     s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
-    cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None)
+    cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None, regions=not args.no_regions)
     ops = set(args.ops.split(","))
     if "group_norm_silu" in ops:   # NB: where its convolution's bias is its prologue, the fused card is biased_...
         ops.add("biased_group_norm_silu")
