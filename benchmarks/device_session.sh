@@ -22,6 +22,10 @@
 #                                                            lays the graph out so) searched, then end to end under compile
 #   device run: bash benchmarks/device_session.sh gdn       Qwen 3.5's gated delta rule as one kforge kernel: the operator
 #                                                            against transformers' fallback, then the model end to end
+#   device run: bash benchmarks/device_session.sh gdn_e2e   the same through kforge itself: the GPU tests of the strategy
+#                                                            and of function capture, then Qwen 3.5 (4 layers) captured,
+#                                                            its gated_delta_rule card searched, and end to end under
+#                                                            KF_MODES with the model-level check (region_e2e.py)
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
@@ -166,6 +170,17 @@ PY
     timeout "${KF_GDN_S:-480}" python3 benchmarks/gated_delta.py --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/gated_delta.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^    \|^E1\|AUTOTUNE" | tail -40 ;;
+  gdn_e2e)
+    # KF_GDN_TESTS=0: no tests first (all the call's time to the model)
+    if [ "${KF_GDN_TESTS:-1}" != 0 ]; then
+      timeout "${KF_GDN_TESTS_S:-60}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" \
+          tests/test_recurrent_gpu.py tests/test_functions.py 2>&1 | grep --line-buffered -v "^DEBUG" \
+          | tee "$OUT/gdn_tests.txt" | grep -E "passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -12
+    fi
+    timeout "${KF_GDN_S:-270}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
+        --ops gated_delta_rule --no-regions --iterations "${KF_ITERATIONS:-3}" --modes "${KF_MODES:-reduce-overhead,default}" \
+        2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_gdn.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   profile)
     install_wheels
     # KF_PROFILE_MODELS: which seed models (default: the two vision ones); Qwen 3.5 at 4 layers, grouped_mm
