@@ -155,3 +155,56 @@ def test_a_stored_example_keeps_the_strides_of_a_view_with_gaps(tmp_path):
     assert got.stride() == part.stride() and torch.equal(got, part)
     wide = torch.randn(1, 5).expand(4, 5)   # overlapping: its values, densely
     assert torch.equal(store.get_tensor(store.put_tensor(wide)), wide)
+
+
+def test_a_size_one_dimensions_stride_does_not_keep_a_kernel_from_its_call():
+    """Dynamo's fake value of Qwen 3.5's value had batch stride 4194304 where eager's had 512 (batch 1): the
+    kernel was left out of the compiled graph for a stride nothing ever steps along."""
+    from kforge.deploy._dispatch import _fast_key, _param_values, variant_key
+    from kforge.ops import get_spec
+
+    spec = get_spec("softmax")
+    a = torch.randn(1, 6, 4)
+    b = torch.randn(6, 1, 4).transpose(0, 1)
+    assert a.shape == b.shape and a.stride() != b.stride()
+    call = spec.bind(a, dim=-1)
+    variant = spec.variant(call, [a.softmax(-1)])
+    other = spec.bind(b, dim=-1)
+    assert variant_key(variant) == _fast_key(other.inputs, _param_values(spec.params, other.params))
+    d = torch.randn(1, 4, 6).transpose(1, 2)   # the same shape, a real dimension laid out otherwise: no match
+    assert variant_key(variant) != _fast_key(spec.bind(d, dim=-1).inputs, _param_values(spec.params, other.params))
+
+
+def test_eager_timings_run_the_librarys_function_not_the_loop_that_defines_the_operator():
+    from kforge.ops import get_spec
+
+    spec = get_spec("gated_delta_rule")
+    model, x = _model()
+    seen = []   # the arguments of one call, as the model makes them
+
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return ORIGINAL(*args, **kwargs)
+
+    M.torch_chunk_gated_delta_rule = spy
+    try:
+        with torch.no_grad():
+            model.layers[1](x)
+    finally:
+        M.torch_chunk_gated_delta_rule = ORIGINAL
+    (args, kwargs), = seen
+    call = spec.bind(*args, **kwargs)
+    theirs = ORIGINAL(*args, **kwargs)
+    got = spec.run_eager(list(call.inputs), call.params)
+    assert torch.equal(got, theirs[0]), "eager is transformers' function itself"
+    ref = spec.reference(list(call.inputs), call.params)
+    assert not torch.equal(ref, theirs[0]) and torch.allclose(ref, theirs[0], rtol=1e-4, atol=1e-5)
+
+
+def test_end_to_end_runs_a_function_kernel_in_the_eager_rows(tmp_path):
+    s, model, x, cards = _session_with_winners(tmp_path)
+    e2e = s.end_to_end(compile=False, guard=False)
+    row = next(r for r in e2e.rows if r.label == "eager + kforge")
+    assert row.kernels == 2 and row.error is None
+    assert _untouched(model)
+    s.close()

@@ -435,5 +435,5 @@ def time_variant(variant: Variant, store: Store | None, key: str, device: str, b
     inputs = examples[0][0] if examples else spec.random_inputs(variant, seed=0)
     params = variant.param_dict
     with torch.no_grad():
-        return bench(lambda: spec.reference(inputs, params), device=device, budget_ms=budget_ms,
+        return bench(lambda: spec.run_eager(inputs, params), device=device, budget_ms=budget_ms,
                      min_reps=10 if device == "cpu" else 50, max_rounds=4, threads=threads, clock=clock)

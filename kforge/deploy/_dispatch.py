@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,17 @@ _OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
 
 
 def _fast_key(inputs: Iterable[torch.Tensor | None], params: tuple) -> tuple:
-    return (tuple([None if t is None else (t.shape, t.dtype, t.stride(), t.device) for t in inputs]), params)
+    return (tuple([None if t is None else (t.shape, t.dtype, _strides(t.shape, t.stride()), t.device)
+                   for t in inputs]), params)
+
+
+def _strides(shape: Sequence[int], stride: Sequence[int]) -> tuple:
+    """Strides as a key has them: a dimension of size 1 is never stepped along, so its stride is 0 whatever
+    the tensor says (dynamo's fake value of Qwen 3.5's value had 4194304 where eager's had 512, and the kernel
+    was not placed: H200, 2026-12-04)."""
+    if 1 not in shape:
+        return tuple(stride)
+    return tuple(0 if n == 1 else s for n, s in zip(shape, stride))
 
 
 def _typed(value: Any) -> Any:
@@ -43,8 +53,8 @@ def _typed(value: Any) -> Any:
 
 def variant_key(variant: Variant) -> tuple:
     """The dispatch key of a variant, in the same form ``_fast_key`` builds from a live call."""
-    ins = tuple(None if s is None else (torch.Size(s.shape), torch_dtype(s.dtype), s.stride, _device(s.device))
-                for s in variant.inputs)
+    ins = tuple(None if s is None else (torch.Size(s.shape), torch_dtype(s.dtype), _strides(s.shape, s.stride),
+                                        _device(s.device)) for s in variant.inputs)
     return (ins, tuple(_typed(v) for _, v in variant.params))
 
 

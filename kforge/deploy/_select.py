@@ -215,10 +215,11 @@ class Winner:
 
 
 def _patched_eagerly(op: str) -> bool:
-    """Whether installing a winner of ``op`` patches torch callables (a region's does not: it runs
-    in graph mode only, and costs no eager dispatch)."""
+    """Whether installing a winner of ``op`` patches torch callables or hooks a library's function (a region's
+    does neither: it runs in graph mode only, and costs no eager dispatch)."""
     try:
-        return any(t is not None for t in get_spec(op).targets)
+        spec = get_spec(op)
+        return any(t is not None for t in spec.targets) or bool(spec.functions)
     except KeyError:
         return True
 

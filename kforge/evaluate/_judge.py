@@ -693,7 +693,8 @@ class _Trial:
         return views, written
 
     def eager_batch(self, group: Group, views: list) -> tuple[float, list[list[torch.Tensor]]]:
-        """Eager over the same sets, timed here: it is also the reference for the timed calls."""
+        """Eager over the same sets, timed here: it is also the reference for the timed calls (what the model runs
+        eagerly: ``OpSpec.run_eager``, the reference itself but for an operator a library's function computes)."""
         outs: list[list[torch.Tensor]] = []
         total = 0.0
         spec, params = self.spec, self.params
@@ -704,7 +705,7 @@ class _Trial:
                 for j, (a, b) in enumerate(events):
                     ins = [v[j] if v is not None else None for v in views]
                     a.record()
-                    out = spec.reference(ins, params)
+                    out = spec.run_eager(ins, params)
                     b.record()
                     outs.append(list(out) if isinstance(out, (tuple, list)) else [out])
                 torch.cuda.synchronize(self.device)
@@ -713,7 +714,7 @@ class _Trial:
                 for j in range(group.count):
                     ins = [v[j] if v is not None else None for v in views]
                     t0 = time.perf_counter_ns()
-                    out = spec.reference(ins, params)
+                    out = spec.run_eager(ins, params)
                     total += (time.perf_counter_ns() - t0) / 1e3
                     outs.append(list(out) if isinstance(out, (tuple, list)) else [out])
         return total, outs

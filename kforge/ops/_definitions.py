@@ -532,8 +532,43 @@ _GDN_FUNCTIONS = tuple(
     FunctionTarget(f"transformers.models.{m}.modeling_{m}", "torch_chunk_gated_delta_rule", _gdn_outputs, _gdn_result)
     for m in ("qwen3_5_moe", "qwen3_5", "qwen3_next"))
 
+_GDN_IMPORTED: list = []
+
+
+def _gdn_function():
+    """transformers' function (the original, where kforge hooks it), imported here if no model did (a judge's
+    process), or None without transformers."""
+    for target in _GDN_FUNCTIONS:
+        fn = target.resolve()
+        if fn is not None:
+            return getattr(fn, "kforge_original", fn)
+    if not _GDN_IMPORTED:
+        _GDN_IMPORTED.append(True)
+        import importlib
+
+        for target in _GDN_FUNCTIONS:
+            try:
+                importlib.import_module(target.module)
+                return _gdn_function()
+            except Exception:   # NB: no transformers, or one without these models: the reference is eager
+                continue
+    return None
+
+
+def _gdn_eager(x: list, p: dict):
+    """What a Qwen 3.5 model runs eagerly: transformers' chunked function (a 64-token chunk loop of float32
+    matrix products), or the reference where transformers is missing."""
+    fn = _gdn_function()
+    if fn is None:
+        return _gated_delta_rule(x, p)
+    q, k, v, g, beta, s0 = x
+    out, state = fn(q, k, v, g=g, beta=beta, initial_state=s0, output_final_state=p["output_final_state"],
+                    use_qk_l2norm_in_kernel=p["use_qk_l2norm"])
+    return (out, state) if p["output_final_state"] else out
+
+
 register(OpSpec(
-    name="gated_delta_rule", kind="recurrent", targets=(), functions=_GDN_FUNCTIONS,
+    name="gated_delta_rule", kind="recurrent", targets=(), functions=_GDN_FUNCTIONS, eager=_gdn_eager,
     inputs=("query", "key", "value", "g", "beta", "initial_state"), params=("use_qk_l2norm", "output_final_state"),
     bind=_bind_gated_delta_rule, reference=_gated_delta_rule, sample=_sample_gated_delta_rule,
     doc="the gated delta rule (linear attention with a decaying, delta-corrected state): output [B, T, Hv, Dv], "

@@ -46,6 +46,13 @@ class OpSpec:
     io_bytes: Callable[[Variant], int] | None = None  # fewest bytes moved, when not every input is read whole
     # Python functions of libraries that compute this operator (kforge.ops._functions): reached through hooks
     functions: tuple[FunctionTarget, ...] = field(default=())
+    # What a model runs eagerly, where that is not ``reference`` (the semantics): the baseline a kernel is timed
+    # against (a function spec: the library's function, not the float32 loop that defines it)
+    eager: Callable[[Sequence[torch.Tensor | None], dict[str, Any]], Any] | None = None
+
+    def run_eager(self, inputs: Sequence[torch.Tensor | None], params: dict[str, Any]) -> Any:
+        """One call as the model runs it eagerly (timings of eager use this; correctness uses ``reference``)."""
+        return (self.eager or self.reference)(inputs, params)
 
     def variant(self, call: Call, outputs: Iterable[torch.Tensor]) -> Variant:
         sigs = tuple(TensorSig.of(t) if t is not None else None for t in call.inputs)

@@ -187,8 +187,10 @@ def card_prompt(request: ProposalRequest) -> str:
         "```python",
         spec.source(variant) if hasattr(spec, "source") else _reference_source(spec.reference),
         "```",
-        "It stands for these torch calls: "
-        + ", ".join(_callable_name(t) for t in spec.targets if t is not None) + ".",
+        "It stands for these calls: "
+        + ", ".join([_callable_name(t) for t in spec.targets if t is not None]
+                    + [f"{f.path} (a Python function of the model's library; eager timings run it)"
+                       for f in getattr(spec, "functions", ())]) + ".",
         "",
         "# The exact signature",
         variant.signature,
