@@ -47,7 +47,7 @@ class _Model(torch.nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = layer(x)
-        return x
+        return torch.tanh(x * 0.5) + x   # a chain of the model's own: a region outside the function
 
 
 def _model():
@@ -207,4 +207,19 @@ def test_end_to_end_runs_a_function_kernel_in_the_eager_rows(tmp_path):
     row = next(r for r in e2e.rows if r.label == "eager + kforge")
     assert row.kernels == 2 and row.error is None
     assert _untouched(model)
+    s.close()
+
+
+def test_region_capture_leaves_the_functions_insides_to_its_card(tmp_path):
+    """The function's pointwise chains (its L2 normalisation: mul, sum, add, rsqrt, mul) are its card's time;
+    region cards found inside it would count that time twice."""
+    model, x = _model()
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    cards = s.capture(timing_budget_ms=2, inductor_baseline=False)
+    assert _untouched(model)
+    table = cards.to_frame()
+    ops = list(table[table.kind == "region"].ops)
+    assert ops == ["add,mul,tanh,add"], ops   # the last residual add and the chain after it
+    assert any(c.op == "gated_delta_rule" for c in cards)
+    assert sum(c.share for c in cards) <= 1.0 + 1e-6
     s.close()

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..ops import Variant, get_spec, torch_dtype, without_prologue
+from ..ops._functions import function_specs, graph_calls, hook_functions
 from ._finder import FoundRegion
 
 
@@ -200,9 +201,13 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
     from ..capture import split_batch
 
     rec = _Recorder(examples_per_variant, max_tensor_bytes)
+    # NB: a library function an operator names is traced as its graph twin, so that its nodes can be told apart
+    # (partition leaves them to the function's operator card)
+    specs = function_specs()
+    hooks = hook_functions(specs, model) if specs else None
     try:
         compiled = torch.compile(model, backend=rec.backend(), dynamic=False, fullgraph=False)
-        with torch.no_grad(), no_recompile_limit():
+        with torch.no_grad(), no_recompile_limit(), graph_calls():
             for batch in batches:
                 args, kwargs = split_batch(batch)
                 compiled(*args, **kwargs)
@@ -210,6 +215,8 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
         return RegionCapture((), rec.graphs, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     finally:
         rec.recording = False
+        if hooks is not None:
+            hooks.release()
     return RegionCapture(tuple(rec.records.values()), rec.graphs)
 
 

@@ -33,10 +33,13 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
     the graph's own input) is a call too, in its traced layout: where the dynamo graph's plain group_norm
     kernel stepped aside for a twin (``deploy._graph.replace_calls``), it is placed here instead. Capture
     leaves those out: the eager operator card already stands for them."""
-    fused = find_fused(gm.graph)
-    skip = frozenset(n for f in fused for n in f.nodes)
+    # NB: the nodes of a library function's call (traced through its graph twin: kforge.ops._functions) are its
+    # operator card's; a region or fused operator inside it would count that time twice
+    inside = frozenset(n for n in gm.graph.nodes if _in_function(n))
+    fused = [f for f in find_fused(gm.graph) if not inside.intersection(f.nodes)]
+    skip = frozenset(n for f in fused for n in f.nodes) | inside
     found = find_regions(gm.graph, skip=skip) + fused
-    lone = find_lone_group_norms(gm.graph)
+    lone = [f for f in find_lone_group_norms(gm.graph) if not inside.intersection(f.nodes)]
     channels_last = bool(found or lone) and inductor_lays_out_channels_last(gm)
 
     def twin_of(f: FoundRegion) -> FoundRegion | None:
@@ -51,6 +54,16 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
         if twin is not None or plain_lone:
             found.append(twin or f)
     return found
+
+
+def _in_function(node: fx.Node) -> bool:
+    """Whether AOTAutograd traced ``node`` from a call of a library function's graph twin (dynamo's node, which
+    AOTAutograd's ATen nodes keep in ``source_fn_stack``)."""
+    for entry in node.meta.get("source_fn_stack") or ():
+        target = entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None
+        if getattr(target, "kforge_function", None):
+            return True
+    return False
 
 
 def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:
