@@ -154,17 +154,6 @@ def _damaged(db: Path, exc: BaseException) -> WorkdirError:
         f"`sqlite3 {db} .recover | sqlite3 NEWDIR/kforge.db` and copy {db.parent / 'blobs'} into NEWDIR")
 
 
-def _exact_copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with its shape and strides, in storage of its own (dense when its elements overlap)."""
-    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
-    span = 1
-    for st, n in dims:
-        if st < span:
-            return t.clone()
-        span = st * n
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t)
-
-
 class Store:
     """One session's records: ``<workdir>/kforge.db`` plus ``<workdir>/blobs/``.
 
@@ -299,10 +288,10 @@ class Store:
         path = self.blobs / f"{digest}.pt"
         if not path.exists():
             tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-            # NB: with its strides (clone() makes a view with gaps contiguous, e.g. one of a split's parts, and a
-            # kernel made for the variant reads it by the variant's strides); an overlapping view (stride 0) is
-            # stored dense, as its values
-            torch.save(_exact_copy(cpu), tmp)
+            # NB: dense (a view with gaps, one of a split's parts, loses its strides here, as any tensor
+            # moved off the GPU does): whoever runs a kernel on an example lays it out as the variant has it
+            # (the judge's arenas, deploy._recheck)
+            torch.save(cpu.clone(), tmp)
             tmp.replace(path)
         return digest
 

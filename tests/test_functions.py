@@ -143,18 +143,20 @@ def test_compile_puts_one_kernel_node_per_call_and_plain_compile_still_traces_th
     s.close()
 
 
-def test_a_stored_example_keeps_the_strides_of_a_view_with_gaps(tmp_path):
-    """One part of a split (the layer's value) has gaps between its rows; a kernel made for that variant reads
-    it by those strides, so the store and the apply-time re-check must keep them."""
-    from kforge.store import Store
+def test_the_apply_time_recheck_lays_a_dense_example_out_as_the_variant():
+    """One part of a split (the layer's value) has gaps between its rows; the store keeps examples dense, and a
+    kernel made for that variant reads by its strides: the re-check must hand it the variant's layout (before, it
+    handed the dense copy over, and the winner was refused as computing differently in this process)."""
+    from kforge.deploy._recheck import _fresh_like
+    from kforge.ops import TensorSig
 
-    store = Store(tmp_path / "s")
-    base = torch.randn(2, 24, 72)
-    part = base[..., 16:48]
-    got = store.get_tensor(store.put_tensor(part))
-    assert got.stride() == part.stride() and torch.equal(got, part)
-    wide = torch.randn(1, 5).expand(4, 5)   # overlapping: its values, densely
-    assert torch.equal(store.get_tensor(store.put_tensor(wide)), wide)
+    part = torch.randn(2, 24, 72)[..., 16:48]
+    dense = part.clone()
+    assert dense.stride() != part.stride()
+    laid = _fresh_like(dense, TensorSig.of(part))
+    assert laid.stride() == part.stride() and torch.equal(laid, part)
+    wide = torch.randn(1, 5).expand(4, 5)   # a broadcast layout no copy can take: as it comes
+    assert torch.equal(_fresh_like(wide.clone(), TensorSig.of(wide)), wide)
 
 
 def test_a_size_one_dimensions_stride_does_not_keep_a_kernel_from_its_call():
@@ -222,4 +224,128 @@ def test_region_capture_leaves_the_functions_insides_to_its_card(tmp_path):
     assert ops == ["add,mul,tanh,add"], ops   # the last residual add and the chain after it
     assert any(c.op == "gated_delta_rule" for c in cards)
     assert sum(c.share for c in cards) <= 1.0 + 1e-6
+    s.close()
+
+
+_LOAD = """
+import json, sys
+sys.path.insert(0, "tests")
+import torch
+import kforge
+from test_functions import _model, _untouched
+model, x = _model()
+dep = kforge.load(model, {path!r}, device="cpu", all_winners=True)
+with torch.no_grad():
+    eager = model(x)
+    eager_calls = sorted(dk.calls for dk in dep.kernels)
+    compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+    y = compiled(x)
+dep.remove()
+print(json.dumps({{"eager": eager.flatten().tolist(), "eager_calls": eager_calls, "out": y.flatten().tolist(),
+                   "replaced": len(compiled.kforge_backend.replaced),
+                   "calls": sorted(dk.calls for dk in compiled.kforge_backend.kernels)}}))
+"""
+
+
+def test_an_exported_function_kernel_loads_and_runs_in_a_fresh_process(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    s, model, x, cards = _session_with_winners(tmp_path)
+    path = s.export(tmp_path / "artifact", all_winners=True)
+    out = subprocess.run([sys.executable, "-c", _LOAD.format(path=str(path))], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # (the compiled model's calls add to the eager ones: the same kernels)
+    assert result["eager_calls"] == [1, 2] and result["replaced"] == 3 and result["calls"] == [2, 4]
+    with torch.no_grad():
+        expected = model(x).flatten()
+    torch.testing.assert_close(torch.tensor(result["eager"]), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(result["out"]), expected, rtol=1e-4, atol=1e-4)
+    s.close()
+
+
+def test_a_capture_after_apply_leaves_the_deployment_its_calls(tmp_path):
+    """Capture's handler was pushed and popped as two different bound-method objects, so it never left the stack:
+    a later capture (or one before an apply) shadowed every deployment's kernel for the rest of the process."""
+    s, model, x, cards = _session_with_winners(tmp_path)
+    from kforge.ops._functions import _HANDLERS
+
+    assert not _HANDLERS.get("gated_delta_rule")
+    with torch.no_grad():
+        dep = s.apply(all_winners=True)
+        try:
+            s.capture(timing_budget_ms=2, regions=False)   # a capture while the deployment is installed
+            before = sorted(dk.calls for dk in dep.kernels)
+            model(x)
+            after = sorted(dk.calls for dk in dep.kernels)
+        finally:
+            dep.remove()
+    assert [a - b for a, b in zip(after, before)] == [1, 2]
+    assert not _HANDLERS.get("gated_delta_rule") and _untouched(model)
+    s.close()
+
+
+def test_another_threads_call_during_a_capture_is_not_the_captures(tmp_path):
+    import threading
+
+    from kforge.capture._capture import CaptureLimits, _Recorder
+
+    model, x = _model()
+    layer = model.layers[1]   # calls the module's global
+    rec = _Recorder(None, CaptureLimits(), [0], set(), model=model)
+    got = []
+    with torch.no_grad(), rec:
+        th = threading.Thread(target=lambda: got.append(layer(x)))
+        th.start()
+        th.join()
+        assert got and not rec.records, "the other thread's call ran, unrecorded"
+        layer(x)
+    assert [r.variant.op for r in rec.records.values()].count("gated_delta_rule") == 1
+    assert _untouched(model)
+
+
+def test_removing_a_deployment_gives_the_function_back_to_models_it_compiled(tmp_path):
+    import gc
+
+    s, model, x, cards = _session_with_winners(tmp_path)
+    with torch.no_grad():
+        dep = s.apply(all_winners=True)
+        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+        compiled(x)
+        dep.remove()
+        assert _untouched(model), "the deployment's compiled model no longer holds the hooks"
+        # a compiled model of the session's own: its hooks go when it does
+        other = s.compile(guard=False, backend="aot_eager", dynamic=False)
+        other(x)
+        assert not _untouched(model)
+        del other, compiled
+        gc.collect()
+    assert _untouched(model)
+    import pickle
+
+    pickle.dumps(model)   # a model holding kforge's hook would not pickle
+    torch._dynamo.reset()
+    s.close()
+
+
+def test_a_kforge_model_called_inside_another_does_not_recompile(tmp_path):
+    """The graph flag is a bool: a count (two kforge-compiled models nested, or two threads) made dynamo recompile
+    at every new depth until its limit, then run the model with no kernel at all."""
+    from kforge.ops._functions import GRAPH, graph_calls
+
+    s, model, x, cards = _session_with_winners(tmp_path)
+    with torch.no_grad():
+        compiled = s.compile(guard=False, backend="aot_eager", dynamic=False)
+        compiled(x)
+        graphs = len(compiled.kforge_backend.graphs)
+        with graph_calls(), graph_calls():
+            compiled(x)
+        assert len(compiled.kforge_backend.graphs) == graphs
+        assert sorted(dk.calls for dk in compiled.kforge_backend.kernels) == [2, 4]
+    assert GRAPH.depth == 0 and not GRAPH.active
+    torch._dynamo.reset()
     s.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -11,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..timing import Clock, Timing, bench, cpu_threads, measurement_threads
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, spec_for
-from ..ops._functions import HookPoint, Hooks, function_specs, hook_functions, pop_handler, push_handler
+from ..ops._functions import PASS, FunctionEntry, Hooks, function_specs, hook_functions, pop_handler, push_handler
 from ..store import Store, iter_tensors
 from ..ops import Card, Cards
 
@@ -76,12 +77,14 @@ class _Recorder(TorchFunctionMode):
         self._seen_blobs = seen_blobs
         self._muted = 0      # > 0 inside a claimed function: its torch calls are its own
         self._hooks: Hooks | None = None
+        self._handler = self._on_function   # NB: one object, pushed and popped (each attribute read makes a new one)
+        self._thread = threading.get_ident()
 
     def __enter__(self):
         specs = function_specs()
         self._hooks = hook_functions(specs, self.model) if specs else None
         for op in self._hooks.ops if self._hooks is not None else ():
-            push_handler(op, self._on_function)
+            push_handler(op, self._handler)
         try:
             return super().__enter__()
         except BaseException:
@@ -97,7 +100,7 @@ class _Recorder(TorchFunctionMode):
     def _unhook(self) -> None:
         if self._hooks is not None:
             for op in self._hooks.ops:
-                pop_handler(op, self._on_function)
+                pop_handler(op, self._handler)
             self._hooks.release()
             self._hooks = None
 
@@ -119,8 +122,12 @@ class _Recorder(TorchFunctionMode):
         return self._claim(spec, call, lambda: func(*args, **kwargs),
                            lambda r: list(r) if isinstance(r, (tuple, list)) else [r])
 
-    def _on_function(self, point: HookPoint, args: tuple, kwargs: dict) -> Any:
-        """A call of an operator's Python function, at one of its hooks."""
+    def _on_function(self, point: FunctionEntry, args: tuple, kwargs: dict) -> Any:
+        """A call of an operator's Python function, at one of its hooks: recorded when this recorder's thread
+        makes it (as its torch function mode sees that thread's calls only); another thread's is not its own."""
+        if threading.get_ident() != self._thread:
+            return PASS
+
         def run():
             self._muted += 1
             try:

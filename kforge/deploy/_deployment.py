@@ -66,6 +66,8 @@ class Deployment:
             RUN_TABLE.release(dk)
         for backend in self._backends:
             backend.enabled = False   # a recompilation after this gets no kernels either
+            if backend.function_hooks is not None:   # the library functions' hooks go back (kforge.ops._functions)
+                backend.function_hooks.release()
         self.installed = False
 
     def compile(self, model: Any = None, *, kernels: list[DeployedKernel] | None = None,

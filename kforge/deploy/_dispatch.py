@@ -19,7 +19,7 @@ from torch.autograd import forward_ad
 from ._fast import dispatch_type
 from ._launch import DeployedKernel, _device
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
-from ..ops._functions import HookPoint, Hooks, hook_functions, pop_handler, push_handler
+from ..ops._functions import FunctionEntry, Hooks, hook_functions, pop_handler, push_handler
 
 if TYPE_CHECKING:
     from ._deployment import Deployment
@@ -283,7 +283,7 @@ def _function_handler(dispatcher: Dispatcher, spec: OpSpec) -> Callable:
     table = dispatcher.tables.setdefault(spec.name, {})
     names = spec.params
 
-    def handle(point: HookPoint, args: tuple, kwargs: dict) -> Any:
+    def handle(point: FunctionEntry, args: tuple, kwargs: dict) -> Any:
         original = point.original
         if not table or _eager_only():
             return original(*args, **kwargs)

@@ -25,7 +25,7 @@ import torch.fx
 
 from ..ops import (FUSED_EPILOGUES, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
                    without_prologue)
-from ..ops._functions import GRAPH, graph_calls, hook_functions
+from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
 from ._dispatch import _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -395,21 +395,16 @@ def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str 
 
 def _with_graph_twins(compiled: Any, model: Any, specs: list, kb: KforgeBackend) -> Any:
     """``compiled`` whose calls trace the functions of ``specs`` as their graph twins (one node each, which
-    ``replace_calls`` gives a kernel): hooks at the places ``model`` reaches them, held while the compiled model
-    lives, and ``graph_calls`` around each of its calls (outside the compiled frame: forward hooks of the
-    wrapper torch.compile returns, or a wrapping function)."""
+    ``replace_calls`` gives a kernel): hooks at the places ``model`` reaches them, and ``graph_calls`` around each
+    of its calls (outside the compiled frame: forward hooks of the wrapper torch.compile returns, or a wrapping
+    function). The hooks are given back when the compiled model is collected or its Deployment removed
+    (``Deployment.remove``); a recompilation after that traces the function as plain compile does."""
     hooks = hook_functions(specs, model)
     kb.function_hooks = hooks
-    weakref.finalize(kb, hooks.release)
     if isinstance(compiled, torch.nn.Module):
-        def enter(*_):
-            GRAPH.depth += 1
-
-        def leave(*_):
-            GRAPH.depth = max(GRAPH.depth - 1, 0)
-
-        compiled.register_forward_pre_hook(enter)
-        compiled.register_forward_hook(leave, always_call=True)
+        compiled.register_forward_pre_hook(lambda *_: enter_graph_calls())
+        compiled.register_forward_hook(lambda *_: leave_graph_calls(), always_call=True)
+        weakref.finalize(compiled, hooks.release)
         return compiled
 
     @functools.wraps(compiled)
@@ -417,4 +412,5 @@ def _with_graph_twins(compiled: Any, model: Any, specs: list, kb: KforgeBackend)
         with graph_calls():
             return compiled(*args, **kwargs)
 
+    weakref.finalize(run, hooks.release)
     return run

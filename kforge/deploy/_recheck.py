@@ -72,9 +72,11 @@ def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
     for i in range(random_sets):
         sets.append((f"fresh set {i}", spec.random_inputs(variant, seed=seed + i)))
     for label, inputs in sets:
+        # NB: laid out as the variant has them (a stored example is dense), then copied for the kernel, so a
+        # write into an input is seen and the reference stays clean
+        inputs = [_fresh_like(t, sig) if t is not None else None for t, sig in zip(inputs, variant.inputs)]
         refs = reference_outputs(spec, inputs, params)
-        # NB: the kernel sees copies, so a write into an input is seen and the reference stays clean.
-        copies = tuple(_fresh_like(t, sig) if t is not None else None for t, sig in zip(inputs, variant.inputs))
+        copies = tuple(_fresh_like(t) if t is not None else None for t in inputs)
         with torch.no_grad():
             try:
                 outs = list(launch(copies))

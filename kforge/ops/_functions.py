@@ -54,28 +54,59 @@ class FunctionTarget:
         return getattr(module, self.name, None) if module is not None else None
 
 
-# A handler takes (the hook point, args, kwargs) and returns the function's value.
-Handler = Callable[["HookPoint", tuple, dict], Any]
+# A handler takes (the function's entry: ``original``, ``spec``, ``target``; args; kwargs) and returns the
+# function's value, or ``PASS`` to leave the call to the handler below it (capture's recorder does so for the
+# calls of threads other than its own).
+Handler = Callable[["FunctionEntry", tuple, dict], Any]
+PASS = object()
 
 
 class _GraphState:
-    depth = 0
+    depth = 0          # calls of kforge-compiled models under way (any thread)
+    active = False     # depth > 0: the one value traced code reads
 
 
-# NB: read inside the traced hook: dynamo guards on it, so a graph traced for plain torch.compile (0) and one
-# traced inside a kforge compiled model's call (> 0) are different cache entries of the same code. Process-wide
-# (dynamo guards on a plain object's attribute; a thread-local is not one it reads).
+# NB: read inside the traced hook: dynamo guards on it, so a graph traced for plain torch.compile (False) and one
+# traced inside a kforge-compiled model's call (True) are different cache entries of the same code. A bool, not the
+# count: dynamo guards on the exact value, and a count would recompile at every new depth (two threads inside
+# kforge-compiled models) until its recompile limit. Process-wide: dynamo does not guard on a thread-local, so a
+# plain torch.compile that traces while another thread is inside a kforge-compiled model puts the twin in its
+# graph too (the same values: AOTAutograd traces through the twin).
 GRAPH = _GraphState()
+
+
+def enter_graph_calls() -> None:
+    with _LOCK:
+        GRAPH.depth += 1
+        GRAPH.active = True
+
+
+def leave_graph_calls() -> None:
+    with _LOCK:
+        GRAPH.depth = max(GRAPH.depth - 1, 0)
+        GRAPH.active = GRAPH.depth > 0
 
 
 @contextlib.contextmanager
 def graph_calls() -> Iterator[None]:
     """While this runs, a hook traced by dynamo puts its function's graph twin in the graph."""
-    GRAPH.depth += 1
+    enter_graph_calls()
     try:
         yield
     finally:
-        GRAPH.depth -= 1
+        leave_graph_calls()
+
+
+@dataclass
+class FunctionEntry:
+    """One library function kforge hooks: its original, its operator, its graph twin and its one hook (the same
+    object at every place, so that a model holding it pickles as holding the function)."""
+
+    original: Callable
+    spec: "OpSpec"
+    target: FunctionTarget
+    twin: Callable = field(repr=False)
+    hook: Callable = field(repr=False)
 
 
 @dataclass
@@ -84,26 +115,30 @@ class HookPoint:
 
     owner: Any
     name: str
-    original: Callable
-    spec: "OpSpec"
-    target: FunctionTarget
+    entry: FunctionEntry
     owned: bool        # the attribute was in the owner's own __dict__ (else inherited: delete to undo)
     users: int = 0
-    hook: Callable | None = field(default=None, repr=False)
+
+    @property
+    def original(self) -> Callable:
+        return self.entry.original
+
+    @property
+    def spec(self) -> "OpSpec":
+        return self.entry.spec
 
 
 _POINTS: dict[tuple[int, str], HookPoint] = {}
 _HANDLERS: dict[str, list[Handler]] = {}
-_TWINS: dict[int, tuple[Callable, Callable, "OpSpec"]] = {}   # id(original) -> (original, its graph twin, spec)
+_ENTRIES: dict[int, FunctionEntry] = {}   # by id(original)
 _LOCK = threading.RLock()
 
 
-def graph_twin(original: Callable, spec: "OpSpec") -> Callable:
-    """The function as one graph node: the same for every place that holds ``original``."""
+def _entry(original: Callable, spec: "OpSpec", target: FunctionTarget) -> FunctionEntry:
     with _LOCK:
-        found = _TWINS.get(id(original))
-        if found is not None and found[0] is original:
-            return found[1]
+        found = _ENTRIES.get(id(original))
+        if found is not None and found.original is original:
+            return found
 
         def kforge_graph_call(*args: Any, **kwargs: Any) -> Any:
             return original(*args, **kwargs)
@@ -112,38 +147,46 @@ def graph_twin(original: Callable, spec: "OpSpec") -> Callable:
         kforge_graph_call.__qualname__ = kforge_graph_call.__name__
         kforge_graph_call.kforge_function = spec.name   # type: ignore[attr-defined]
         torch.compiler.allow_in_graph(kforge_graph_call)
-        _TWINS[id(original)] = (original, kforge_graph_call, spec)
-        return kforge_graph_call
+        entry = FunctionEntry(original, spec, target, kforge_graph_call, kforge_graph_call)
+        entry.hook = _make_hook(entry)
+        _ENTRIES[id(original)] = entry
+        return entry
 
 
 def spec_of_twin(fn: Any) -> "OpSpec | None":
     """The operator whose graph twin ``fn`` is (a node of a graph kforge compiled), or None."""
-    name = getattr(fn, "kforge_function", None)
-    if name is None:
+    if getattr(fn, "kforge_function", None) is None:
         return None
-    for original, twin, spec in list(_TWINS.values()):
-        if twin is fn:
-            return spec
+    for entry in list(_ENTRIES.values()):
+        if entry.twin is fn:
+            return entry.spec
     return None
 
 
-def _make_hook(point: HookPoint, twin: Callable) -> Callable:
-    original, spec_name = point.original, point.spec.name
+def _make_hook(entry: FunctionEntry) -> Callable:
+    original, twin, spec_name = entry.original, entry.twin, entry.spec.name
 
     def kforge_function_hook(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            if GRAPH.depth > 0:
+            if GRAPH.active:
                 return twin(*args, **kwargs)
             return original(*args, **kwargs)
         handlers = _HANDLERS.get(spec_name)
         if handlers:
-            return handlers[-1](point, args, kwargs)
+            for handler in reversed(tuple(handlers)):   # NB: a copy: another thread may pop meanwhile
+                result = handler(entry, args, kwargs)
+                if result is not PASS:
+                    return result
         return original(*args, **kwargs)
 
     kforge_function_hook.__wrapped__ = original   # type: ignore[attr-defined]
     kforge_function_hook.kforge_original = original   # type: ignore[attr-defined]
-    kforge_function_hook.__name__ = getattr(original, "__name__", spec_name)
     kforge_function_hook.__doc__ = getattr(original, "__doc__", None)
+    # NB: pickled as a reference to the function's own global (pickle finds this hook there while hooked, the
+    # function where it is not): a model holding the hook pickles as one holding the function
+    for attr in ("__module__", "__name__", "__qualname__"):
+        if hasattr(original, attr):
+            setattr(kforge_function_hook, attr, getattr(original, attr))
     return kforge_function_hook
 
 
@@ -186,7 +229,7 @@ class Hooks:
                 key = (id(point.owner), point.name)
                 if _POINTS.get(key) is point:
                     del _POINTS[key]
-                if getattr(point.owner, point.name, None) is point.hook:
+                if getattr(point.owner, point.name, None) is point.entry.hook:
                     if point.owned:
                         setattr(point.owner, point.name, point.original)
                     else:
@@ -205,10 +248,9 @@ def hook_functions(specs: Sequence["OpSpec"], model: Any = None) -> Hooks:
                     point = _POINTS.get(key)
                     if point is None or point.owner is not owner:
                         d = owner.__dict__ if isinstance(owner, type) else vars(owner)
-                        point = HookPoint(owner, name, original, spec, target, owned=name in d)
-                        point.hook = _make_hook(point, graph_twin(original, spec))
+                        point = HookPoint(owner, name, _entry(original, spec, target), owned=name in d)
                         _POINTS[key] = point
-                        setattr(owner, name, point.hook)
+                        setattr(owner, name, point.entry.hook)
                     point.users += 1
                     held.append(point)
     return Hooks(held)
@@ -233,7 +275,7 @@ def pop_handler(op: str, handler: Handler) -> None:
     with _LOCK:
         stack = _HANDLERS.get(op, [])
         for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is handler:
+            if stack[i] == handler:   # NB: ==: a bound method is a new object at each attribute read
                 del stack[i]
                 break
         if not stack:
