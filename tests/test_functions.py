@@ -20,29 +20,32 @@ class _Layer(torch.nn.Module):
     """A linear attention layer that calls the function through its own attribute (as transformers 5.17 binds
     it) or through the module's global (as 5.24 calls it)."""
 
-    def __init__(self, via_attribute: bool, final_state: bool):
+    def __init__(self, via_attribute: bool, final_state: bool, d: int = D, t: int = T):
         super().__init__()
-        self.proj = torch.nn.Linear(HV * D, 2 * HK * D + HV * D + 2 * HV)
+        self.d, self.t = d, t
+        self.proj = torch.nn.Linear(HV * d, 2 * HK * d + HV * d + 2 * HV)
         self.final_state = final_state
         if via_attribute:
             self.chunk_gated_delta_rule = ORIGINAL
 
     def forward(self, x):
-        q, k, v, a, b = self.proj(x).split([HK * D, HK * D, HV * D, HV, HV], dim=-1)
-        q, k, v = (t.reshape(B, T, -1, D) for t in (q, k, v))
+        d = self.d
+        q, k, v, a, b = self.proj(x).split([HK * d, HK * d, HV * d, HV, HV], dim=-1)
+        q, k, v = (t.reshape(B, self.t, -1, d) for t in (q, k, v))
         q, k = (t.repeat_interleave(HV // HK, dim=2) for t in (q, k))
         g = -F.softplus(a)
         fn = self.chunk_gated_delta_rule if "chunk_gated_delta_rule" in vars(self) else M.torch_chunk_gated_delta_rule
         out, state = fn(q, k, v, g=g, beta=b.sigmoid(), initial_state=None, output_final_state=self.final_state,
                         use_qk_l2norm_in_kernel=True)
         assert (state is None) != self.final_state
-        return x + out.reshape(B, T, HV * D)
+        return x + out.reshape(B, self.t, HV * d)
 
 
 class _Model(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, d: int = D, t: int = T):
         super().__init__()
-        self.layers = torch.nn.ModuleList([_Layer(True, True), _Layer(False, False), _Layer(True, True)])
+        self.layers = torch.nn.ModuleList([_Layer(True, True, d, t), _Layer(False, False, d, t),
+                                           _Layer(True, True, d, t)])
 
     def forward(self, x):
         for layer in self.layers:
@@ -50,9 +53,9 @@ class _Model(torch.nn.Module):
         return torch.tanh(x * 0.5) + x   # a chain of the model's own: a region outside the function
 
 
-def _model():
+def _model(d: int = D, t: int = T, device: str = "cpu"):
     torch.manual_seed(0)
-    return _Model().eval(), torch.randn(B, T, HV * D)
+    return _Model(d, t).eval().to(device), torch.randn(B, t, HV * d, device=device)
 
 
 def _untouched(model) -> bool:
@@ -347,5 +350,32 @@ def test_a_kforge_model_called_inside_another_does_not_recompile(tmp_path):
         assert len(compiled.kforge_backend.graphs) == graphs
         assert sorted(dk.calls for dk in compiled.kforge_backend.kernels) == [2, 4]
     assert GRAPH.depth == 0 and not GRAPH.active
+    torch._dynamo.reset()
+    s.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_on_the_gpu_the_built_in_kernel_runs_eagerly_and_compiled(tmp_path, mode):
+    """The whole path on CUDA: capture, the built-in CUDA strategy judged, apply, and compile with Inductor
+    (reduce-overhead: inside CUDA graphs), outputs as eager's."""
+    model, x = _model(d=32, t=80, device="cuda")
+    s = kforge.Session(model, x, device="cuda", workdir=tmp_path / "wd")
+    s.capture(regions=False)
+    s.optimize(ops=["gated_delta_rule"], iterations=1, confirm=False)
+    assert len(list(s.winners())) == 2, s.results.to_frame()
+    with torch.no_grad():
+        expected = model(x)
+        with s.apply(all_winners=True) as dep:
+            got = model(x)
+        assert sorted(dk.calls for dk in dep.kernels) == [1, 2]
+        torch.testing.assert_close(got, expected, rtol=2e-3, atol=2e-3)
+        torch._dynamo.reset()
+        compiled = s.compile(guard=False, dynamic=False, mode=mode)
+        for _ in range(3):
+            out = compiled(x)
+        torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)
+        assert len(compiled.kforge_backend.replaced) == 3
     torch._dynamo.reset()
     s.close()
