@@ -256,16 +256,6 @@ def hook_functions(specs: Sequence["OpSpec"], model: Any = None) -> Hooks:
     return Hooks(held)
 
 
-@contextlib.contextmanager
-def handling(op: str, handler: Handler) -> Iterator[None]:
-    """``handler`` answers the calls of ``op``'s hooks while this runs (the newest handler answers)."""
-    push_handler(op, handler)
-    try:
-        yield
-    finally:
-        pop_handler(op, handler)
-
-
 def push_handler(op: str, handler: Handler) -> None:
     with _LOCK:
         _HANDLERS.setdefault(op, []).append(handler)
