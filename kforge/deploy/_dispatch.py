@@ -235,10 +235,8 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
             _remember(front, cache, args, kwargs, _MISS, dispatcher, generation)
             return original(*args, **kwargs)
         dk, dep = entry
-        grad = torch.is_grad_enabled()
-        for t in inputs:
-            if t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj()):
-                return original(*args, **kwargs)  # autograd, a tensor subclass, a lazily negated view
+        if not _plain(inputs):
+            return original(*args, **kwargs)  # autograd, a tensor subclass, a lazily negated view
         positions = _positions(inputs, args, kwargs) if front is not None else None
         if positions is not None:
             scope = dep._scope if dep.model is not None else None
@@ -295,15 +293,19 @@ def _function_handler(dispatcher: Dispatcher, spec: OpSpec) -> Callable:
         if entry is None:
             return original(*args, **kwargs)
         dk, dep = entry
-        grad = torch.is_grad_enabled()
-        for t in call.inputs:
-            if t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj()):
-                return original(*args, **kwargs)
-        if not dep.active:
+        if not _plain(call.inputs) or not dep.active:
             return original(*args, **kwargs)
         return point.target.result(dk.launch(call.inputs), call.params)
 
     return handle
+
+
+def _plain(inputs: Iterable[torch.Tensor | None]) -> bool:
+    """Whether a kernel may take these inputs: plain tensors, none recording autograd (grad mode on and
+    ``requires_grad``), none a lazily negated or conjugated view."""
+    grad = torch.is_grad_enabled()
+    return not any(t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj())
+                   for t in inputs)
 
 
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)

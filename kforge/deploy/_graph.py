@@ -384,10 +384,9 @@ def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str 
         raise ValueError("pass mode= or options=, not both (as with torch.compile)")
     kb = KforgeBackend(list(kernels), mode, options, dynamic, inner=backend, passes=list(passes))
     compiled = torch.compile(model, backend=kb, dynamic=dynamic, **torch_compile_kwargs)
-    functions = {get_spec(dk.variant.op).name: get_spec(dk.variant.op) for dk in kernels
-                 if get_spec(dk.variant.op).functions}
-    if functions:
-        compiled = _with_graph_twins(compiled, model, list(functions.values()), kb)
+    specs = {spec.name: spec for spec in (get_spec(dk.variant.op) for dk in kernels) if spec.functions}
+    if specs:
+        compiled = _with_graph_twins(compiled, model, list(specs.values()), kb)
     object.__setattr__(compiled, "kforge_backend", kb) if isinstance(compiled, torch.nn.Module) else \
         setattr(compiled, "kforge_backend", kb)
     return compiled

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..ops import Variant, get_spec
+from ._launch import _non_overlapping
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,11 @@ def _load(path: str | None, device: str) -> torch.Tensor | None:
 
 def _fresh_like(t: torch.Tensor, sig=None) -> torch.Tensor:
     """A copy of ``t`` at a new address, laid out as the variant's input ``sig`` has it (the kernel reads by those
-    strides; an example stored before the store kept strides is dense), or as ``t`` is."""
+    strides, and the store keeps examples dense), or as ``t`` is (without ``sig``, or where ``sig``'s layout is a
+    broadcast no copy can take)."""
     stride = tuple(sig.stride) if sig is not None and tuple(sig.shape) == tuple(t.shape) else t.stride()
-    dims = sorted((st, n) for n, st in zip(t.shape, stride) if n != 1)
-    span = 1
-    for st, n in dims:
-        if st < span:   # a broadcast layout no copy can take: as it is
-            stride = t.stride()
-            break
-        span = st * n
+    if not _non_overlapping(t.shape, stride):
+        stride = t.stride()
     out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
     return out.copy_(t)
 

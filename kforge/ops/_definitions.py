@@ -513,11 +513,6 @@ def _sample_gated_delta_rule(v: Variant, seed: int, gen: torch.Generator) -> lis
     return [q, k, val, g, beta, s0]
 
 
-# NB: not a torch function: the model calls a Python function of its own (transformers' Qwen 3.5 linear attention
-# layers call ``torch_chunk_gated_delta_rule`` when flash-linear-attention is not installed). In eager mode it is
-# dozens of small operators (and a loop over 64-token chunks); under torch.compile Inductor fuses some of them, and
-# the loop and float32 matrix products stay (1.5-1.8 ms of compiled Qwen 3.5's 5.8 ms of GPU time at 4 layers and
-# 512 tokens on the H200, compiled_profile_qwen35_moe_h200_2026-12-03t).
 def _gdn_outputs(result: Any) -> list:
     out, state = result
     return [out] if state is None else [out, state]
@@ -567,6 +562,11 @@ def _gdn_eager(x: list, p: dict):
     return (out, state) if p["output_final_state"] else out
 
 
+# NB: not a torch function: the model calls a Python function of its own (transformers' Qwen 3.5 linear attention
+# layers call ``torch_chunk_gated_delta_rule`` when flash-linear-attention is not installed). In eager mode it is
+# dozens of small operators (and a loop over 64-token chunks); under torch.compile Inductor fuses some of them, and
+# the loop and float32 matrix products stay (1.5-1.8 ms of compiled Qwen 3.5's 5.8 ms of GPU time at 4 layers and
+# 512 tokens on the H200, compiled_profile_qwen35_moe_h200_2026-12-03t).
 register(OpSpec(
     name="gated_delta_rule", kind="recurrent", targets=(), functions=_GDN_FUNCTIONS, eager=_gdn_eager,
     inputs=("query", "key", "value", "g", "beta", "initial_state"), params=("use_qk_l2norm", "output_final_state"),

@@ -106,7 +106,7 @@ class FunctionEntry:
     spec: "OpSpec"
     target: FunctionTarget
     twin: Callable = field(repr=False)
-    hook: Callable = field(repr=False)
+    hook: Callable | None = field(default=None, repr=False)   # made from the entry (_make_hook)
 
 
 @dataclass
@@ -147,7 +147,7 @@ def _entry(original: Callable, spec: "OpSpec", target: FunctionTarget) -> Functi
         kforge_graph_call.__qualname__ = kforge_graph_call.__name__
         kforge_graph_call.kforge_function = spec.name   # type: ignore[attr-defined]
         torch.compiler.allow_in_graph(kforge_graph_call)
-        entry = FunctionEntry(original, spec, target, kforge_graph_call, kforge_graph_call)
+        entry = FunctionEntry(original, spec, target, kforge_graph_call)
         entry.hook = _make_hook(entry)
         _ENTRIES[id(original)] = entry
         return entry
