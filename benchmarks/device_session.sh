@@ -171,7 +171,8 @@ PY
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/gated_delta.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^    \|^E1\|AUTOTUNE" | tail -40 ;;
   gdn_e2e)
-    # KF_GDN_TESTS=0: no tests first (all the call's time to the model)
+    # KF_GDN_TESTS=0: no tests first (all the call's time to the model); KF_STORE=PATH.tgz: the search's store,
+    # resumed from when it exists and written back (and into $OUT), so a later call times other modes unsearched
     if [ "${KF_GDN_TESTS:-1}" != 0 ]; then
       timeout "${KF_GDN_TESTS_S:-60}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" \
           tests/test_recurrent_gpu.py tests/test_functions.py 2>&1 | grep --line-buffered -v "^DEBUG" \
@@ -179,6 +180,7 @@ PY
     fi
     timeout "${KF_GDN_S:-270}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
         --ops gated_delta_rule --no-regions --iterations "${KF_ITERATIONS:-3}" --modes "${KF_MODES:-reduce-overhead,default}" \
+        ${KF_STORE:+--store "$KF_STORE"} \
         2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_gdn.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   profile)
