@@ -254,3 +254,60 @@ def test_export_and_load_leave_out_winners_that_cost_more_than_they_save(tmp_pat
     assert len(dep.kernels) == 1
     dep.remove()
     s.close()
+
+
+# ----------------------------------------------------------------------------- which winner stands
+
+
+def _node(i: int, kernel_us: float, eager_us: float, spread: float = 0.01):
+    from kforge.search._tree import Node
+    from kforge.store import Candidate
+
+    ev = Evaluation(Status.FASTER, "timed", candidate_us=kernel_us, eager_us=eager_us, eager_spread=spread,
+                    speedup=eager_us / kernel_us)
+    return Node(Candidate(i, "k", None, "builtin", None, {}, "", f"src {i}", ev, 0.0, 0.0))
+
+
+def test_on_a_gpu_a_moved_baseline_ranks_winners_by_their_own_times():
+    from kforge.search._decide import baseline_moved, rank_winners
+
+    # the H200's gated delta rule search (2026-12-04c): eager (many small launches) followed the host
+    nodes = [_node(1, 486.70, 1817.07), _node(2, 344.59, 1790.43), _node(3, 514.70, 2785.42)]
+    assert baseline_moved([n.candidate.measured for n in nodes])
+    assert [n.id for n in rank_winners(nodes, "cpu")] == [3, 2, 1]     # by ratio: 5.41x, 5.20x, 3.73x
+    assert [n.id for n in rank_winners(nodes, "cuda")] == [2, 1, 3]    # by kernel time
+    # eager steady within its noise (12% apart, 5% spread): the ratio ranks on a GPU too, even against the
+    # kernels' own order
+    steady = [_node(1, 90.0, 1000.0, spread=0.05), _node(2, 99.0, 1120.0, spread=0.05)]
+    assert not baseline_moved([n.candidate.measured for n in steady])
+    assert [n.id for n in rank_winners(steady, "cuda")] == [2, 1] == [n.id for n in rank_winners(steady, "cpu")]
+    # a reported spread of 0 does not make every difference a move
+    assert not baseline_moved([Evaluation(Status.FASTER, eager_us=100.0, eager_spread=0.0),
+                               Evaluation(Status.FASTER, eager_us=105.0, eager_spread=0.0)])
+    assert not baseline_moved([Evaluation(Status.FASTER, eager_us=100.0)])
+
+
+class _MovingEager(FakeEvaluator):
+    """Each answer is (status, kernel us, eager us): eager's time moves between evaluations."""
+
+    def evaluate_variant(self, variant, source, examples=(), *, seed=0):
+        self.calls.append(seed)
+        status, kernel_us, eager_us = self.answers.pop(0)
+        return Evaluation(status, "scripted", candidate_us=kernel_us, eager_us=eager_us, eager_spread=0.01,
+                          speedup=eager_us / kernel_us)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_the_verdict_takes_the_winner_the_cards_device_ranks_first(tmp_path, monkeypatch, backend):
+    # eager moved from 10 to 20 us between the two evaluations. On a CPU both timings are host time (a busy
+    # machine slows both): the paired ratio stays the measure. On a GPU (the card's device, faked here) the
+    # kernel's own time ranks.
+    import kforge.search._decide as decide
+
+    monkeypatch.setattr(decide, "backend_of", lambda device: backend)
+    s = _session(tmp_path)
+    s._evaluator = _MovingEager([(Status.FASTER, 5.0, 10.0), (Status.FASTER, 8.0, 20.0)])
+    s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=2, parallel=1, confirm=False)
+    (r,) = s.results.winners
+    assert (r.speedup, r.kernel_us) == ((2.5, 8.0) if backend == "cpu" else (2.0, 5.0))
+    s.close()
