@@ -2,6 +2,8 @@
 the function's hooks, run as kforge kernels eagerly and inside torch.compile, and the function put back."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,6 +206,86 @@ def test_eager_timings_run_the_librarys_function_not_the_loop_that_defines_the_o
     assert torch.equal(got, theirs[0]), "eager is transformers' function itself"
     ref = spec.reference(list(call.inputs), call.params)
     assert not torch.equal(ref, theirs[0]) and torch.allclose(ref, theirs[0], rtol=1e-4, atol=1e-5)
+
+
+RECURRENT = M.torch_recurrent_gated_delta_rule
+
+
+class _Step(torch.nn.Module):
+    """A decode step of a linear attention layer: one token on the cached state, through transformers'
+    token-by-token function (positional arguments, as its signature has them: no chunk_size)."""
+
+    def __init__(self, d: int = D):
+        super().__init__()
+        self.d = d
+        self.proj = torch.nn.Linear(HV * d, 2 * HK * d + HV * d + 2 * HV)
+        self.register_buffer("state", torch.randn(B, HV, d, d) * 0.1)
+
+    def forward(self, x):
+        d = self.d
+        q, k, v, a, b = self.proj(x).split([HK * d, HK * d, HV * d, HV, HV], dim=-1)
+        q, k, v = (t.reshape(B, 1, -1, d) for t in (q, k, v))
+        q, k = (t.repeat_interleave(HV // HK, dim=2) for t in (q, k))
+        out, state = M.torch_recurrent_gated_delta_rule(q, k, v, -F.softplus(a), b.sigmoid(), self.state, True, True)
+        return x + out.reshape(B, 1, HV * d) + state.sum()
+
+
+def test_a_decode_step_through_the_token_by_token_function_is_captured_run_and_compiled(tmp_path):
+    from kforge.ops import get_spec
+
+    torch.manual_seed(0)
+    model, x = _Step().eval(), torch.randn(B, 1, HV * D)
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2, regions=False)
+    assert M.torch_recurrent_gated_delta_rule is RECURRENT
+    (card,) = [c for c in s.cards if c.op == "gated_delta_rule"]
+    assert card.variant.inputs[0].shape == (B, 1, HV, D) and card.variant.inputs[5].shape == (B, HV, D, D)
+    assert card.variant.param_dict == {"use_qk_l2norm": True, "output_final_state": True}
+    # eager timings run what the layer runs for one token on a state: the token-by-token function
+    spec, ran = get_spec("gated_delta_rule"), []
+
+    def spy(name, fn):
+        def run(*args, **kwargs):
+            ran.append(name)
+            return fn(*args, **kwargs)
+        return run
+
+    (ins, _), = s.store.load_examples(card.key)[:1]
+    M.torch_recurrent_gated_delta_rule = spy("recurrent", RECURRENT)
+    M.torch_chunk_gated_delta_rule = spy("chunk", ORIGINAL)
+    try:
+        spec.run_eager(ins, card.variant.param_dict)
+        longer = [t.repeat(1, 3, 1, 1) for t in ins[:3]] + [t.repeat(1, 3, 1) for t in ins[3:5]] + [ins[5]]
+        spec.run_eager(longer, card.variant.param_dict)
+        spec.run_eager(ins[:5] + [None], card.variant.param_dict)
+    finally:
+        M.torch_recurrent_gated_delta_rule, M.torch_chunk_gated_delta_rule = RECURRENT, ORIGINAL
+    assert ran == ["recurrent", "chunk", "chunk"], "one token on a state: token by token; else chunked"
+    # the CPU strategy's kernel, judged, then run eagerly and compiled in place of the function
+    dev = device_info("cpu")
+    (strategy,) = strategies_for(card.op, "cpu")
+    src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
+    ev = s.evaluator.evaluate(card, src, s.store)
+    assert ev.status.is_correct, ev.summary()
+    cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
+    s.store.set_evaluation(cid, ev)
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
+                                              kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
+    with torch.no_grad():
+        expected = model(x)
+        with s.apply(all_winners=True) as dep:
+            got = model(x)
+        assert [dk.calls for dk in dep.kernels] == [1]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        torch._dynamo.reset()
+        compiled = s.compile(guard=False, backend="aot_eager", dynamic=False)
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
+        assert compiled.kforge_backend.replaced == [card.signature]
+    del compiled   # NB: the compiled model holds the hooks while it lives
+    torch._dynamo.reset()
+    gc.collect()
+    assert M.torch_recurrent_gated_delta_rule is RECURRENT
+    s.close()
 
 
 def test_end_to_end_runs_a_function_kernel_in_the_eager_rows(tmp_path):

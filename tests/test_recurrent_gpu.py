@@ -31,9 +31,11 @@ def _variant(tokens: int, token_major: bool, state: bool, final: bool):
     return spec, spec.variant(call, ref), list(call.inputs), ref
 
 
-@pytest.mark.parametrize("token_major,state,final", [(True, False, True), (False, True, True), (True, True, False)])
-def test_every_configuration_matches_the_reference(token_major, state, final):
-    spec, variant, inputs, ref = _variant(77, token_major, state, final)
+# NB: one token on a state is a decode step (transformers' token-by-token function)
+@pytest.mark.parametrize("tokens,token_major,state,final", [(77, True, False, True), (77, False, True, True),
+                                                            (77, True, True, False), (1, True, True, True)])
+def test_every_configuration_matches_the_reference(tokens, token_major, state, final):
+    spec, variant, inputs, ref = _variant(tokens, token_major, state, final)
     info = device_info("cuda")
     (strategy,) = strategies_for("gated_delta_rule", "cuda")
     assert strategy.applies(variant, info)

@@ -138,7 +138,7 @@ class _Recorder(TorchFunctionMode):
         if self._muted:
             return run()
         try:
-            call = point.spec.bind(*args, **kwargs)
+            call = point.target.binder(point.spec)(*args, **kwargs)
         except (Unsupported, TypeError, ValueError):
             self.uncaptured[point.spec.name] += 1
             return run()

@@ -286,7 +286,7 @@ def _function_handler(dispatcher: Dispatcher, spec: OpSpec) -> Callable:
         if not table or _eager_only():
             return original(*args, **kwargs)
         try:
-            call = spec.bind(*args, **kwargs)
+            call = point.target.binder(spec)(*args, **kwargs)
             entry = table.get(_fast_key(call.inputs, _param_values(names, call.params)))
         except (Unsupported, TypeError, ValueError, AttributeError):
             return original(*args, **kwargs)

@@ -148,6 +148,13 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
         sources = _input_nodes(node, inputs)
         if sources is None:
             continue
+        n_out = len(dk.variant.outputs)
+        if not dk.inplace and (n_out > 1 or getattr(fn, "kforge_function", None)) and any(
+                u.op == "call_function" and u.target is operator.getitem and not 0 <= u.args[1] < n_out
+                for u in node.users):
+            # NB: a function's value may hold more than the kernel's outputs (the gated delta rule's None state
+            # when no final state is asked): a use of those leaves the original call in place
+            continue
         RUN_TABLE.register(dk)
         with gm.graph.inserting_before(node):
             run = gm.graph.call_function(torch.ops.kforge.run.default, (dk.run_name, sources))

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ._functions import FunctionTarget
+from ._functions import FunctionTarget, entry_of_twin
 from ._registry import Call, OpSpec, Unsupported, random_tensor, register
 from ._signature import Variant
 
@@ -480,6 +480,15 @@ def _bind_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_st
                 {"use_qk_l2norm": bool(use_qk_l2norm_in_kernel), "output_final_state": bool(output_final_state)})
 
 
+def _bind_recurrent_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, **kwargs):
+    # transformers' token-by-token form (what its layers call for a one-token step on a cache): the chunked
+    # function's arguments but chunk_size
+    return _bind_gated_delta_rule(query, key, value, g, beta, initial_state=initial_state,
+                                  output_final_state=output_final_state,
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
+
+
 def _gated_delta_rule(x: list, p: dict):
     """The gated delta rule token by token, in float32: per value head a state S [Dk, Dv] decays by exp(g_t),
     corrects its prediction of v_t from k_t by beta_t (the delta rule) and is read by q_t scaled by Dk^-0.5
@@ -522,18 +531,23 @@ def _gdn_result(outs: Sequence[torch.Tensor], params: dict) -> Any:
     return (outs[0], outs[1] if params.get("output_final_state") else None)
 
 
-# transformers' models whose linear attention layers call it (the same signature and return value in each)
+# transformers' models whose linear attention layers call it (the same signatures and return values in each):
+# the chunked function for a prompt, the token-by-token one for a one-token step on a cache (decode)
+_GDN_MODELS = ("qwen3_5_moe", "qwen3_5", "qwen3_next")
+_GDN_CHUNK, _GDN_RECURRENT = "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"
 _GDN_FUNCTIONS = tuple(
-    FunctionTarget(f"transformers.models.{m}.modeling_{m}", "torch_chunk_gated_delta_rule", _gdn_outputs, _gdn_result)
-    for m in ("qwen3_5_moe", "qwen3_5", "qwen3_next"))
+    FunctionTarget(f"transformers.models.{m}.modeling_{m}", name, _gdn_outputs, _gdn_result,
+                   bind=_bind_recurrent_gated_delta_rule if name == _GDN_RECURRENT else None)
+    for name in (_GDN_CHUNK, _GDN_RECURRENT) for m in _GDN_MODELS)
 
 _GDN_IMPORTED: list = []
 
 
-def _gdn_function():
-    """transformers' function (the original, where kforge hooks it), imported here if no model did (a judge's
-    process), or None without transformers."""
-    for target in _GDN_FUNCTIONS:
+def _gdn_function(name: str):
+    """transformers' function ``name`` (the original, where kforge hooks it), imported here if no model did (a
+    judge's process), or None without transformers."""
+    targets = [t for t in _GDN_FUNCTIONS if t.name == name]
+    for target in targets:
         fn = target.resolve()
         if fn is not None:
             return getattr(fn, "kforge_original", fn)
@@ -541,22 +555,23 @@ def _gdn_function():
         _GDN_IMPORTED.append(True)
         import importlib
 
-        for target in _GDN_FUNCTIONS:
+        for target in targets:
             try:
                 importlib.import_module(target.module)
-                return _gdn_function()
+                return _gdn_function(name)
             except Exception:   # NB: no transformers, or one without these models: the reference is eager
                 continue
     return None
 
 
 def _gdn_eager(x: list, p: dict):
-    """What a Qwen 3.5 model runs eagerly: transformers' chunked function (a 64-token chunk loop of float32
-    matrix products), or the reference where transformers is missing."""
-    fn = _gdn_function()
+    """What a Qwen 3.5 model runs eagerly, chosen as its layers choose: transformers' token-by-token function for
+    one token on a state (a decode step), else its chunked one (a 64-token chunk loop of float32 matrix
+    products); the reference where transformers is missing."""
+    q, k, v, g, beta, s0 = x
+    fn = _gdn_function(_GDN_RECURRENT if s0 is not None and q.shape[1] == 1 else _GDN_CHUNK)
     if fn is None:
         return _gated_delta_rule(x, p)
-    q, k, v, g, beta, s0 = x
     out, state = fn(q, k, v, g=g, beta=beta, initial_state=s0, output_final_state=p["output_final_state"],
                     use_qk_l2norm_in_kernel=p["use_qk_l2norm"])
     return (out, state) if p["output_final_state"] else out
@@ -575,7 +590,11 @@ register(OpSpec(
         "and the final state [B, Hv, Dk, Dv] when asked"))
 
 def inplace_binder(spec: OpSpec, func) -> Any:
-    """The binder for one spelling of ``spec``: in-place spellings mark the call in-place."""
+    """The binder for one spelling of ``spec``: in-place spellings mark the call in-place; a function's graph
+    twin binds as its function does."""
+    entry = entry_of_twin(func)
+    if entry is not None:
+        return entry.target.binder(spec)
     if func not in spec.inplace_targets:
         return spec.bind
 

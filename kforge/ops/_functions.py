@@ -37,12 +37,18 @@ class FunctionTarget:
     ``outputs``: the operator's outputs (tensors, in the spec's order) from the function's return value.
     ``result``: the function's return value from the operator's outputs and the call's params (what a kernel's
     outputs are handed back as).
+    ``bind``: the function's own binder, where its arguments are not the spec's (None: the spec's ``bind``).
     """
 
     module: str
     name: str
     outputs: Callable[[Any], list]
     result: Callable[[Sequence[torch.Tensor], dict], Any]
+    bind: Callable | None = None
+
+    def binder(self, spec: "OpSpec") -> Callable:
+        """What binds a call of this function to ``spec``'s inputs and params."""
+        return self.bind if self.bind is not None else spec.bind
 
     @property
     def path(self) -> str:
@@ -153,14 +159,20 @@ def _entry(original: Callable, spec: "OpSpec", target: FunctionTarget) -> Functi
         return entry
 
 
-def spec_of_twin(fn: Any) -> "OpSpec | None":
-    """The operator whose graph twin ``fn`` is (a node of a graph kforge compiled), or None."""
+def entry_of_twin(fn: Any) -> FunctionEntry | None:
+    """The function whose graph twin ``fn`` is (a node of a graph kforge compiled), or None."""
     if getattr(fn, "kforge_function", None) is None:
         return None
     for entry in list(_ENTRIES.values()):
         if entry.twin is fn:
-            return entry.spec
+            return entry
     return None
+
+
+def spec_of_twin(fn: Any) -> "OpSpec | None":
+    """The operator whose graph twin ``fn`` is, or None."""
+    entry = entry_of_twin(fn)
+    return entry.spec if entry is not None else None
 
 
 def _make_hook(entry: FunctionEntry) -> Callable:
