@@ -45,7 +45,11 @@
 #                                                            the hand-written regions with the launch probe
 # Logs and JSON land in $OUT; figures go to docs/benchmarks.md with the command that made them.
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=/tmp/kfc TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+# NB: the caches live in the working tree's ignored /.device-cache/, which the device keeps between calls on a warm
+# machine: a step too long for one call (max-autotune's first compile of Qwen 3.5 ran past 420 s, 2026-12-04c)
+# fills Inductor's caches in a first call and finishes in a second call made at once (same command)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=${KFORGE_CACHE:-$PWD/.device-cache/kernels} \
+       TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.device-cache/inductor}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
