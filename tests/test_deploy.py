@@ -77,6 +77,33 @@ def test_apply_runs_the_kernel_for_matching_calls_and_undo_restores_torch(tmp_pa
     s.close()
 
 
+def test_removing_the_newer_of_two_deployments_of_one_signature_gives_the_older_its_calls_back(tmp_path):
+    s, model, card = _winner_session(tmp_path)
+    original = torch.Tensor.softmax
+    x = torch.randn(16, 300)
+    expected = model(x)
+    first = s.apply()
+    second = s.apply()
+    try:
+        torch.testing.assert_close(model(x), expected)
+        assert [dk.calls for dk in first.kernels] == [0] and [dk.calls for dk in second.kernels] == [1]
+        second.remove()
+        assert torch.Tensor.softmax is not original, "the older deployment is still in place"
+        torch.testing.assert_close(model(x), expected)
+        assert [dk.calls for dk in first.kernels] == [1], "the older deployment's kernel runs again"
+        # and the other way round: the older one removed first leaves the newer one its calls
+        third = s.apply()
+        first.remove()
+        model(x)
+        assert [dk.calls for dk in third.kernels] == [1]
+        third.remove()
+    finally:
+        second.remove()
+        first.remove()
+    assert torch.Tensor.softmax is original
+    s.close()
+
+
 def test_apply_as_a_context_manager_and_process_scope(tmp_path):
     s, model, card = _winner_session(tmp_path)
     x = torch.randn(16, 300)

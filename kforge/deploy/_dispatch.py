@@ -77,6 +77,8 @@ class Dispatcher:
 
     def __init__(self):
         self.tables: dict[str, dict[tuple, tuple[DeployedKernel, Deployment]]] = {}
+        # entries a newer deployment's kernel for the same signature displaced, oldest first: back when it goes
+        self.shadowed: dict[tuple[str, tuple], list[tuple[DeployedKernel, Deployment]]] = {}
         # The first input's shapes per operator: a call whose first argument is a plain tensor of
         # another shape cannot hit, and goes to eager without binding (a false miss only costs speed).
         self.first_shapes: dict[str, set[torch.Size]] = {}
@@ -92,7 +94,10 @@ class Dispatcher:
             functions: dict[str, OpSpec] = {}
             for dk in deployment.kernels:
                 spec = get_spec(dk.variant.op)
-                self.tables.setdefault(spec.name, {})[variant_key(dk.variant)] = (dk, deployment)
+                table, key = self.tables.setdefault(spec.name, {}), variant_key(dk.variant)
+                if key in table and table[key][1] is not deployment:
+                    self.shadowed.setdefault((spec.name, key), []).append(table[key])
+                table[key] = (dk, deployment)
                 self._patch_op(spec)
                 if spec.functions:
                     functions[spec.name] = spec
@@ -106,10 +111,20 @@ class Dispatcher:
 
     def uninstall(self, deployment: "Deployment") -> None:
         with self.lock:
+            for where, stack in list(self.shadowed.items()):
+                stack[:] = [e for e in stack if e[1] is not deployment]
+                if not stack:
+                    del self.shadowed[where]
             for op, table in list(self.tables.items()):
                 for key, (dk, dep) in list(table.items()):
                     if dep is deployment:
-                        del table[key]
+                        stack = self.shadowed.get((op, key))
+                        if stack:   # an older deployment's kernel for this signature takes over again
+                            table[key] = stack.pop()
+                            if not stack:
+                                del self.shadowed[(op, key)]
+                        else:
+                            del table[key]
                 if not table:
                     del self.tables[op]
                     self._unpatch_op(op)
