@@ -69,8 +69,9 @@ RUN_TABLE = RunTable()
 def _run_impl(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:
     dk, variant = RUN_TABLE.entry(name)
     ready = dk.conform(inputs) if dk is not None else None
-    if ready is None:   # no kernel here, or the call is not the kernel's variant: the operator itself
-        out = get_spec(variant.op).reference(list(inputs), variant.param_dict)
+    if ready is None:   # no kernel here, or the call is not the kernel's variant: the operator as eager runs it
+        # NB: run_eager, not the reference: the gated delta rule's reference is a Python loop over the tokens
+        out = get_spec(variant.op).run_eager(list(inputs), variant.param_dict)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         # NB: the graph was traced with the outputs the fake gives (the variant's layout, e.g. a
         # channels-last twin's), and reads them so: eager's own layout can differ
