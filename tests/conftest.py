@@ -33,3 +33,15 @@ def _no_dispatch_cost():
         os.environ.pop("KFORGE_DISPATCH_COST", None)
     else:
         os.environ["KFORGE_DISPATCH_COST"] = before
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test's compiled code is its own: dynamo's caches are per code object and outlive a test, so a
+    model class many tests compile (region capture compiles every captured model) reached dynamo's recompile
+    limit in whichever test came ninth."""
+    yield
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()

@@ -540,3 +540,31 @@ def _call_args(variant, ins):
     q, k, v, g, beta, s0 = ins
     p = variant.param_dict
     return (q, k, v, g, beta, 64, s0, p["output_final_state"], p["use_qk_l2norm"])
+
+
+def test_copies_and_layers_made_while_hooked_hold_or_pickle_as_the_function(tmp_path):
+    """A deep copy of a model made while kforge held the hooks kept them for good, and it (or a layer that read the
+    hooked global while being built, as transformers 5.17's layers do) could not be pickled after the hooks went
+    back (found by review)."""
+    import copy
+    import pickle
+
+    s, model, x, cards = _session_with_winners(tmp_path)
+    with torch.no_grad():
+        expected = model(x)
+        compiled = s.compile(guard=False, backend="aot_eager", dynamic=False)
+        assert not _untouched(model)
+        twin = copy.deepcopy(model)
+        late = _Layer(False, True)
+        late.chunk_gated_delta_rule = M.torch_chunk_gated_delta_rule   # read from the hooked global
+        assert late.chunk_gated_delta_rule is not ORIGINAL
+        assert pickle.loads(pickle.dumps(late.chunk_gated_delta_rule)) is ORIGINAL
+        del compiled
+        torch._dynamo.reset()
+        gc.collect()
+        assert _untouched(model) and _untouched(twin), "the copy holds the function itself"
+        torch.testing.assert_close(twin(x), expected)
+        again = pickle.loads(pickle.dumps(late))
+        assert again.chunk_gated_delta_rule is ORIGINAL
+        torch.testing.assert_close(late(x), again(x))   # the stale hook runs the function
+    s.close()

@@ -175,31 +175,57 @@ def spec_of_twin(fn: Any) -> "OpSpec | None":
     return entry.spec if entry is not None else None
 
 
-def _make_hook(entry: FunctionEntry) -> Callable:
-    original, twin, spec_name = entry.original, entry.twin, entry.spec.name
+def _function_at(module: str, name: str) -> Callable:
+    """The library's own function at ``module.name`` (never a kforge hook): what a pickled hook loads as."""
+    import importlib
 
-    def kforge_function_hook(*args: Any, **kwargs: Any) -> Any:
+    fn = getattr(importlib.import_module(module), name)
+    return getattr(fn, "kforge_original", fn)
+
+
+class FunctionHook:
+    """What kforge puts where a model reaches a library's function (one object for every place of the function).
+
+    Called outside dynamo, it asks the operator's handlers, newest first, and with none answering runs the
+    function; under dynamo, the function (plain torch.compile) or its graph twin (inside a kforge-compiled
+    model's call). It pickles and deep-copies as the function itself: a copy of a model made while hooked holds
+    the function, not a hook that outlives kforge's use of it. A hook left where kforge did not find it (a
+    layer built while the global was hooked) only runs the function once no handler is pushed.
+    """
+
+    def __init__(self, entry: FunctionEntry):
+        original = entry.original
+        self.entry = entry
+        self.kforge_original = original
+        self.__wrapped__ = original   # NB: inspect.signature reads the function's
+        self.__doc__ = getattr(original, "__doc__", None)
+        for attr in ("__module__", "__name__", "__qualname__"):
+            if hasattr(original, attr):
+                setattr(self, attr, getattr(original, attr))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        entry = self.entry
         if torch.compiler.is_compiling():
             if GRAPH.active:
-                return twin(*args, **kwargs)
-            return original(*args, **kwargs)
-        handlers = _HANDLERS.get(spec_name)
+                return entry.twin(*args, **kwargs)
+            return entry.original(*args, **kwargs)
+        handlers = _HANDLERS.get(entry.spec.name)
         if handlers:
             for handler in reversed(tuple(handlers)):   # NB: a copy: another thread may pop meanwhile
                 result = handler(entry, args, kwargs)
                 if result is not PASS:
                     return result
-        return original(*args, **kwargs)
+        return entry.original(*args, **kwargs)
 
-    kforge_function_hook.__wrapped__ = original   # type: ignore[attr-defined]
-    kforge_function_hook.kforge_original = original   # type: ignore[attr-defined]
-    kforge_function_hook.__doc__ = getattr(original, "__doc__", None)
-    # NB: pickled as a reference to the function's own global (pickle finds this hook there while hooked, the
-    # function where it is not): a model holding the hook pickles as one holding the function
-    for attr in ("__module__", "__name__", "__qualname__"):
-        if hasattr(original, attr):
-            setattr(kforge_function_hook, attr, getattr(original, attr))
-    return kforge_function_hook
+    def __reduce__(self) -> tuple:
+        return _function_at, (self.entry.target.module, self.entry.target.name)
+
+    def __repr__(self) -> str:
+        return f"<kforge hook of {self.entry.target.path}>"
+
+
+def _make_hook(entry: FunctionEntry) -> Callable:
+    return FunctionHook(entry)
 
 
 def _places(target: FunctionTarget, model: Any) -> list[tuple[Any, str, Callable]]:
