@@ -104,6 +104,29 @@ def test_removing_the_newer_of_two_deployments_of_one_signature_gives_the_older_
     s.close()
 
 
+def test_a_model_with_kforge_applied_can_be_copied_and_saved_and_the_copy_is_plain(tmp_path):
+    """The deployment's scope hooks were bound methods: copy.deepcopy(model) and torch.save(model) dragged the
+    deployment and its kernels (ctypes handles) along, and failed (found by review)."""
+    import copy
+    import io
+
+    s, model, card = _winner_session(tmp_path)
+    x = torch.randn(16, 300)
+    expected = model(x)
+    with s.apply() as dep:
+        twin = copy.deepcopy(model)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        torch.testing.assert_close(twin(x), expected)
+        assert dep.kernels[0].calls == 0, "a copy is a plain model: kforge is applied to it on its own"
+        torch.testing.assert_close(model(x), expected)
+        assert dep.kernels[0].calls == 1
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(loaded(x), expected)
+    s.close()
+
+
 def test_apply_as_a_context_manager_and_process_scope(tmp_path):
     s, model, card = _winner_session(tmp_path)
     x = torch.randn(16, 300)

@@ -13,6 +13,30 @@ from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
 
 
+class _NoScope:
+    """What a copy of a model gets for a deployment's scope hook: nothing to do (kforge is applied to a copy
+    on its own)."""
+
+    def __call__(self, *_: Any) -> None:
+        return None
+
+
+class _ScopeHook:
+    """A model's forward (pre) hook that counts its deployment's scope. A deep copy or a pickle of the model
+    holds a ``_NoScope`` in its place: a bound method dragged the deployment and its kernels (ctypes handles
+    that cannot be copied) into ``copy.deepcopy(model)`` and ``torch.save(model)``, which then failed."""
+
+    def __init__(self, deployment: "Deployment", step: int):
+        self.deployment, self.step = deployment, step
+
+    def __call__(self, *_: Any) -> None:
+        scope = self.deployment._scope
+        scope.depth = max(getattr(scope, "depth", 0) + self.step, 0)
+
+    def __reduce__(self) -> tuple:
+        return _NoScope, ()
+
+
 @dataclass
 class Deployment:
     """Kernels installed into the process, optionally scoped to one model's forward.
@@ -40,18 +64,12 @@ class Deployment:
             return self
         DISPATCHER.install(self)
         if isinstance(self.model, torch.nn.Module):
-            self._hooks.append(self.model.register_forward_pre_hook(self._enter))
-            self._hooks.append(self.model.register_forward_hook(self._exit, always_call=True))
+            self._hooks.append(self.model.register_forward_pre_hook(_ScopeHook(self, 1)))
+            self._hooks.append(self.model.register_forward_hook(_ScopeHook(self, -1), always_call=True))
         for dk in self.kernels:
             RUN_TABLE.register(dk)
         self.installed = True
         return self
-
-    def _enter(self, *_):
-        self._scope.depth = getattr(self._scope, "depth", 0) + 1
-
-    def _exit(self, *_):
-        self._scope.depth = getattr(self._scope, "depth", 1) - 1
 
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
