@@ -179,8 +179,8 @@ PY
     # resumed from when it exists and written back (and into $OUT), so a later call times other modes unsearched
     if [ "${KF_GDN_TESTS:-1}" != 0 ]; then
       # NB: only the GPU-marked tests (-m gpu): with test_functions.py's CPU tests too, 150 s did not suffice
-      # (2026-12-04c); the GPU ones took 66 s on a cold machine (2026-12-04d), the strategy's three about 90 s
-      timeout "${KF_GDN_TESTS_S:-200}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" \
+      # (2026-12-04c); all six GPU ones took 128 s on a cold machine (2026-12-04e), before barriers=1 doubled the configurations
+      timeout "${KF_GDN_TESTS_S:-300}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" \
           -m gpu tests/test_recurrent_gpu.py tests/test_functions.py 2>&1 | grep --line-buffered -v "^DEBUG" \
           | tee "$OUT/gdn_tests.txt" | grep -E "PASSED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -12
     fi
