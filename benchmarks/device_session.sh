@@ -175,8 +175,9 @@ PY
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/gated_delta.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|is_torch_version\|^    \|^E1\|AUTOTUNE" | tail -40 ;;
   gdn_e2e)
-    # KF_GDN_TESTS=0: no tests first (all the call's time to the model); KF_STORE=PATH.tgz: the search's store,
-    # resumed from when it exists and written back (and into $OUT), so a later call times other modes unsearched
+    # KF_GDN_TESTS=0: no tests first (all the call's time to the model); KF_GDN_S=0: the tests only (they and the
+    # model do not fit one 600 s call); KF_STORE=PATH.tgz: the search's store, resumed from when it exists and
+    # written back (and into $OUT), so a later call times other modes unsearched
     if [ "${KF_GDN_TESTS:-1}" != 0 ]; then
       # NB: only the GPU-marked tests (-m gpu): with test_functions.py's CPU tests too, 150 s did not suffice
       # (2026-12-04c); all six GPU ones took 128 s on a cold machine (2026-12-04e), before barriers=1 doubled the configurations
@@ -184,6 +185,7 @@ PY
           -m gpu tests/test_recurrent_gpu.py tests/test_functions.py 2>&1 | grep --line-buffered -v "^DEBUG" \
           | tee "$OUT/gdn_tests.txt" | grep -E "PASSED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -12
     fi
+    [ "${KF_GDN_S:-270}" = 0 ] && exit 0   # NB: timeout 0 would be no limit at all
     timeout "${KF_GDN_S:-270}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
         --ops gated_delta_rule --no-regions --iterations "${KF_ITERATIONS:-3}" --modes "${KF_MODES:-reduce-overhead,default}" \
         ${KF_STORE:+--store "$KF_STORE"} \
