@@ -69,18 +69,24 @@ def _session_with_winners(tmp_path):
     model, x = _model()
     s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
     s.capture(timing_budget_ms=2, regions=False)
-    dev = device_info("cpu")
     cards = [c for c in s.cards if c.op == "gated_delta_rule"]
     for card in cards:
-        (strategy,) = strategies_for(card.op, "cpu")
-        src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
-        ev = s.evaluator.evaluate(card, src, s.store)
-        assert ev.status.is_correct, ev.summary()
-        cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
-        s.store.set_evaluation(cid, ev)
-        s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
-                                                  kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
+        _judged_winner(s, card)
     return s, model, x, cards
+
+
+def _judged_winner(s, card) -> None:
+    """The CPU strategy's kernel for ``card``, judged correct, stored as the card's winner (the verdict set
+    directly: timing on a shared CPU is not what these tests are about)."""
+    dev = device_info("cpu")
+    (strategy,) = strategies_for(card.op, "cpu")
+    src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
+    ev = s.evaluator.evaluate(card, src, s.store)
+    assert ev.status.is_correct, ev.summary()
+    cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
+    s.store.set_evaluation(cid, ev)
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
+                                              kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
 
 
 def test_capture_finds_the_function_in_the_layers_and_the_modules_global_and_puts_it_back(tmp_path):
@@ -262,15 +268,7 @@ def test_a_decode_step_through_the_token_by_token_function_is_captured_run_and_c
         M.torch_recurrent_gated_delta_rule, M.torch_chunk_gated_delta_rule = RECURRENT, ORIGINAL
     assert ran == ["recurrent", "chunk", "chunk"], "one token on a state: token by token; else chunked"
     # the CPU strategy's kernel, judged, then run eagerly and compiled in place of the function
-    dev = device_info("cpu")
-    (strategy,) = strategies_for(card.op, "cpu")
-    src = strategy.render(card.variant, strategy.default(card.variant, dev), dev)
-    ev = s.evaluator.evaluate(card, src, s.store)
-    assert ev.status.is_correct, ev.summary()
-    cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
-    s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
-                                              kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
+    _judged_winner(s, card)
     with torch.no_grad():
         expected = model(x)
         with s.apply(all_winners=True) as dep:

@@ -292,7 +292,8 @@ def _make_wrapper(dispatcher: Dispatcher, spec: OpSpec, original: Callable, bind
 
 def _function_handler(dispatcher: Dispatcher, spec: OpSpec) -> Callable:
     """The eager decision for an operator computed by a library's function, taken at its hooks: the kernel for
-    the call's exact signature, handed back as the function returns its value, or the function itself."""
+    the call's exact signature, handed back as the function returns its value, or ``PASS`` (the handler below,
+    or the function itself)."""
     table = dispatcher.tables.setdefault(spec.name, {})
     names = spec.params
 
@@ -320,8 +321,10 @@ def _plain(inputs: Iterable[torch.Tensor | None]) -> bool:
     """Whether a kernel may take these inputs: plain tensors, none recording autograd (grad mode on and
     ``requires_grad``), none a lazily negated or conjugated view."""
     grad = torch.is_grad_enabled()
-    return not any(t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj())
-                   for t in inputs)
+    for t in inputs:   # NB: a loop, not any() over a generator: this runs on every dispatched call
+        if t is not None and (grad and t.requires_grad or type(t) not in _PLAIN or t.is_neg() or t.is_conj()):
+            return False
+    return True
 
 
 _KEY_VALUE_TYPES = (torch.dtype, torch.device, torch.memory_format, torch.layout)

@@ -149,22 +149,21 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
         if sources is None:
             continue
         n_out = len(dk.variant.outputs)
-        if not dk.inplace and (n_out > 1 or getattr(fn, "kforge_function", None)) and any(
-                u.op == "call_function" and u.target is operator.getitem and not 0 <= u.args[1] < n_out
-                for u in node.users):
+        # NB: a function's graph twin returns what the function does: a tuple, even of one tensor
+        as_tuple = not dk.inplace and (n_out > 1 or bool(getattr(fn, "kforge_function", None)))
+        if as_tuple and any(u.op == "call_function" and u.target is operator.getitem and not 0 <= u.args[1] < n_out
+                            for u in node.users):
             # NB: a function's value may hold more than the kernel's outputs (the gated delta rule's None state
             # when no final state is asked): a use of those leaves the original call in place
             continue
         RUN_TABLE.register(dk)
         with gm.graph.inserting_before(node):
             run = gm.graph.call_function(torch.ops.kforge.run.default, (dk.run_name, sources))
-            outs = [gm.graph.call_function(operator.getitem, (run, i)) for i in range(len(dk.variant.outputs))]
+            outs = [gm.graph.call_function(operator.getitem, (run, i)) for i in range(n_out)]
             if dk.inplace:
                 result: Any = gm.graph.call_method("copy_", (sources[0], outs[0]))
-            elif len(outs) == 1 and not getattr(fn, "kforge_function", None):
-                result = outs[0]
-            else:   # NB: a function's graph twin returns what the function does: a tuple, even of one tensor
-                result = tuple(outs)
+            else:
+                result = tuple(outs) if as_tuple else outs[0]
         if isinstance(result, tuple):
             for user in list(node.users):
                 if user.op == "call_function" and user.target is operator.getitem:
