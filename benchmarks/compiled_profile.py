@@ -9,7 +9,11 @@ are profiled (CUDA activity only). Every kernel's GPU time a forward is summed b
 "conv/gemm" (vendor and template convolutions and matrix products), "layout" (NCHW <-> NHWC
 transposes), "norm" (Inductor reductions over a group_norm/layer_norm/softmax/mean, eager's norm
 kernels), "pointwise", "other". A kind's share of the forward is the ceiling of what replacing its
-kernels can save. Prints a table per mode and writes compiled_profile_<model>.json to $OUT (or runs/).
+kernels can save. Each kernel's row gives its launches a forward and its time a launch, so a kernel's
+bytes (from the model's shapes) give its distance from the bandwidth floor. ``--sources N`` also writes
+the Triton source Inductor generated for the N largest of its kernels in each compiled mode
+(compiled_profile_<model>_sources.txt: what a faster kernel has to beat, read off the compile's cache).
+Prints a table per mode and writes compiled_profile_<model>.json to $OUT (or runs/).
 """
 from __future__ import annotations
 
@@ -44,8 +48,8 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_forward(fn, forwards: int = 5) -> dict[str, float]:
-    """GPU microseconds a forward per kernel name."""
+def profile_forward(fn, forwards: int = 5, launches: dict[str, float] | None = None) -> dict[str, float]:
+    """GPU microseconds a forward per kernel name; ``launches`` (when given) gets each name's launches a forward."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -56,19 +60,53 @@ def profile_forward(fn, forwards: int = 5) -> dict[str, float]:
             for _ in range(forwards):
                 fn()
             torch.cuda.synchronize()
-    return {e.key: e.device_time_total / forwards for e in prof.key_averages() if e.device_time_total > 0}
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    if launches is not None:
+        launches.update({e.key: e.count / forwards for e in rows})
+    return {e.key: e.device_time_total / forwards for e in rows}
 
 
-def summarize(rows: dict[str, float], top: int) -> dict:
+def summarize(rows: dict[str, float], top: int, launches: dict[str, float] | None = None) -> dict:
     total = sum(rows.values())
+    launches = launches or {}
     kinds: dict[str, float] = {}
     for name, us in rows.items():
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + us
     ordered = sorted(rows.items(), key=lambda kv: -kv[1])
     return {"gpu_us": total,
             "kinds": {k: {"us": v, "share": v / total if total else 0.0} for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-            "top": [{"kernel": n[:160], "kind": kind_of(n), "us": us, "share": us / total if total else 0.0}
+            "top": [{"kernel": n[:160], "kind": kind_of(n), "us": us, "share": us / total if total else 0.0,
+                     "launches": launches.get(n), "us_a_launch": us / launches[n] if launches.get(n) else None}
                     for n, us in ordered[:top]]}
+
+
+def inductor_sources(names: list[str], root: Path, limit: int = 12000) -> dict[str, str]:
+    """The Triton source of each kernel named (Inductor's own names, e.g. ``triton_per_fused_..._11``) from the
+    compile cache under ``root``: the smallest cached file that defines it (a kernel's own file before the
+    module that embeds it), cut at ``limit`` characters. A name found nowhere is left out."""
+    wanted = {n: re.compile(r"def " + re.escape(n) + r"\(") for n in names if n.startswith("triton_")}
+    found: dict[str, tuple[int, str]] = {}
+    if not wanted or not root.is_dir():
+        return {}
+    for path in root.rglob("*.py"):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for name, pattern in wanted.items():
+            if pattern.search(text) and (name not in found or len(text) < found[name][0]):
+                found[name] = (len(text), text[:limit])
+    return {n: text for n, (_, text) in found.items()}
+
+
+def inductor_cache_dir() -> Path:
+    """Where Inductor caches what it compiles (TORCHINDUCTOR_CACHE_DIR, else its default)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env:
+        return Path(env)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir())
 
 
 def profile_diff(plain: dict[str, float], other: dict[str, float], top: int = 12) -> list[str]:
@@ -92,11 +130,19 @@ def main() -> None:
     ap.add_argument("--modes", default="default", help="comma-separated torch.compile modes ('eager' for none)")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--sources", type=int, default=0, metavar="N",
+                    help="write the Triton source of the N largest Inductor kernels of each compiled mode")
     ap.add_argument("--experts", default=None, help="MoE models: the experts implementation (e.g. grouped_mm, what "
                     "the end-to-end rows of Qwen 3.5 run; the seed's default is per-expert F.linear calls)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("compiled_profile.py profiles GPU kernels: run it on a machine with CUDA")
+    if args.sources:
+        # NB: a cache of its own: a cache kept between runs (device_session.sh's) holds other models' kernels under
+        # the same names (Inductor numbers them per graph)
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kforge-profile-inductor-")
     model, inputs = seed_model(args.model, "cuda", layers=args.layers)
     if args.experts and hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation(args.experts)
@@ -105,6 +151,7 @@ def main() -> None:
     args_, kwargs_ = split_batch(inputs)
     call = lambda m: m(*args_, **kwargs_)  # noqa: E731
     result: dict = {"model": args.model, "torch": torch.__version__, "modes": {}}
+    sources: dict[str, str] = {}
     try:
         import transformers
 
@@ -115,15 +162,24 @@ def main() -> None:
     for mode in ["eager"] + [m for m in args.modes.split(",") if m and m != "eager"]:
         torch._dynamo.reset()
         target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
-        summary = summarize(profile_forward(lambda: call(target)), args.top)
+        launches: dict[str, float] = {}
+        summary = summarize(profile_forward(lambda: call(target), launches=launches), args.top, launches)
         result["modes"][mode] = summary
         print(f"\n## {args.model}, {mode}: {summary['gpu_us']:.1f} us of GPU kernels a forward")
         for kind, v in summary["kinds"].items():
             print(f"  {kind:<10} {v['us']:>10.1f} us  {100 * v['share']:5.1f}%")
         for row in summary["top"]:
-            print(f"  {row['us']:>10.1f} us {100 * row['share']:5.1f}%  [{row['kind']}] {row['kernel'][:110]}")
+            per = f"{row['launches']:>5.0f} x {row['us_a_launch']:8.2f}" if row.get("launches") else " " * 16
+            print(f"  {row['us']:>10.1f} us {100 * row['share']:5.1f}% {per}  [{row['kind']}] {row['kernel'][:100]}")
+        if args.sources and mode != "eager":
+            names = [r["kernel"] for r in summary["top"] if r["kernel"].startswith("triton_")][:args.sources]
+            sources.update(inductor_sources(names, inductor_cache_dir()))
     out = Path(os.environ.get("OUT") or ROOT / "runs")
     out.mkdir(parents=True, exist_ok=True)
+    if args.sources:
+        text = "".join(f"# ===== {name}\n{src}\n" for name, src in sources.items())
+        (out / f"compiled_profile_{args.model}_sources.txt").write_text(text or "# no Inductor kernel source found\n")
+        print(f"# Triton sources of {len(sources)} kernel(s): compiled_profile_{args.model}_sources.txt")
     (out / f"compiled_profile_{args.model}.json").write_text(json.dumps(result, indent=1))
 
 

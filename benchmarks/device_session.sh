@@ -27,7 +27,9 @@
 #                                                            its gated_delta_rule card searched, and end to end under
 #                                                            KF_MODES with the model-level check (region_e2e.py)
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
-#                                                            goes, by kernel and kind (benchmarks/compiled_profile.py; carry [".whl"])
+#                                                            goes, by kernel and kind, with launches a forward
+#                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
+#                                                            picks models, KF_PROFILE_SOURCES=N the Inductor sources of the top N)
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
 #                                                            then benchmarks/gn_twins.py: the VAE's group_norm -> SiLU twins,
 #                                                            each CUDA design against eager and Inductor (KF_TWINS_OPS=
@@ -197,7 +199,9 @@ PY
     # experts, as its end-to-end rows run
     for m in ${KF_PROFILE_MODELS:-resnet50 sd35_vae_decoder}; do
       extra=""; [ "$m" = qwen35_moe ] && extra="--layers 4 --experts grouped_mm"
-      timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m $extra --modes "${KF_MODES:-default}" 2>&1 \
+      # KF_PROFILE_SOURCES=N: also the Triton source of the N largest Inductor kernels a mode (a cold compile)
+      timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py $m $extra --modes "${KF_MODES:-default}" \
+          --sources "${KF_PROFILE_SOURCES:-0}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
   twins)
