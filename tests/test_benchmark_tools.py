@@ -1,0 +1,41 @@
+"""The helpers of the benchmark scripts that read what a device run found (no GPU needed)."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"kforge_bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_profile_reads_a_kernels_triton_source_from_the_smallest_cached_file_that_defines_it(tmp_path):
+    profile = _script("compiled_profile")
+    (tmp_path / "ab").mkdir()
+    kernel = "@triton.jit\ndef triton_per_fused_mean_mul_11(in_ptr0, out_ptr0, xnumel, r0_numel):\n    pass\n"
+    (tmp_path / "ab" / "cabc.py").write_text(kernel)
+    module = "import triton\n" + "# the compiled module embeds every kernel\n" * 40 + kernel.replace("11", "12") + kernel
+    (tmp_path / "module.py").write_text(module)
+    (tmp_path / "other.py").write_text("def triton_per_fused_mean_mul_1(in_ptr0):\n    pass\n")
+    found = profile.inductor_sources(["triton_per_fused_mean_mul_11", "triton_per_fused_mean_mul_12",
+                                      "triton_poi_fused_gone_3", "nvjet_sm90_tst_128x128"], tmp_path)
+    assert found["triton_per_fused_mean_mul_11"] == kernel, "a kernel's own file, not the module embedding it"
+    assert "def triton_per_fused_mean_mul_12(" in found["triton_per_fused_mean_mul_12"]
+    assert set(found) == {"triton_per_fused_mean_mul_11", "triton_per_fused_mean_mul_12"}
+    assert profile.inductor_sources(["triton_per_fused_mean_mul_11"], tmp_path / "missing") == {}
+
+
+def test_the_profile_gives_each_kernel_its_launches_and_time_a_launch():
+    profile = _script("compiled_profile")
+    rows = {"triton_poi_fused_gelu_17": 765.0, "nvjet_sm90_tst_192x128": 6595.5}
+    summary = profile.summarize(rows, 5, {"triton_poi_fused_gelu_17": 24.0})
+    gelu = next(r for r in summary["top"] if r["kernel"] == "triton_poi_fused_gelu_17")
+    assert gelu["launches"] == 24.0 and abs(gelu["us_a_launch"] - 765.0 / 24) < 1e-9
+    gemm = next(r for r in summary["top"] if r["kernel"].startswith("nvjet"))
+    assert gemm["launches"] is None and gemm["us_a_launch"] is None
+    assert abs(summary["gpu_us"] - sum(rows.values())) < 1e-9
