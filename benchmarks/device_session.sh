@@ -26,6 +26,10 @@
 #                                                            and of function capture, then Qwen 3.5 (4 layers) captured,
 #                                                            its gated_delta_rule card searched, and end to end under
 #                                                            KF_MODES with the model-level check (region_e2e.py)
+#   device run: bash benchmarks/device_session.sh gdn_decode  Qwen 3.5 (4 layers) decoding through kforge: capture of
+#                                                            Generate(model, 16) (the prompt and every one-token step),
+#                                                            both gated_delta_rule cards searched, the model-level check
+#                                                            over the whole decode, then decode tokens/s (eager, KF_MODES)
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind, with launches a forward
 #                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
@@ -192,6 +196,15 @@ PY
         --ops gated_delta_rule --no-regions --iterations "${KF_ITERATIONS:-3}" --modes "${KF_MODES:-reduce-overhead,default}" \
         ${KF_STORE:+--store "$KF_STORE"} \
         2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_gdn.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+  gdn_decode)
+    # Qwen 3.5 decoding through kforge (issue 14's decode tokens/s): the session's model is Generate(model, N), so
+    # capture sees the prompt and each one-token step (two gated_delta_rule cards); then decode tokens/s, eager
+    # and each of KF_MODES, with and without the kernels (region_e2e.py --decode). KF_STORE as in gdn_e2e.
+    timeout "${KF_DECODE_S:-560}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
+        --ops gated_delta_rule --no-regions --decode "${KF_DECODE_TOKENS:-16}" --iterations "${KF_ITERATIONS:-3}" \
+        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} \
+        2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_decode.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   profile)
     install_wheels

@@ -6,6 +6,14 @@ with kforge (the model-level check per mode keeps only kernels that make the mod
     python benchmarks/region_e2e.py tiny_transformer --device cpu --iterations 2   # a smoke test
     python benchmarks/region_e2e.py sd35_vae_decoder --ops group_norm_silu --modes default   # fused cards
     python benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm --ops gated_delta_rule --no-regions
+    python benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm --ops gated_delta_rule --no-regions \
+        --decode 16 --modes reduce-overhead   # greedy decoding: the prompt and the one-token steps
+
+With ``--decode N`` (language models) the session's model is ``kforge.models.Generate(model, N)``: capture sees
+the prompt's forward and every one-token step after it, the search takes the cards of both, and the table is the
+whole decode's (eager against eager + kforge, the model-level check over it). Then decode tokens/s, one
+interleaved run a mode (``compare_decode``): eager, eager + kforge (what the check kept), torch.compile of the
+decode steps in each of ``--modes`` and the same with every winner in its graphs (no model-level check there).
 
 Writes region_e2e_<model>.json to $OUT (or runs/, which git ignores). With ``--store PATH.tgz`` the session's
 store is unpacked from PATH when it exists (cards searched there are not searched again) and packed back
@@ -23,6 +31,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +85,10 @@ def main() -> None:
                          "winner against plain compile through kforge's backend, the kernels that differ most")
     ap.add_argument("--store", type=Path, default=None,
                     help="a .tgz of the session's store: resumed from when it exists, written after the search")
+    ap.add_argument("--decode", type=int, default=0, metavar="N",
+                    help="language models: capture, search and time greedy decoding of N tokens instead of the "
+                         "prompt's forward, then decode tokens/s in eager and each of --modes, with and without kforge")
+    ap.add_argument("--rounds", type=int, default=6, help="--decode: interleaved rounds of each decode comparison")
     ap.add_argument("--lean-store", action="store_true",
                     help="write the store without its tensors (blobs/: the captured examples, which the resumed "
                          "capture records again): the SD3.5 VAE's were gigabytes, too large to come back from a call; "
@@ -86,7 +100,14 @@ def main() -> None:
     if args.store is not None and args.store.exists():
         with tarfile.open(args.store) as tar:
             tar.extractall(workdir, filter="data")
-    s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
+    if args.decode:
+        from kforge.models import Generate
+
+        if not isinstance(inputs, torch.Tensor) or not callable(getattr(model, "generate", None)):
+            raise SystemExit(f"--decode needs a language model (a generate() method and token ids): {args.model} is not one")
+        s = kforge.Session(Generate(model, args.decode), inputs, device=args.device, workdir=workdir)
+    else:
+        s = kforge.Session(model, inputs, device=args.device, workdir=workdir)
     cards = s.capture(inductor_baseline=False if args.no_inductor_baseline else None, regions=not args.no_regions)
     ops = set(args.ops.split(","))
     if "group_norm_silu" in ops:   # NB: where its convolution's bias is its prologue, the fused card is biased_...
@@ -137,7 +158,24 @@ def main() -> None:
         print(report.table(), flush=True)
         save(report, False)
 
-    report = s.end_to_end(modes=tuple(m for m in args.modes.split(",") if m), on_mode=so_far)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if args.decode:
+        # NB: the table is the whole decode's, eagerly (a compiled generate() would be dynamo tracing transformers'
+        # generation loop); compiled decoding is the decode steps compiled, below
+        report = s.end_to_end(compile=False, on_mode=so_far)
+        result = save(report, False)
+
+        def save_decode(rows: dict) -> None:
+            result["decode"] = rows
+            path.write_text(json.dumps(result, indent=1, default=str))
+
+        _decode(s, model, inputs, report, modes, args, save_decode)
+        print("# complete", flush=True)
+        result["complete"] = True
+        path.write_text(json.dumps(result, indent=1, default=str))
+        s.close()
+        return
+    report = s.end_to_end(modes=modes, on_mode=so_far)
     print("# complete", flush=True)   # NB: the last table printed (after the last mode) is the whole one
     result = save(report, True)   # NB: before the profile, which a timeout may cut
     if args.profile and args.device.startswith("cuda"):
@@ -147,6 +185,80 @@ def main() -> None:
         except Exception as exc:  # NB: a diagnosis that fails costs its lines, not the table's JSON
             print(f"# profile failed: {type(exc).__name__}: {exc}", flush=True)
     s.close()
+
+
+def _decode(s, model, prompt, report, modes: tuple, args, save) -> dict:
+    """Decode tokens/s in interleaved runs (``compare_decode``): eager against eager + kforge (the kernels the
+    model-level check kept), then a run a compile mode with its plain compiled decode steps the reference, the
+    same steps with every winner in their graphs, and eager. ``save(rows so far)`` after each run: a mode that
+    kills the process leaves the others."""
+    import contextlib
+
+    from kforge.deploy import Deployment
+    from kforge.deploy._graph import compile_with
+    from kforge.deploy._report import _patched_eagerly, recompile_room
+    from kforge.models import compare_decode, decode_steps, forward_as
+
+    kernels, _, _ = s._deployable(all_winners=True)
+    kept = {f.mode: set(f.kept) for f in report.fallback}
+    eager_ks = [dk for dk in kernels if _patched_eagerly(dk.variant.op)
+                and ("eager" not in kept or dk.variant.signature in kept["eager"])]
+
+    @contextlib.contextmanager
+    def installed(ks):
+        with Deployment(ks, model):
+            yield
+
+    rows: dict = {}
+    if not eager_ks:
+        rows["eager + kforge"] = {"same_as": "eager", "why": "no kernel kept" if kernels else "no winner"}
+        print("decode eager + kforge: the same as eager (no kernel kept)", flush=True)
+    groups: list = []
+    if eager_ks:
+        groups.append((None, {"eager": contextlib.nullcontext, "eager + kforge": lambda: installed(eager_ks)}))
+    groups += [(mode, None) for mode in modes]
+    for mode, arms in groups:
+        if arms is None:
+            # NB: the plain compiled steps are the reference (the + kforge arm's ratio is over them), eager an arm
+            torch._dynamo.reset()
+            arms = {}
+            for label, ks in ((f"compile {mode}", []), (f"compile {mode} + kforge", kernels)):
+                if label.endswith("+ kforge") and not ks:
+                    continue
+                # NB: the decode steps only, dynamic=None, as transformers' generate compiles (decode_steps)
+                try:
+                    fwd = compile_with(model.forward, ks, mode=mode, dynamic=None)
+                    arms[label] = lambda fwd=fwd: forward_as(model, decode_steps(model, fwd))
+                except Exception as exc:  # noqa: BLE001
+                    rows[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            if f"compile {mode}" not in arms:
+                save(rows)
+                continue
+            arms["eager"] = contextlib.nullcontext
+        reference = next(iter(arms))
+        try:
+            with recompile_room(4 * len(arms) + 8), torch.no_grad():
+                results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
+        except Exception as exc:  # noqa: BLE001  (the reference arm failed: the next mode may still run)
+            rows[reference] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"decode {reference}: failed: {rows[reference]['error']}", flush=True)
+            save(rows)
+            continue
+        print(f"decode, one interleaved run{f' with compile {mode}' if mode else ''}:", flush=True)
+        for label, arm in results.items():
+            print("  " + arm.line(reference), flush=True)
+            key = label if label not in rows else f"{label} (with compile {mode})"
+            rows[key] = {"tokens_per_s": arm.decode.tokens_per_s if arm.decode else None, "over": reference,
+                         "ratio": arm.ratio, "same_tokens": arm.same_tokens, "agreed": arm.agreed,
+                         "logit_rel_diff": arm.logit_rel_diff, "error": arm.error,
+                         "cache": arm.decode.cache if arm.decode else None}
+        save(rows)
+    calls = {dk.variant.signature[:90]: dk.calls for dk in kernels}
+    print(f"# kernel calls over every decode: {calls}", flush=True)
+    rows["kernel_calls"] = calls
+    save(rows)
+    torch._dynamo.reset()
+    return rows
 
 
 def _profile(s, model, inputs, mode: str) -> dict:

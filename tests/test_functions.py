@@ -2,6 +2,7 @@
 the function's hooks, run as kforge kernels eagerly and inside torch.compile, and the function put back."""
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import pytest
@@ -566,3 +567,68 @@ def test_copies_and_layers_made_while_hooked_hold_or_pickle_as_the_function(tmp_
         assert again.chunk_gated_delta_rule is ORIGINAL
         torch.testing.assert_close(late(x), again(x))   # the stale hook runs the function
     s.close()
+
+
+# A Qwen 3.5 MoE as transformers builds it, narrow enough for the CPU: two layers, the first linear attention
+TINY_QWEN = {"vocab_size": 512, "hidden_size": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+             "linear_key_head_dim": 32, "linear_value_head_dim": 32, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 32, "moe_intermediate_size": 64,
+             "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_a_session_on_generate_captures_the_prompt_and_the_decode_steps_and_decodes_with_their_kernels(tmp_path):
+    """Session(Generate(model, n), ids) sees what decoding runs: the prompt through the chunked function and
+    each later token through the token-by-token one, two cards; with their kernels the model decodes the same
+    tokens, eagerly (through the wrapper's scope and through a Deployment on the model itself, as a
+    decode benchmark installs it) and in the model-level check's table."""
+    from kforge import models
+    from kforge.deploy import Deployment
+
+    model, ids = models.qwen35_moe(dtype=torch.float32, layers=2, tokens=12, overrides=TINY_QWEN)
+    assert model.config.layer_types[0] == "linear_attention"
+    new = 4
+    wrapper = models.Generate(model, new)
+    s = kforge.Session(wrapper, ids, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2, regions=False)
+    cards = sorted((c for c in s.cards if c.op == "gated_delta_rule"), key=lambda c: -c.variant.inputs[0].shape[1])
+    assert [c.variant.inputs[0].shape[1] for c in cards] == [12, 1], [c.signature for c in cards]
+    prompt, step = cards
+    assert prompt.calls == 1 and step.calls == new - 1, "one linear-attention layer: one call a decode step"
+    assert step.variant.inputs[5] is not None, "a decode step starts from the cached state"
+    for card in cards:
+        _judged_winner(s, card)
+    with torch.no_grad():
+        expected = wrapper(ids)
+        assert expected.shape == (new, 1, 512)
+        with s.apply(all_winners=True) as dep:
+            got = wrapper(ids)
+        assert sorted(dk.calls for dk in dep.kernels) == [1, new - 1]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        kernels, _, _ = s._deployable(all_winners=True)
+        arms = {"eager": lambda: contextlib.nullcontext(), "eager + kforge": lambda: Deployment(kernels, model).install()}
+        result = models.compare_decode(model, ids, new, arms, rounds=2)
+    arm = result["eager + kforge"]
+    assert arm.error is None and arm.same_tokens, arm
+    assert arm.logit_rel_diff < 1e-4
+    assert sum(dk.calls for dk in kernels) > 0, "the decode ran the kernels"
+    assert _untouched_function()
+    e2e = s.end_to_end(compile=False, guard=False)
+    row = next(r for r in e2e.rows if r.label == "eager + kforge")
+    assert row.error is None and row.kernels == 2
+    s.close()
+
+
+def _untouched_function() -> bool:
+    return M.torch_chunk_gated_delta_rule is ORIGINAL and M.torch_recurrent_gated_delta_rule is RECURRENT
+
+
+def test_generate_says_what_it_needs():
+    from kforge import models
+
+    with pytest.raises(TypeError, match="generate"):
+        models.Generate(torch.nn.Linear(2, 2), 4)
+    model, ids = models.qwen35_moe(dtype=torch.float32, layers=1, tokens=4, overrides=TINY_QWEN)
+    with pytest.raises(ValueError, match="at least 1"):
+        models.Generate(model, 0)
+    with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
+        models.Generate(model, 2)(ids[0])

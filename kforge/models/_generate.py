@@ -125,6 +125,49 @@ class DecodeArm:
 _UNSET = object()
 
 
+class Generate(nn.Module):
+    """A language model's greedy decoding of ``new_tokens`` tokens at batch 1 as one forward, so that a
+    session sees what decoding runs: ``kforge.Session(Generate(model, 16), input_ids)`` captures the prompt's
+    forward and every one-token step after it (``Session(model, input_ids)`` sees the prompt's forward only),
+    searches both, and its model-level check times the whole decode. ``forward(input_ids)`` returns the
+    logits of each step, ``[new_tokens, batch, vocab]``.
+
+    The KV cache is static where the model has one, else dynamic (a linear-attention layer's recurrent state
+    has no static cache in some transformers versions): decided at the first forward, kept after it
+    (``cache``). transformers' own compilation of the decode steps is off: compile the steps yourself
+    (``decode_steps``) or let ``Session.compile`` do it.
+    """
+
+    def __init__(self, model: nn.Module, new_tokens: int = 16):
+        super().__init__()
+        if new_tokens < 1:
+            raise ValueError(f"new_tokens must be at least 1 (got {new_tokens})")
+        if not callable(getattr(model, "generate", None)):
+            raise TypeError(f"Generate needs a model with a generate() method (a transformers causal LM); "
+                            f"{type(model).__name__} has none")
+        self.model = model
+        self.new_tokens = new_tokens
+        self.cache: str | None = "static"
+        self._decided = False
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError("Generate's forward takes the prompt's token ids, a [batch, tokens] tensor")
+        if not self._decided:
+            try:
+                out = _generate(self.model, input_ids, self.new_tokens, self.cache)
+            except Exception:  # e.g. a linear-attention (recurrent state) layer the static cache lacks
+                self.cache = None
+                out = _generate(self.model, input_ids, self.new_tokens, self.cache)
+            self._decided = True
+        else:
+            out = _generate(self.model, input_ids, self.new_tokens, self.cache)
+        return torch.stack(list(out.logits))
+
+    def extra_repr(self) -> str:
+        return f"new_tokens={self.new_tokens}, cache={self.cache if self._decided else 'not decided yet'}"
+
+
 def decode_steps(model: nn.Module, compiled: Callable) -> Callable:
     """A forward for ``generate`` that runs ``compiled`` on the decode steps (one new token) and the
     model's own forward on the prefill, as transformers' generate does when it compiles (its
