@@ -103,6 +103,13 @@ def runner_env(private_dir: str) -> dict[str, str]:
     # NB: PASSIVE so the runner's OpenMP pool sleeps between calls instead of spinning on the
     # cores the judge times eager on.
     env.update(OMP_WAIT_POLICY="PASSIVE", HOME=private_dir, TMPDIR=private_dir)
+    # NB: a candidate built against cuBLASLt loads it by its rpath after the sandbox is up: the runner's file
+    # rules must let it read that folder (the nvidia-cublas wheel's lies wherever Python's packages do)
+    from ..kernels._compile import cublaslt_paths
+
+    found = cublaslt_paths()
+    if found is not None:
+        env["KFORGE_RUNNER_LIB_DIRS"] = str(found[1].parent)
     return env
 
 

@@ -134,13 +134,59 @@ def find_nvcc() -> str | None:
     return None
 
 
+_CUBLASLT_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]cublasLt\.h[>"]', re.M)
+
+
+def uses_cublaslt(source: str) -> bool:
+    """Whether a CUDA source includes cuBLASLt (then it is built against the library, ``cublaslt_paths``)."""
+    return bool(_CUBLASLT_INCLUDE.search(source))
+
+
+def cublaslt_paths() -> tuple[Path, Path] | None:
+    """(the folder holding cublasLt.h, the cuBLASLt shared library): the CUDA toolkit's, else the one of the
+    ``nvidia-cublas`` wheel that PyTorch's CUDA builds install (``nvidia/cu13`` or ``nvidia/cublas``), or None."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = find_nvcc()
+    if nvcc:
+        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    candidates = [(Path(r) / "include", Path(r) / "lib64") for r in roots if r]
+    candidates += [(Path(r) / "targets" / "x86_64-linux" / "include", Path(r) / "targets" / "x86_64-linux" / "lib")
+                   for r in roots if r]
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("nvidia")
+        for base in (spec.submodule_search_locations or []) if spec is not None else []:
+            for sub in sorted(Path(base).iterdir(), reverse=True):
+                candidates.append((sub / "include", sub / "lib"))
+    except (ImportError, OSError, ValueError):
+        pass
+    for inc, lib in candidates:
+        if not (inc / "cublasLt.h").is_file():
+            continue
+        libs = sorted(lib.glob("libcublasLt.so*"), key=lambda p: (len(p.name), p.name)) if lib.is_dir() else []
+        if libs:
+            return inc, libs[0]
+    return None
+
+
 def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
     if backend == "cuda":
         nvcc = find_nvcc()
         if nvcc is None:
             raise CompileError("nvcc was not found: install the CUDA toolkit or set CUDA_HOME", "")
+        libraries: list[str] = []
+        if uses_cublaslt(src.read_text()):
+            found = cublaslt_paths()
+            if found is None:
+                raise CompileError("the source includes cublasLt.h, but no cuBLASLt was found: install the CUDA "
+                                   "toolkit's cuBLAS or the nvidia-cublas wheel PyTorch's CUDA builds use", "")
+            inc, lib = found
+            # NB: the library by its own file name (the wheel has no unversioned libcublasLt.so) and its folder as
+            # the rpath, so the sandboxed runner's loader finds it without LD_LIBRARY_PATH
+            libraries = [f"-I{inc}", "-Xlinker", str(lib), "-Xlinker", f"-rpath={lib.parent}"]
         return [nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
-                "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src)]
+                "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries]
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise CompileError("no C compiler was found: install gcc or set CC", "")

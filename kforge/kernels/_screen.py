@@ -43,6 +43,9 @@ ALLOWED_INCLUDES = frozenset({
     "mma.h", "cooperative_groups.h", "cooperative_groups/reduce.h", "cooperative_groups/memcpy_async.h",
     "cub/cub.cuh", "cub/block/block_reduce.cuh", "cub/block/block_scan.cuh", "cub/warp/warp_reduce.cuh",
     "cub/block/block_load.cuh", "cub/block/block_store.cuh", "cuda/pipeline", "cuda/barrier",
+    # cuBLASLt: a matrix product with an epilogue (linear_gelu's design); its logger, which opens files and calls
+    # back, is refused by name below
+    "cublasLt.h",
 })
 
 # Header-only CUDA compute libraries: any header under these folders.
@@ -117,6 +120,12 @@ _GROUPS: dict[str, tuple[str, ...]] = {
     ),
     # NB: a driver entry point found by name reaches any driver function (a second context on the GPU
     # escapes the runner's device sync and its events: attack_kernel_spin_eager.cu)
+    # NB: cuBLASLt's logger writes to a file it opens by name, to a FILE* or through a callback of the caller's
+    "uses cuBLASLt's logger (files, callbacks)": (
+        "cublasLtLoggerOpenFile", "cublasLtLoggerSetFile", "cublasLtLoggerSetCallback", "cublasLtLoggerSetLevel",
+        "cublasLtLoggerSetMask", "cublasLtLoggerForceDisable", "cublasLoggerConfigure", "cublasSetLoggerCallback",
+        "cublasGetLoggerCallback",
+    ),
     "reaches the CUDA driver around the runtime": (
         "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion", "cuGetProcAddress",
         "cuGetProcAddress_v2", "cuInit", "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
@@ -259,8 +268,8 @@ def _check_directives(clean: str) -> list[Finding]:
                                                      and "\\" not in header)
             if not allowed:
                 out.append(Finding(line, "include", f"#include {rest} is not on the allow-list: kforge.h, the standard C "
-                                   "numeric/integer/string headers, omp.h, the CUDA runtime, fp16/bf16, cub and "
-                                   "cooperative_groups headers (docs/security.md lists them)"))
+                                   "numeric/integer/string headers, omp.h, the CUDA runtime, fp16/bf16, cub, "
+                                   "cooperative_groups and cuBLASLt headers (docs/security.md lists them)"))
         elif name in ("include_next", "import", "embed", "assert", "ident", "sccs"):
             out.append(Finding(line, "include", f"#{name} is not allowed in a kernel"))
         elif name == "pragma":

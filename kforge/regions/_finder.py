@@ -231,11 +231,65 @@ def build_region(members: list[fx.Node], trans: dict[fx.Node, list[Piece]]) -> F
 
 
 def find_fused(graph: fx.Graph) -> list[FoundRegion]:
-    """Every fused operator of ``ops.FUSED_EPILOGUES`` in an ATen graph: today a group_norm (with weight
-    and bias) whose output only a SiLU reads, as one ``group_norm_silu`` call (``biased_group_norm_silu`` where
-    it can take its convolution's bias as well). Its card stands for those calls, as a region's does; its kernel
-    replaces them in graph mode."""
-    return [f for f in _group_norms(graph) if f.variant.op != "group_norm"]
+    """Every fused operator of ``ops.FUSED_EPILOGUES`` in an ATen graph: a group_norm (with weight and bias)
+    whose output only a SiLU reads, as one ``group_norm_silu`` call (``biased_group_norm_silu`` where it can take
+    its convolution's bias as well), and a linear layer (``addmm``) whose output only the tanh GELU reads, as one
+    ``linear_gelu`` call. Its card stands for those calls, as a region's does; its kernel replaces them in graph
+    mode."""
+    return [f for f in _group_norms(graph) if f.variant.op != "group_norm"] + _linear_gelus(graph)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _call(x: Any, *targets) -> bool:
+    return isinstance(x, fx.Node) and x.op == "call_function" and x.target in targets
+
+
+def _linear_gelus(graph: fx.Graph) -> list[FoundRegion]:
+    """Each ``gelu(addmm(bias, x, t(weight)), approximate="tanh")`` (a view of the product between them where
+    ``x`` had leading dimensions: ``F.linear`` on a 3-d input) whose intermediates nothing else reads, as one
+    ``linear_gelu(x, weight, bias)`` call: its nodes are the product, the view and the GELU (the input's view and
+    the weight's transpose stay, for anything else that reads them, or go as dead code)."""
+    from ..ops import get_spec
+
+    spec = get_spec("linear_gelu")
+    found = []
+    for node in graph.nodes:
+        if not _call(node, aten.gelu.default):
+            continue
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approximate != "tanh":
+            continue
+        src, out_view = node.args[0], None
+        if _call(src, *_VIEWS):
+            if len(src.users) != 1:
+                continue
+            out_view, src = src, src.args[0]
+        if not _call(src, aten.addmm.default) or len(src.users) != 1 or len(src.args) != 3 \
+                or src.kwargs.get("beta", 1) != 1 or src.kwargs.get("alpha", 1) != 1:
+            continue
+        bias, mat1, mat2 = src.args
+        if not (_call(mat2, aten.t.default) or (_call(mat2, aten.permute.default) and list(mat2.args[1]) == [1, 0])):
+            continue
+        weight, x = mat2.args[0], mat1
+        if out_view is not None:
+            if not _call(mat1, *_VIEWS):
+                continue
+            x = mat1.args[0]
+        if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, weight, bias)):
+            continue
+        xv, wv, bv, yv = _val(x), _val(weight), _val(bias), _val(node)
+        if wv.dim() != 2 or bv.dim() != 1 or xv.shape[-1] != wv.shape[1] or not isinstance(yv, torch.Tensor) \
+                or tuple(yv.shape) != tuple(xv.shape[:-1]) + (wv.shape[0],):
+            continue
+        try:
+            variant = spec.variant(spec.bind(xv, wv, bv), [yv])
+        except (Unsupported, TypeError, ValueError):
+            continue
+        nodes = (src,) + ((out_view,) if out_view is not None else ()) + (node,)
+        found.append(FoundRegion(variant, nodes, (x, weight, bias), (node,)))
+    return found
 
 
 def find_lone_group_norms(graph: fx.Graph) -> list[FoundRegion]:

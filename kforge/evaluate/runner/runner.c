@@ -258,6 +258,13 @@ static int sandbox_landlock(const char* so_path, const char* private_dir, int cu
         snprintf(buf, sizeof buf, "%s", ld);
         for (char* p = strtok(buf, ":"); p; p = strtok(NULL, ":")) if (*p) ll_add(rs, p, RX, fs);
     }
+    /* the folders of libraries a candidate may link (the judge names them: cuBLASLt's, where it is not under /usr) */
+    const char* libs = getenv("KFORGE_RUNNER_LIB_DIRS");
+    if (libs) {
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s", libs);
+        for (char* p = strtok(buf, ":"); p; p = strtok(NULL, ":")) if (*p) ll_add(rs, p, RX, fs);
+    }
     ll_add(rs, so_path, LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_EXECUTE, fs);
     ll_add(rs, private_dir, fs, fs);
     ll_add(rs, "/dev/null", RW_FILE, fs);

@@ -1,0 +1,186 @@
+"""A linear layer whose only reader is the tanh GELU: one ``linear_gelu`` card and kernel (the SD3.5 transformer's
+feed-forward), found in the graph, judged, placed in the compiled graph; its CUDA design is cuBLASLt's GELU_BIAS
+epilogue, screened, built against cuBLASLt where one is installed, and run on a GPU where there is one."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kforge
+from kforge.deploy import DeployedKernel, Deployment
+from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
+from kforge.kernels._compile import cublaslt_paths, find_nvcc, uses_cublaslt
+from kforge.kernels._screen import screen
+from kforge.ops import get_spec
+from kforge.proposers.builtin import strategies_for
+
+
+class _FeedForward(nn.Module):
+    """x + out(gelu_tanh(proj(norm(x)))): the SD3.5 transformer's feed-forward in small."""
+
+    def __init__(self, d: int = 32, hidden: int = 64, approximate: str = "tanh"):
+        super().__init__()
+        self.norm, self.proj, self.out = nn.LayerNorm(d), nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return x + self.out(F.gelu(self.proj(self.norm(x)), approximate=self.approximate))
+
+
+class _Shared(_FeedForward):
+    """The product read by the GELU and by something else: nothing to fuse."""
+
+    def forward(self, x):
+        h = self.proj(self.norm(x))
+        return x + self.out(F.gelu(h, approximate="tanh") + h)
+
+
+def _session(model, x, tmp_path):
+    s = kforge.Session(model.eval(), x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    return s
+
+
+@pytest.fixture
+def session(tmp_path):
+    torch.manual_seed(0)
+    s = _session(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
+    yield s
+    s.close()
+
+
+def test_the_graph_capture_finds_the_linear_then_tanh_gelu_as_one_call_that_takes_their_share(session):
+    (card,) = session.cards.by_op("linear_gelu")
+    assert card.calls == 1 and card.share > 0
+    assert [tuple(s.shape) for s in card.variant.inputs] == [(2, 8, 32), (64, 32), (64,)]
+    assert tuple(card.variant.outputs[0].shape) == (2, 8, 64)
+    # the projection's linear and the GELU are inside it; the output projection's linear is not
+    linears = {tuple(c.variant.inputs[0].shape): c for c in session.cards.by_op("linear")}
+    assert linears[(2, 8, 32)].share == 0.0 and linears[(2, 8, 64)].share > 0
+    assert all(c.share == 0.0 for c in session.cards.by_op("gelu"))
+
+
+@pytest.mark.parametrize("build", [lambda: _FeedForward(approximate="none"), _Shared], ids=["exact_gelu", "shared"])
+def test_an_exact_gelu_or_a_product_read_elsewhere_is_not_fused(build, tmp_path):
+    torch.manual_seed(0)
+    s = _session(build(), torch.randn(2, 8, 32), tmp_path)
+    assert not s.cards.by_op("linear_gelu")
+    s.close()
+
+
+def test_a_two_dimensional_input_is_fused_too(tmp_path):
+    torch.manual_seed(0)
+    s = _session(_FeedForward(), torch.randn(8, 32), tmp_path)
+    (card,) = s.cards.by_op("linear_gelu")
+    assert tuple(card.variant.inputs[0].shape) == (8, 32) and tuple(card.variant.outputs[0].shape) == (8, 64)
+    s.close()
+
+
+def test_the_cpu_kernel_is_judged_correct_and_replaces_both_calls_in_the_compiled_graph(session):
+    (card,) = session.cards.by_op("linear_gelu")
+    session.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
+    (cand,) = [c for c in session.store.candidates(card.key) if c.status is not None and c.status.is_correct]
+    assert cand.strategy == "linear_gelu.cpu.rows"
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(cand.source, "cpu", "native").path))
+    model, x = session.model, session.batches[0]
+    with torch.no_grad():
+        expected = model(x)
+    with Deployment([kernel], None) as dep:
+        torch._dynamo.reset()
+        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+        with torch.no_grad():
+            got = compiled(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert kernel.calls == 1, "the kernel ran in place of the product and the GELU"
+    torch._dynamo.reset()
+
+
+H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4800.0, 50 << 20, 227 << 10)
+
+
+def _bf16_variant():
+    """The SD3.5 transformer's feed-forward projection at 1024 px: bf16 [1, 4096, 1536] @ [6144, 1536].T + [6144]."""
+    from kforge.ops import TensorSig, Variant
+
+    def sig(shape, stride):
+        return TensorSig(tuple(shape), "bfloat16", tuple(stride), "cuda")
+
+    return Variant("linear_gelu", (sig((1, 4096, 1536), (4096 * 1536, 1536, 1)), sig((6144, 1536), (1536, 1)),
+                                   sig((6144,), (1,))), (), (sig((1, 4096, 6144), (4096 * 6144, 6144, 1)),))
+
+
+def test_the_cuda_design_is_cublaslts_epilogue_and_passes_the_screen():
+    variant = _bf16_variant()
+    (strategy,) = strategies_for("linear_gelu", "cuda")
+    assert strategy.applies(variant, H200)
+    src = strategy.render(variant, strategy.default(variant, H200), H200)
+    assert uses_cublaslt(src) and "CUBLASLT_EPILOGUE_GELU_BIAS" in src and "CUDA_R_16BF" in src
+    assert screen(src, "cuda") == ()
+    # the column-major operands: w [N, K] transposed (ld K), x [M, K] as is (ld K), y [N, M] (ld N)
+    assert "#define M 4096" in src and "#define N 6144" in src and "#define K 1536" in src
+    assert "#define YROW 6144" in src and "#define XROW 1536" in src and "#define WN 1536" in src
+
+
+def test_the_screen_allows_cublaslt_but_refuses_its_logger():
+    ok = '#include "kforge.h"\n#include <cublasLt.h>\nint f(void) { cublasLtHandle_t h; return (int)cublasLtCreate(&h); }\n'
+    assert screen(ok, "cuda") == ()
+    for call in ('cublasLtLoggerOpenFile("/tmp/x")', "cublasLtLoggerSetFile(0)", "cublasLtLoggerSetCallback(0)"):
+        bad = f'#include "kforge.h"\n#include <cublasLt.h>\nint f(void) {{ return (int){call}; }}\n'
+        findings = screen(bad, "cuda")
+        assert findings and "logger" in findings[0].message, findings
+
+
+@pytest.mark.skipif(find_nvcc() is None or cublaslt_paths() is None, reason="needs nvcc and a cuBLASLt to build against")
+def test_the_cuda_design_builds_and_links_cublaslt(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    variant = _bf16_variant()
+    (strategy,) = strategies_for("linear_gelu", "cuda")
+    src = strategy.render(variant, strategy.default(variant, H200), H200)
+    built = compile_source(src, "cuda", "sm_90", timeout_s=300)
+    needed = subprocess.run(["readelf", "-d", str(built.path)], capture_output=True, text=True).stdout
+    assert "libcublasLt.so" in needed and str(cublaslt_paths()[1].parent) in needed, needed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,shape", [("bfloat16", (2, 300, 1536)), ("float32", (77, 96)),
+                                         ("float16", (1, 4096, 1536))])
+def test_on_the_gpu_the_cublaslt_kernel_matches_the_reference_and_replays_in_a_cuda_graph(dtype, shape, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if cublaslt_paths() is None:
+        pytest.skip("no cuBLASLt to build against")
+    spec = get_spec("linear_gelu")
+    dt = getattr(torch, dtype)
+    hidden = 6144 if shape[-1] == 1536 else 200
+    x = torch.randn(*shape, device="cuda", dtype=dt)
+    w = (torch.randn(hidden, shape[-1], device="cuda") / shape[-1] ** 0.5).to(dt)
+    b = torch.randn(hidden, device="cuda", dtype=dt)
+    call = spec.bind(x, w, b)
+    ref = spec.reference(list(call.inputs), call.params)
+    variant = spec.variant(call, [ref])
+    info = device_info("cuda")
+    (strategy,) = strategies_for("linear_gelu", "cuda")
+    assert strategy.applies(variant, info)
+    for config in strategy.configs(variant, info):
+        kernel = DeployedKernel(variant, Kernel(compile_source(strategy.render(variant, config, info), "cuda",
+                                                               info.arch).path))
+        (got,) = kernel((x, w, b))
+        rtol, atol = spec.tolerance(dtype)
+        scale = ref.float().abs().max().item()
+        err = (got.float() - ref.float()).abs()
+        assert (err <= atol * scale + rtol * ref.float().abs()).all(), (config, err.max().item())
+        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            kernel((x, w, b))   # warm on the capturing stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            (captured,) = kernel((x, w, b))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh = spec.reference([x, w, b], call.params)
+        assert ((captured.float() - fresh.float()).abs() <= atol * fresh.float().abs().max() + rtol * fresh.float().abs()).all()
