@@ -30,6 +30,9 @@
 #                                                            Generate(model, 16) (the prompt and every one-token step),
 #                                                            both gated_delta_rule cards searched, the model-level check
 #                                                            over the whole decode, then decode tokens/s (eager, KF_MODES)
+#   device run: bash benchmarks/device_session.sh gelu      the SD3.5 transformer's feed-forward GEMM + tanh GELU as one
+#                                                            cuBLASLt call (linear_gelu): its GPU tests, then the model's
+#                                                            linear_gelu cards searched and end to end (carry [".whl"])
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind, with launches a forward
 #                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
@@ -248,6 +251,21 @@ PY
         | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Segmentation|^E " | cut -c1-300 | head -30
     timeout 330 python3 benchmarks/compile_diff.py gemma4_e2b --layers 35 --backends inductor --dtypes bfloat16,float32 \
         --float64 --deadline 250 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/compile_diff_float64.txt" | tail -8 ;;
+  gelu)
+    # the SD3.5 transformer's feed-forward as linear_gelu (the GEMM and its tanh GELU in one cuBLASLt call with the
+    # GELU_BIAS epilogue): its GPU tests, then the model captured with regions, its linear_gelu cards searched, and
+    # end to end under KF_MODES with the model-level check (carry .whl). KF_GELU_TESTS=0: no tests; KF_GELU_S=0: tests only
+    install_wheels
+    if [ "${KF_GELU_TESTS:-1}" != 0 ]; then
+      timeout "${KF_GELU_TESTS_S:-150}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
+          -o addopts="" tests/test_linear_gelu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/linear_gelu_tests.txt" \
+          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -16
+    fi
+    [ "${KF_GELU_S:-420}" = 0 ] && exit 0
+    timeout "${KF_GELU_S:-420}" python3 benchmarks/region_e2e.py sd35_transformer --ops linear_gelu --no-inductor-baseline \
+        --iterations "${KF_ITERATIONS:-2}" --max-cards 4 --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} \
+        --lean-store 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_linear_gelu.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   sd35t)
     install_wheels
     timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \
