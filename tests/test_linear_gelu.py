@@ -132,6 +132,44 @@ def test_the_screen_allows_cublaslt_but_refuses_its_logger():
         assert findings and "logger" in findings[0].message, findings
 
 
+def test_the_screen_allows_cublaslts_matrix_product_only():
+    """The library exports functions that change process-wide state (a deployed kernel shares PyTorch's loaded
+    cuBLASLt); declared by hand they need no header. Only the matrix product's functions are allowed."""
+    for name in ("cublasLtShutdownCtx", "cublasLtHeuristicsCacheSetCapacity", "cublasLtSetEnvironmentMode",
+                 "cublasLtDisableCpuInstructionsSetMask", "cublasCreate_v2"):
+        bad = f'#include "kforge.h"\nextern "C" int {name}(void);\nint f(void) {{ return {name}(); }}\n'
+        findings = screen(bad, "cuda")
+        assert findings and any(name in f.message for f in findings), (name, findings)
+    ok = ('#include "kforge.h"\n#include <cublasLt.h>\nint f(cublasLtHandle_t h, cublasLtMatmulDesc_t d) {\n'
+          '  cublasLtMatmulHeuristicResult_t r; int n = 0;\n'
+          '  return (int)cublasLtMatmulAlgoGetHeuristic(h, d, 0, 0, 0, 0, 0, 1, &r, &n); }\n')
+    assert screen(ok, "cuda") == ()
+
+
+def test_a_cublaslt_include_is_seen_as_the_screen_sees_it():
+    assert uses_cublaslt("#include/**/<cublasLt.h>\n") and uses_cublaslt("#  include \\\n<cublasLt.h>\n")
+    assert not uses_cublaslt("// #include <cublasLt.h>\n") and not uses_cublaslt("/* #include <cublasLt.h> */\n")
+
+
+def test_the_cuda_design_leaves_what_cublaslt_refuses_to_others():
+    from kforge.ops import TensorSig, Variant
+
+    (strategy,) = strategies_for("linear_gelu", "cuda")
+
+    def v(x, w, y, xs=None, ws=None):
+        def sig(shape, stride=None):
+            stride = stride or tuple(int(torch.tensor(shape[i + 1:]).prod()) for i in range(len(shape)))
+            return TensorSig(tuple(shape), "bfloat16", tuple(stride), "cuda")
+        return Variant("linear_gelu", (sig(x, xs), sig(w, ws), sig((w[0],))), (), (sig(y),))
+
+    assert strategy.applies(v((2, 64, 32), (48, 32), (2, 64, 48)), H200)
+    assert not strategy.applies(v((1, 1, 32), (48, 32), (1, 1, 48)), H200), "one row (M=1)"
+    assert not strategy.applies(v((64, 32), (1, 32), (64, 1)), H200), "one output (N=1)"
+    assert not strategy.applies(v((64, 1), (48, 1), (64, 48)), H200), "nothing to reduce (K=1)"
+    assert not strategy.applies(v((64, 32), (48, 32), (64, 48), xs=(0, 1)), H200), "broadcast rows"
+    assert not strategy.applies(v((64, 32), (48, 32), (64, 48), ws=(0, 1)), H200), "an expanded weight"
+
+
 @pytest.mark.skipif(find_nvcc() is None or cublaslt_paths() is None, reason="needs nvcc and a cuBLASLt to build against")
 def test_the_cuda_design_builds_and_links_cublaslt(tmp_path, monkeypatch):
     import subprocess
@@ -173,6 +211,9 @@ def test_on_the_gpu_the_cublaslt_kernel_matches_the_reference_and_replays_in_a_c
         scale = ref.float().abs().max().item()
         err = (got.float() - ref.float()).abs()
         assert (err <= atol * scale + rtol * ref.float().abs()).all(), (config, err.max().item())
+        if dtype == "float32":
+            # NB: the tanh form, not erf's (they differ by up to 4.7e-4 near |x| = 2.7, within the vendor tolerance)
+            assert err.max().item() < 1e-4, ("GELU_BIAS is not the tanh GELU here", err.max().item())
         graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
         with torch.cuda.stream(stream):
             kernel((x, w, b))   # warm on the capturing stream

@@ -138,20 +138,18 @@ _CUBLASLT_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]cublasLt\.h[>"]'
 
 
 def uses_cublaslt(source: str) -> bool:
-    """Whether a CUDA source includes cuBLASLt (then it is built against the library, ``cublaslt_paths``)."""
-    return bool(_CUBLASLT_INCLUDE.search(source))
+    """Whether a CUDA source includes cuBLASLt (then it is built against the library, ``cublaslt_paths``): read
+    as the screen reads it, comments removed and spliced lines joined."""
+    from ._screen import _join_splices, _strip_comments
+
+    return bool(_CUBLASLT_INCLUDE.search(_strip_comments(_join_splices(source))))
 
 
 def cublaslt_paths() -> tuple[Path, Path] | None:
-    """(the folder holding cublasLt.h, the cuBLASLt shared library): the CUDA toolkit's, else the one of the
-    ``nvidia-cublas`` wheel that PyTorch's CUDA builds install (``nvidia/cu13`` or ``nvidia/cublas``), or None."""
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = find_nvcc()
-    if nvcc:
-        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
-    candidates = [(Path(r) / "include", Path(r) / "lib64") for r in roots if r]
-    candidates += [(Path(r) / "targets" / "x86_64-linux" / "include", Path(r) / "targets" / "x86_64-linux" / "lib")
-                   for r in roots if r]
+    """(the folder holding cublasLt.h, the cuBLASLt shared library): the ``nvidia-cublas`` wheel's that PyTorch's
+    CUDA builds install and load (``nvidia/cu13`` or ``nvidia/cublas``), so that a deployed kernel runs on the
+    library it was judged with; else the CUDA toolkit's; or None."""
+    candidates: list[tuple[Path, Path]] = []
     try:
         import importlib.util
 
@@ -161,6 +159,13 @@ def cublaslt_paths() -> tuple[Path, Path] | None:
                 candidates.append((sub / "include", sub / "lib"))
     except (ImportError, OSError, ValueError):
         pass
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = find_nvcc()
+    if nvcc:
+        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    candidates += [(Path(r) / "include", Path(r) / "lib64") for r in roots if r]
+    candidates += [(Path(r) / "targets" / "x86_64-linux" / "include", Path(r) / "targets" / "x86_64-linux" / "lib")
+                   for r in roots if r]
     for inc, lib in candidates:
         if not (inc / "cublasLt.h").is_file():
             continue
@@ -168,6 +173,21 @@ def cublaslt_paths() -> tuple[Path, Path] | None:
         if libs:
             return inc, libs[0]
     return None
+
+
+def _cublas_headers(inc: Path) -> Path:
+    """A folder (in the kernel cache) holding links to cuBLAS's headers in ``inc`` and nothing else."""
+    digest = hashlib.sha256(str(inc).encode()).hexdigest()[:12]
+    folder = cache_dir() / "include" / f"cublas-{digest}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for header in sorted(inc.glob("cublas*.h")):
+        link = folder / header.name
+        if not link.exists():
+            try:
+                link.symlink_to(header)
+            except FileExistsError:   # NB: another builder made it first
+                pass
+    return folder
 
 
 def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
@@ -183,8 +203,10 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
                                    "toolkit's cuBLAS or the nvidia-cublas wheel PyTorch's CUDA builds use", "")
             inc, lib = found
             # NB: the library by its own file name (the wheel has no unversioned libcublasLt.so) and its folder as
-            # the rpath, so the sandboxed runner's loader finds it without LD_LIBRARY_PATH
-            libraries = [f"-I{inc}", "-Xlinker", str(lib), "-Xlinker", f"-rpath={lib.parent}"]
+            # the rpath, so the sandboxed runner's loader finds it without LD_LIBRARY_PATH; the headers through a
+            # folder of cuBLAS's own (the wheel's include folder may hold a CUDA runtime's headers of another
+            # version than nvcc's, which would come first)
+            libraries = [f"-I{_cublas_headers(inc)}", "-Xlinker", str(lib), "-Xlinker", f"-rpath={lib.parent}"]
         return [nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
                 "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries]
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")

@@ -134,6 +134,22 @@ _GROUPS: dict[str, tuple[str, ...]] = {
     ),
 }
 FORBIDDEN: dict[str, str] = {name: why for why, names in _GROUPS.items() for name in names}
+
+# cuBLASLt, where a source includes it: the functions of a matrix product and nothing else. Its library exports
+# functions that change process-wide state (context shutdown, heuristics caches, environment modes, CPU instruction
+# masks), which a kernel deployed into the user's process (sharing PyTorch's loaded cuBLASLt) could call though the
+# judge's runner never shows it: any other function named cublas* is refused. Types (``*_t``) stay allowed.
+CUBLAS_ALLOWED = frozenset({
+    "cublasLtCreate", "cublasLtDestroy", "cublasLtGetVersion", "cublasLtGetStatusName", "cublasLtGetStatusString",
+    "cublasLtMatmul", "cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute",
+    "cublasLtMatmulDescGetAttribute", "cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatrixLayoutSetAttribute", "cublasLtMatrixLayoutGetAttribute", "cublasLtMatmulPreferenceCreate",
+    "cublasLtMatmulPreferenceDestroy", "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulPreferenceGetAttribute",
+    "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmulAlgoGetIds", "cublasLtMatmulAlgoInit", "cublasLtMatmulAlgoCheck",
+    "cublasLtMatmulAlgoConfigSetAttribute", "cublasLtMatmulAlgoConfigGetAttribute",
+    "cublasLtMatmulAlgoCapGetAttribute",
+    "cublasLt",   # NB: the header's name, as the include line's tokens have it (no such function)
+})
 _FORBIDDEN_PREFIX = re.compile(r"^(?:_?Py[A-Z_]|__libc_|__NR_|SYS_[a-z]|__sys_|__x64_sys|_dl_|__dl_)")
 _ASM = frozenset({"asm", "__asm__", "__asm"})
 _PRAGMA_OPERATORS = frozenset({"_Pragma", "__pragma"})
@@ -295,6 +311,10 @@ def _check_tokens(toks: list[_Tok], clean: str) -> list[Finding]:
             elif name in FORBIDDEN:
                 out.append(Finding(t.line, "forbidden-call", f"`{name}` {FORBIDDEN[name]}: a kernel only computes on "
                                    "the tensors it is given"))
+            elif name.startswith("cublas") and not name.endswith("_t") and name not in CUBLAS_ALLOWED:
+                out.append(Finding(t.line, "forbidden-call", f"`{name}` is a cuBLAS function outside the matrix "
+                                   "product's (kforge allows cuBLASLt's matmul, its descriptors, layouts, preferences "
+                                   "and heuristics only)"))
             elif _FORBIDDEN_PREFIX.match(name):
                 why = "the Python C API" if "Py" in name[:3] else "a libc/loader internal or a raw system call number"
                 out.append(Finding(t.line, "forbidden-call", f"`{name}` is {why}: not allowed in a kernel"))

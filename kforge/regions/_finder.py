@@ -258,8 +258,7 @@ def _linear_gelus(graph: fx.Graph) -> list[FoundRegion]:
     for node in graph.nodes:
         if not _call(node, aten.gelu.default):
             continue
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        if approximate != "tanh":
+        if node.kwargs.get("approximate", "none") != "tanh":   # NB: keyword-only in aten.gelu
             continue
         src, out_view = node.args[0], None
         if _call(src, *_VIEWS):
@@ -280,7 +279,8 @@ def _linear_gelus(graph: fx.Graph) -> list[FoundRegion]:
         if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, weight, bias)):
             continue
         xv, wv, bv, yv = _val(x), _val(weight), _val(bias), _val(node)
-        if wv.dim() != 2 or bv.dim() != 1 or xv.shape[-1] != wv.shape[1] or not isinstance(yv, torch.Tensor) \
+        if wv.dim() != 2 or bv.dim() != 1 or bv.shape[0] != wv.shape[0] or xv.shape[-1] != wv.shape[1] \
+                or not isinstance(yv, torch.Tensor) \
                 or tuple(yv.shape) != tuple(xv.shape[:-1]) + (wv.shape[0],):
             continue
         try:

@@ -121,14 +121,29 @@ _CUDA = r"""#include "kforge.h"
 #define YROW {{YROW}}
 #define WORKSPACE {{WORKSPACE}}
 
-static cublasLtHandle_t kf_handle() {
-    struct Holder {
-        cublasLtHandle_t h;
-        cublasStatus_t status;
-        Holder() : h(0) { status = cublasLtCreate(&h); }
-    };
-    static Holder holder;   /* NB: C++ initialises a function's static once, thread-safely */
-    return holder.status == CUBLAS_STATUS_SUCCESS ? holder.h : (cublasLtHandle_t)0;
+/* One handle a device, made at the device's first call (never during a CUDA graph capture: the caller's warm-up
+   makes it), kept for the process; a failed creation is tried again at the next call. */
+#define KF_MAX_DEVICES 64
+static cublasLtHandle_t kf_handles[KF_MAX_DEVICES];
+
+static cublasLtHandle_t kf_handle(cudaStream_t stream, int* rc) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= KF_MAX_DEVICES) { *rc = 1001; return 0; }
+    cublasLtHandle_t h = __atomic_load_n(&kf_handles[dev], __ATOMIC_ACQUIRE);
+    if (h) return h;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+        *rc = 1003;
+        return 0;
+    }
+    cublasLtHandle_t made = 0;
+    if (cublasLtCreate(&made) != CUBLAS_STATUS_SUCCESS || !made) { *rc = 1001; return 0; }
+    cublasLtHandle_t expected = 0;
+    if (!__atomic_compare_exchange_n(&kf_handles[dev], &expected, made, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        cublasLtDestroy(made);   /* another thread made this device's first */
+        return expected;
+    }
+    return made;
 }
 
 static uint32_t kf_alignment(const void* p) {
@@ -142,8 +157,9 @@ KF_ENTRY size_t kf_workspace_bytes(void) { return WORKSPACE; }
 
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
-    cublasLtHandle_t h = kf_handle();
-    if (!h) return 1001;
+    int rc = 0;
+    cublasLtHandle_t h = kf_handle((cudaStream_t)stream, &rc);
+    if (!h) return rc;
     const void* x = inputs[0].data;
     const void* w = inputs[1].data;
     const void* b = inputs[2].data;
@@ -151,7 +167,6 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     cublasLtMatmulDesc_t op = 0;
     cublasLtMatrixLayout_t la = 0, lb = 0, ld = 0;
     cublasLtMatmulPreference_t pref = 0;
-    int rc = 0;
     cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (st == CUBLAS_STATUS_SUCCESS) {
         cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -200,9 +215,15 @@ def _cuda_ok(v: Variant) -> bool:
     if not _applies(v):
         return False
     x, w, b = v.inputs
-    dtypes = {x.dtype, w.dtype, b.dtype, v.outputs[0].dtype}
-    # NB: the weight's rows contiguous (it is the transposed operand), the bias dense, one dtype throughout
-    return len(dtypes) == 1 and x.dtype in _CUDA_DTYPES and w.stride[1] == 1 and b.stride[0] == 1
+    y = v.outputs[0]
+    m, n, k = _dims(v)
+    dtypes = {x.dtype, w.dtype, b.dtype, y.dtype}
+    # NB: the weight's rows contiguous (it is the transposed operand), the bias dense, one dtype throughout; every
+    # dimension above 1 and leading dimensions at least the rows (cuBLASLt refuses the rest: PyTorch's own
+    # cuBLASLt path, isInputCompliesAddmmCudaLt, asks the same)
+    return (len(dtypes) == 1 and x.dtype in _CUDA_DTYPES and w.stride[1] == 1 and b.stride[0] == 1
+            and m > 1 and n > 1 and k > 1 and _row_stride(x.shape, x.stride) >= k and w.stride[0] >= k
+            and _row_stride(y.shape, y.stride) >= n)
 
 
 @strategy(_OP, "cuda", "cublaslt_gelu_bias", level=1,
