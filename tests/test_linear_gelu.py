@@ -225,3 +225,46 @@ def test_on_the_gpu_the_cublaslt_kernel_matches_the_reference_and_replays_in_a_c
         torch.cuda.synchronize()
         fresh = spec.reference([x, w, b], call.params)
         assert ((captured.float() - fresh.float()).abs() <= atol * fresh.float().abs().max() + rtol * fresh.float().abs()).all()
+
+
+@pytest.mark.skipif(cublaslt_paths() is None, reason="needs a cuBLASLt library to link")
+def test_a_kernel_linked_against_cublaslt_loads_and_runs_inside_the_runners_sandbox(tmp_path, monkeypatch):
+    """The library's folder must be readable under the runner's Landlock rules (KFORGE_RUNNER_LIB_DIRS, kept by
+    the runner's own environment filter) and its load-time code must pass seccomp. A CPU kernel linked against
+    cuBLASLt (through a compiler wrapper: the CPU backend does not link it) calls cublasLtGetVersion, which needs
+    no GPU, inside the fully sandboxed CPU runner."""
+    import shutil
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("needs gcc")
+    lib = cublaslt_paths()[1]
+    wrapper = tmp_path / "cc.sh"
+    wrapper.write_text("#!/bin/sh\nextra=\nfor a in \"$@\"; do case \"$a\" in *.c) grep -q LINK_CUBLASLT \"$a\" && "
+                       f"extra=\"{lib} -Wl,-rpath,{lib.parent}\";; esac; done\nexec {gcc} \"$@\" $extra\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    source = r'''#include "kforge.h"
+/* LINK_CUBLASLT */
+#include <stddef.h>
+extern size_t cublasLtGetVersion(void);
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const float* x = (const float*)inputs[0].data;
+    float* y = (float*)outputs[0].data;
+    long n = 1;
+    for (int d = 0; d < inputs[0].ndim; ++d) n *= inputs[0].sizes[d];
+    for (long i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;
+    return cublasLtGetVersion() > 0 ? 0 : 77;
+}
+'''
+    torch.manual_seed(0)
+    s = kforge.Session(nn.ReLU(), torch.randn(64, 64), device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2, regions=False)
+    (card,) = s.cards.by_op("relu")
+    ev = s.evaluator.evaluate(card, source, s.store)
+    s.close()
+    assert ev.status.is_correct, ev.summary()
+    steps = {step.strip() for step in (ev.sandbox or "").split(",")}
+    assert {"landlock_fs", "seccomp"} <= steps or not ev.sandbox, ev.sandbox

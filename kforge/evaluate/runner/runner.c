@@ -136,7 +136,8 @@ static double now_us(void) {
 
 /* ---- sandbox steps */
 static int env_allowed(const char* kv) {
-    static const char* exact[] = {"PATH=", "LD_LIBRARY_PATH=", "HOME=", "TMPDIR=", "CUDA_VISIBLE_DEVICES=", NULL};
+    static const char* exact[] = {"PATH=", "LD_LIBRARY_PATH=", "HOME=", "TMPDIR=", "CUDA_VISIBLE_DEVICES=",
+                                  "KFORGE_RUNNER_LIB_DIRS=", NULL};
     for (int i = 0; exact[i]; ++i) if (strncmp(kv, exact[i], strlen(exact[i])) == 0) return 1;
     return strncmp(kv, "CUDA_", 5) == 0 || strncmp(kv, "OMP_", 4) == 0 || strncmp(kv, "GOMP_", 5) == 0;
 }
