@@ -126,7 +126,7 @@ _UNSET = object()
 
 
 class Generate(nn.Module):
-    """A language model's greedy decoding of ``new_tokens`` tokens at batch 1 as one forward, so that a
+    """A language model's greedy decoding of ``new_tokens`` tokens as one forward, so that a
     session sees what decoding runs: ``kforge.Session(Generate(model, 16), input_ids)`` captures the prompt's
     forward and every one-token step after it (``Session(model, input_ids)`` sees the prompt's forward only),
     searches both, and its model-level check times the whole decode. ``forward(input_ids)`` returns the
@@ -134,8 +134,9 @@ class Generate(nn.Module):
 
     The KV cache is static where the model has one, else dynamic (a linear-attention layer's recurrent state
     has no static cache in some transformers versions): decided at the first forward, kept after it
-    (``cache``). transformers' own compilation of the decode steps is off: compile the steps yourself
-    (``decode_steps``) or let ``Session.compile`` do it.
+    (``cache``). transformers' own compilation of the decode steps is off. To decode compiled, compile the
+    model's one-token steps (``decode_steps``, as ``benchmarks/region_e2e.py --decode`` does with and without
+    the session's kernels), not this wrapper, whose forward is transformers' generation loop.
     """
 
     def __init__(self, model: nn.Module, new_tokens: int = 16):
