@@ -37,6 +37,26 @@ class _Shared(_FeedForward):
         return x + self.out(F.gelu(h, approximate="tanh") + h)
 
 
+@pytest.fixture(autouse=True)
+def _linear_gelu_on_the_cpu(monkeypatch):
+    """The finder gives CPU graphs no linear_gelu card by default (no CPU design beats MKL's GEMM); these tests
+    check the finder and the placement on the CPU."""
+    import kforge.regions._finder as finder
+
+    monkeypatch.setattr(finder, "LINEAR_GELU_ON_CPU", True)
+
+
+def test_a_cpu_graph_gets_no_linear_gelu_card_by_default(tmp_path, monkeypatch):
+    import kforge.regions._finder as finder
+
+    monkeypatch.setattr(finder, "LINEAR_GELU_ON_CPU", False)
+    torch.manual_seed(0)
+    s = _session(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
+    assert not s.cards.by_op("linear_gelu")
+    assert any(c.share > 0 for c in s.cards.by_op("gelu")), "the GELU keeps its own card"
+    s.close()
+
+
 def _session(model, x, tmp_path):
     s = kforge.Session(model.eval(), x, device="cpu", workdir=tmp_path / "wd")
     s.capture(timing_budget_ms=2)
