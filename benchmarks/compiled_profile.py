@@ -9,8 +9,9 @@ are profiled (CUDA activity only). Every kernel's GPU time a forward is summed b
 "conv/gemm" (vendor and template convolutions and matrix products), "layout" (NCHW <-> NHWC
 transposes), "norm" (Inductor reductions over a group_norm/layer_norm/softmax/mean, eager's norm
 kernels), "pointwise", "other". A kind's share of the forward is the ceiling of what replacing its
-kernels can save. Each kernel's row gives its launches a forward and its time a launch, so a kernel's
-bytes (from the model's shapes) give its distance from the bandwidth floor. ``--sources N`` also writes
+kernels can save. Each kernel's row gives its launches a forward, its time a launch and its launch shape
+(grid, block, from the profiler's trace), so a kernel's bytes (from the model's shapes) give its distance from
+the bandwidth floor. ``--sources N`` also writes
 the Triton source Inductor generated for the N largest of its kernels in each compiled mode
 (compiled_profile_<model>_sources.txt: what a faster kernel has to beat, read off the compile's cache).
 Prints a table per mode and writes compiled_profile_<model>.json to $OUT (or runs/).
@@ -48,8 +49,26 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_forward(fn, forwards: int = 5, launches: dict[str, float] | None = None) -> dict[str, float]:
-    """GPU microseconds a forward per kernel name; ``launches`` (when given) gets each name's launches a forward."""
+def launch_shapes(trace: dict) -> dict[str, dict]:
+    """Per kernel name, the launch shape of its first launch in a chrome trace the profiler exported: grid and block
+    (how many threads a launch runs: whether a kernel is starved of parallelism), registers a thread and shared
+    memory a block."""
+    out: dict[str, dict] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel" or ev.get("name") in out:
+            continue
+        args = ev.get("args") or {}
+        if "grid" in args and "block" in args:
+            out[ev["name"]] = {"grid": args["grid"], "block": args["block"],
+                               "registers": args.get("registers per thread"),
+                               "shared_bytes": args.get("shared memory")}
+    return out
+
+
+def profile_forward(fn, forwards: int = 5, launches: dict[str, float] | None = None,
+                    shapes: dict[str, dict] | None = None) -> dict[str, float]:
+    """GPU microseconds a forward per kernel name; ``launches`` (when given) gets each name's launches a forward,
+    ``shapes`` each name's launch shape (``launch_shapes``)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -61,14 +80,25 @@ def profile_forward(fn, forwards: int = 5, launches: dict[str, float] | None = N
                 fn()
             torch.cuda.synchronize()
     rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    if shapes is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            try:
+                shapes.update(launch_shapes(json.loads(path.read_text())))
+            except ValueError:   # NB: a trace that does not parse costs the shapes, not the profile
+                pass
     if launches is not None:
         launches.update({e.key: e.count / forwards for e in rows})
     return {e.key: e.device_time_total / forwards for e in rows}
 
 
-def summarize(rows: dict[str, float], top: int, launches: dict[str, float] | None = None) -> dict:
+def summarize(rows: dict[str, float], top: int, launches: dict[str, float] | None = None,
+              shapes: dict[str, dict] | None = None) -> dict:
     total = sum(rows.values())
-    launches = launches or {}
+    launches, shapes = launches or {}, shapes or {}
     kinds: dict[str, float] = {}
     for name, us in rows.items():
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + us
@@ -76,8 +106,16 @@ def summarize(rows: dict[str, float], top: int, launches: dict[str, float] | Non
     return {"gpu_us": total,
             "kinds": {k: {"us": v, "share": v / total if total else 0.0} for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "top": [{"kernel": n[:160], "kind": kind_of(n), "us": us, "share": us / total if total else 0.0,
-                     "launches": launches.get(n), "us_a_launch": us / launches[n] if launches.get(n) else None}
+                     "launches": launches.get(n), "us_a_launch": us / launches[n] if launches.get(n) else None,
+                     "launch_shape": _shape_of(n, shapes)}
                     for n, us in ordered[:top]]}
+
+
+def _shape_of(name: str, shapes: dict[str, dict]) -> dict | None:
+    """``name``'s launch shape: the profiler's key may be cut short of the trace's full kernel name."""
+    if name in shapes:
+        return shapes[name]
+    return next((v for k, v in shapes.items() if k.startswith(name)), None)
 
 
 def inductor_sources(names: list[str], root: Path, limit: int = 12000) -> dict[str, str]:
@@ -163,14 +201,19 @@ def main() -> None:
         torch._dynamo.reset()
         target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
         launches: dict[str, float] = {}
-        summary = summarize(profile_forward(lambda: call(target), launches=launches), args.top, launches)
+        shapes: dict[str, dict] = {}
+        summary = summarize(profile_forward(lambda: call(target), launches=launches, shapes=shapes), args.top,
+                            launches, shapes)
         result["modes"][mode] = summary
         print(f"\n## {args.model}, {mode}: {summary['gpu_us']:.1f} us of GPU kernels a forward")
         for kind, v in summary["kinds"].items():
             print(f"  {kind:<10} {v['us']:>10.1f} us  {100 * v['share']:5.1f}%")
         for row in summary["top"]:
             per = f"{row['launches']:>5.0f} x {row['us_a_launch']:8.2f}" if row.get("launches") else " " * 16
-            print(f"  {row['us']:>10.1f} us {100 * row['share']:5.1f}% {per}  [{row['kind']}] {row['kernel'][:100]}")
+            shape = row.get("launch_shape")
+            grid = (f" grid {'x'.join(map(str, shape['grid']))} block {'x'.join(map(str, shape['block']))}"
+                    if shape else "")
+            print(f"  {row['us']:>10.1f} us {100 * row['share']:5.1f}% {per}  [{row['kind']}] {row['kernel'][:100]}{grid}")
         if args.sources and mode != "eager":
             names = [r["kernel"] for r in summary["top"] if r["kernel"].startswith("triton_")][:args.sources]
             sources.update(inductor_sources(names, inductor_cache_dir()))

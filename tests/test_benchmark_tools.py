@@ -39,3 +39,21 @@ def test_the_profile_gives_each_kernel_its_launches_and_time_a_launch():
     gemm = next(r for r in summary["top"] if r["kernel"].startswith("nvjet"))
     assert gemm["launches"] is None and gemm["us_a_launch"] is None
     assert abs(summary["gpu_us"] - sum(rows.values())) < 1e-9
+
+
+def test_the_profile_reads_each_kernels_launch_shape_from_the_trace():
+    profile = _script("compiled_profile")
+    name = "triton_per_fused__scaled_dot_product_cudnn_attention__to_copy_add_mean_mul_pow_rsqrt_transpose_view_11"
+    trace = {"traceEvents": [
+        {"cat": "cpu_op", "name": "aten::mm", "args": {}},
+        {"cat": "kernel", "name": name, "args": {"grid": [4096, 1, 1], "block": [256, 1, 1],
+                                                 "registers per thread": 40, "shared memory": 0}},
+        {"cat": "kernel", "name": name, "args": {"grid": [7, 1, 1], "block": [32, 1, 1]}},
+        {"cat": "kernel", "name": "Memset (Device)", "args": {}},
+    ]}
+    shapes = profile.launch_shapes(trace)
+    assert shapes == {name: {"grid": [4096, 1, 1], "block": [256, 1, 1], "registers": 40, "shared_bytes": 0}}
+    # the profiler's key is the name cut short: the shape is found by prefix
+    summary = profile.summarize({name[:100]: 1573.7}, 5, {name[:100]: 48.0}, shapes)
+    assert summary["top"][0]["launch_shape"]["grid"] == [4096, 1, 1]
+    assert profile.summarize({"nvjet_x": 1.0}, 5, {}, shapes)["top"][0]["launch_shape"] is None
