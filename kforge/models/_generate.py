@@ -59,6 +59,16 @@ def _generate(model: nn.Module, input_ids: torch.Tensor, n: int, cache: str | No
         return model.generate(input_ids, **kwargs)
 
 
+def _first_generate(model: nn.Module, input_ids: torch.Tensor, n: int) -> tuple[Any, str | None, str]:
+    """``generate`` with a static KV cache, or a dynamic one where the static cache fails (e.g. a linear-attention
+    layer's recurrent state, which some transformers versions give no static cache): (its output, the cache used:
+    "static" or None, why not static)."""
+    try:
+        return _generate(model, input_ids, n, "static"), "static", ""
+    except Exception as exc:  # NB: transformers raises several types for a cache it cannot make
+        return _generate(model, input_ids, n, None), None, f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
 def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int = 32, *,
                   forward: Callable | None = None, repeats: int = 3) -> Decode:
     """Greedy decode with a static KV cache (a dynamic one where the model has no static cache),
@@ -72,12 +82,7 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int = 3
     if forward is not None:
         model.forward = forward
     try:
-        cache, why = "static", ""
-        try:
-            out = _generate(model, input_ids, new_tokens, "static")
-        except Exception as exc:  # e.g. a linear-attention (recurrent state) layer the static cache lacks
-            cache, why = None, f"{type(exc).__name__}: {str(exc)[:120]}"
-            out = _generate(model, input_ids, new_tokens, None)
+        out, cache, why = _first_generate(model, input_ids, new_tokens)
 
         def timed(n: int) -> float:
             _sync(device)
@@ -154,15 +159,11 @@ class Generate(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError("Generate's forward takes the prompt's token ids, a [batch, tokens] tensor")
-        if not self._decided:
-            try:
-                out = _generate(self.model, input_ids, self.new_tokens, self.cache)
-            except Exception:  # e.g. a linear-attention (recurrent state) layer the static cache lacks
-                self.cache = None
-                out = _generate(self.model, input_ids, self.new_tokens, self.cache)
-            self._decided = True
-        else:
+        if self._decided:
             out = _generate(self.model, input_ids, self.new_tokens, self.cache)
+        else:
+            out, self.cache, _ = _first_generate(self.model, input_ids, self.new_tokens)
+            self._decided = True
         return torch.stack(list(out.logits))
 
     def extra_repr(self) -> str:
@@ -229,11 +230,7 @@ def compare_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int,
         try:
             with arms[label]():
                 if label == labels[0]:
-                    try:
-                        out = _generate(model, input_ids, new_tokens, cache)
-                    except Exception as exc:  # e.g. a linear-attention (recurrent state) layer the static cache lacks
-                        cache, why = None, f"{type(exc).__name__}: {str(exc)[:120]}"
-                        out = _generate(model, input_ids, new_tokens, cache)
+                    out, cache, why = _first_generate(model, input_ids, new_tokens)
                 else:
                     out = _generate(model, input_ids, new_tokens, cache)
                 _generate(model, input_ids, 1, cache)  # a compiled forward compiles for both shapes here

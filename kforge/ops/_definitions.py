@@ -138,24 +138,8 @@ register(OpSpec(
     doc="silu(group_norm(x + input_bias per channel)): a convolution's bias, a group normalization and the SiLU "
         "that alone reads it (graph mode only)"))
 
-def _bind_linear_gelu(input, weight, bias):
-    return Call((input, weight, bias), {})
-
-
-# NB: a linear layer whose only reader is the tanh GELU (the SD3.5 transformer's feed-forward: GELU(approximate=
-# "tanh") after its projection). Under torch.compile without max-autotune the GEMM is cuBLAS's, with the bias in
-# its epilogue, and Inductor runs the GELU as a pointwise kernel of its own: one more write and read of the GEMM's
-# output (871 us of the SD3.5 transformer's 26.6 ms under reduce-overhead on the H200, profile of 2026-12-04i).
-# A kernel doing both writes the output once (cuBLASLt's GELU_BIAS epilogue computes this tanh form).
-register(OpSpec(
-    name="linear_gelu", kind="vendor", vendor="cublas", targets=(),
-    inputs=("input", "weight", "bias"), params=(), bind=_bind_linear_gelu,
-    reference=lambda x, p: F.gelu(F.linear(x[0], x[1], x[2]), approximate="tanh"),
-    doc="gelu(x @ weight.T + bias, approximate='tanh'): a linear layer whose only reader is the tanh GELU "
-        "(graph mode only)"))
-
-# The fused operators above: (the operator whose call the graph holds, the pointwise op applied to
-# its result by its only reader).
+# The fused operators (the group_norm ones above, linear_gelu beside linear below): (the operator whose call the
+# graph holds, the pointwise op applied to its result by its only reader).
 FUSED_EPILOGUES = {"group_norm_silu": ("group_norm", "silu"), "biased_group_norm_silu": ("group_norm", "silu"),
                    "linear_gelu": ("linear", "gelu")}
 
@@ -437,6 +421,19 @@ register(OpSpec(
     name="linear", kind="vendor", vendor="cublas", targets=(F.linear,),
     inputs=("input", "weight", "bias"), params=(), bind=_bind_linear,
     reference=lambda x, p: F.linear(x[0], x[1], x[2]), doc="x @ weight.T + bias"))
+
+# NB: a linear layer whose only reader is the tanh GELU (the SD3.5 transformer's feed-forward: GELU(approximate=
+# "tanh") after its projection). Under torch.compile without max-autotune the GEMM is cuBLAS's, with the bias in
+# its epilogue, and Inductor runs the GELU as a pointwise kernel of its own: one more write and read of the GEMM's
+# output (871 us of the SD3.5 transformer's 26.6 ms under reduce-overhead on the H200, profile of 2026-12-04i).
+# A kernel doing both writes the output once (cuBLASLt's GELU_BIAS epilogue, which PyTorch's own cuBLASLt path takes
+# for this tanh form; tests/test_linear_gelu.py checks it on a GPU in float32).
+register(OpSpec(
+    name="linear_gelu", kind="vendor", vendor="cublas", targets=(),
+    inputs=("input", "weight", "bias"), params=(), bind=_bind_linear,
+    reference=lambda x, p: F.gelu(F.linear(x[0], x[1], x[2]), approximate="tanh"),
+    doc="gelu(x @ weight.T + bias, approximate='tanh'): a linear layer whose only reader is the tanh GELU "
+        "(graph mode only)"))
 
 
 def _bind_matmul(input, other, *, out=None):

@@ -222,6 +222,14 @@ static int ll_add(int ruleset, const char* path, uint64_t access, uint64_t handl
     return rc == 0;
 }
 
+/* ll_add for each folder of a colon-separated list (none when NULL). */
+static void ll_add_list(int rs, const char* list, uint64_t access, uint64_t fs) {
+    if (!list) return;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char* p = strtok(buf, ":"); p; p = strtok(NULL, ":")) if (*p) ll_add(rs, p, access, fs);
+}
+
 /* Returns the SB_LANDLOCK_* bits that hold. */
 static int sandbox_landlock(const char* so_path, const char* private_dir, int cuda) {
     int abi = (int)syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
@@ -253,19 +261,9 @@ static int sandbox_landlock(const char* so_path, const char* private_dir, int cu
     /* NB: /proc/self resolves to this process's own directory: other processes' /proc/<pid>
      * (their environ, their fds) stay unreadable. */
     ll_add(rs, "/proc/self", R, fs);
-    const char* ld = getenv("LD_LIBRARY_PATH");
-    if (ld) {
-        char buf[4096];
-        snprintf(buf, sizeof buf, "%s", ld);
-        for (char* p = strtok(buf, ":"); p; p = strtok(NULL, ":")) if (*p) ll_add(rs, p, RX, fs);
-    }
+    ll_add_list(rs, getenv("LD_LIBRARY_PATH"), RX, fs);
     /* the folders of libraries a candidate may link (the judge names them: cuBLASLt's, where it is not under /usr) */
-    const char* libs = getenv("KFORGE_RUNNER_LIB_DIRS");
-    if (libs) {
-        char buf[4096];
-        snprintf(buf, sizeof buf, "%s", libs);
-        for (char* p = strtok(buf, ":"); p; p = strtok(NULL, ":")) if (*p) ll_add(rs, p, RX, fs);
-    }
+    ll_add_list(rs, getenv("KFORGE_RUNNER_LIB_DIRS"), RX, fs);
     ll_add(rs, so_path, LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_EXECUTE, fs);
     ll_add(rs, private_dir, fs, fs);
     ll_add(rs, "/dev/null", RW_FILE, fs);
