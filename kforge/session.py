@@ -358,9 +358,9 @@ class Session:
         with recompile_room(len(kernels) + 5), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried (and the A/A control)
             reference = forward(model)
             none = make([])
-            plain_diff = relative_difference(reference, forward(made[()]))
+            plain_diff = relative_difference(reference, forward(made[()]), model)
             kept, _, report, _, _ = check_compiled(kernels, gains, make, made, interleaved(self.device), mode or "default",
-                                                none, forward, reference, plain_diff)
+                                                none, forward, reference, plain_diff, model=model)
         compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
         if compiled is None:
             compiled = compile_with(model, kept, backend=backend, mode=mode, **torch_compile_kwargs)

@@ -632,3 +632,54 @@ def test_generate_says_what_it_needs():
         models.Generate(model, 0)
     with pytest.raises(ValueError, match=r"\[batch, tokens\]"):
         models.Generate(model, 2)(ids[0])
+
+
+def test_the_model_level_check_compares_two_decodings_only_from_the_same_context():
+    """Two greedy decodings that part at a near-tie continue different texts: Generate's outputs compare
+    up to and including the first step whose chosen token differs, and no further. A difference before
+    that step still counts in full."""
+    from kforge import models
+    from kforge.deploy._report import relative_difference
+
+    model, ids = models.qwen35_moe(dtype=torch.float32, layers=1, tokens=6, overrides=TINY_QWEN)
+    wrapper = models.Generate(model, 4)
+    with torch.no_grad():
+        first = wrapper(ids)
+    assert first.kforge_tokens.shape == (4, 1)
+    assert torch.equal(first.kforge_tokens[:, 0], wrapper(ids).kforge_tokens[:, 0]), "greedy decoding repeats"
+    # a near-tie flips the token chosen at step 2 (same context, logits alike); after it another text, whose
+    # logits are unrelated to the reference's
+    parted = first.clone()
+    parted[3:] = torch.randn_like(parted[3:]) * 10
+    parted.kforge_tokens = first.kforge_tokens.clone()
+    parted.kforge_tokens[2, 0] = (first.kforge_tokens[2, 0] + 1) % first.shape[-1]
+    ref, out = wrapper.same_context(first, parted)
+    assert ref.shape[0] == out.shape[0] == 3, "the steps up to and including the first differing token"
+    assert relative_difference(first, parted, wrapper) < 1e-2 < relative_difference(first, parted)
+    # a difference at a step both decoded from the same context is not hidden
+    wrong = parted.clone()
+    wrong[0] += torch.randn_like(wrong[0])
+    wrong.kforge_tokens = parted.kforge_tokens
+    assert relative_difference(first, wrong, wrapper) > 0.05
+    # without the tokens attached (a copy, the float64 reference), each step's largest logit outside EOS
+    plain = first.detach().clone()
+    assert not hasattr(plain, "kforge_tokens")
+    assert torch.equal(wrapper._chosen(plain), first.kforge_tokens)
+    eos = 7
+    wrapper.model.generation_config.eos_token_id = eos
+    plain[0, 0, eos] = plain[0, 0].max() + 5   # masked as min_new_tokens masks it: not chosen
+    assert int(wrapper._chosen(plain)[0, 0]) != eos
+    assert wrapper.same_context(first[0], parted[0])[0].shape == first[0].shape, "other shapes: unchanged"
+
+
+def test_a_model_computing_in_half_precision_is_held_to_its_tolerance_even_with_float32_output():
+    from kforge.deploy._report import output_tolerance, wrong_output
+
+    logits = torch.zeros(2, 3)
+    f32 = torch.nn.Linear(3, 3)
+    bf16 = torch.nn.Linear(3, 3).to(torch.bfloat16)
+    assert output_tolerance(logits) == output_tolerance(logits, f32) == 1e-3
+    assert output_tolerance(logits, bf16) == 5e-2 == output_tolerance(logits.bfloat16())
+    assert wrong_output(2e-2, 0.0, logits, "eager itself", model=bf16) is None
+    assert "at most 5.0e-02" in wrong_output(6e-2, 0.0, logits, "eager itself", model=bf16)
+    assert "at most 1.0e-03" in wrong_output(2e-2, 0.0, logits, "eager itself", model=f32)

@@ -142,6 +142,9 @@ class Generate(nn.Module):
     (``cache``). transformers' own compilation of the decode steps is off. To decode compiled, compile the
     model's one-token steps (``decode_steps``, as ``benchmarks/region_e2e.py --decode`` does with and without
     the session's kernels), not this wrapper, whose forward is transformers' generation loop.
+
+    The model-level check compares two decodings step by step only as far as they decoded from the same
+    context (``same_context``): up to and including the first step whose chosen token differs.
     """
 
     def __init__(self, model: nn.Module, new_tokens: int = 16):
@@ -164,7 +167,39 @@ class Generate(nn.Module):
         else:
             out, self.cache, _ = _first_generate(self.model, input_ids, self.new_tokens)
             self._decided = True
-        return torch.stack(list(out.logits))
+        logits = torch.stack(list(out.logits))
+        # NB: the tokens chosen travel with the logits (same_context reads them): transformers' logits
+        # processors (the minimum length's EOS mask, a repetition penalty) choose from other scores than these
+        logits.kforge_tokens = out.sequences[:, input_ids.shape[1]:].t()
+        return logits
+
+    def same_context(self, reference: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The steps of two of this module's outputs (``[new_tokens, batch, vocab]`` logits) decoded from the
+        same context: every step up to and including the first where the chosen tokens differ. After that
+        step each decoding continues its own text, so the logits differ by construction (in bfloat16 a near-tie
+        between two tokens flips with any change of summation order, which is where two correct decodings
+        part). The model-level check compares only these steps (``deploy._report.relative_difference``).
+
+        The tokens are those the decoding chose where the output carries them (``forward`` attaches them),
+        else each step's largest logit outside the end-of-sequence tokens (which ``min_new_tokens`` masks)."""
+        if reference.dim() != 3 or reference.shape != output.shape:
+            return reference, output
+        a, b = self._chosen(reference), self._chosen(output)
+        differs = (a != b).any(dim=1).nonzero()
+        steps = reference.shape[0] if len(differs) == 0 else int(differs[0]) + 1
+        return reference[:steps], output[:steps]
+
+    def _chosen(self, logits: torch.Tensor) -> torch.Tensor:
+        tokens = getattr(logits, "kforge_tokens", None)
+        if isinstance(tokens, torch.Tensor) and tokens.shape == logits.shape[:2]:
+            return tokens.to(logits.device)
+        scores = logits.float().clone()
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        eos = [e for e in eos if 0 <= e < scores.shape[-1]]
+        if eos:
+            scores[..., eos] = float("-inf")
+        return scores.argmax(dim=-1)
 
     def extra_repr(self) -> str:
         return f"new_tokens={self.new_tokens}, cache={self.cache if self._decided else 'not decided yet'}"
