@@ -683,3 +683,20 @@ def test_a_model_computing_in_half_precision_is_held_to_its_tolerance_even_with_
     assert wrong_output(2e-2, 0.0, logits, "eager itself", model=bf16) is None
     assert "at most 5.0e-02" in wrong_output(6e-2, 0.0, logits, "eager itself", model=bf16)
     assert "at most 1.0e-03" in wrong_output(2e-2, 0.0, logits, "eager itself", model=f32)
+
+
+def test_a_decodings_float64_yardstick_runs_the_experts_one_by_one_inside_the_wrapper():
+    """grouped_mm has no float64 kernel: the float64 twin of Generate(model) switches the experts of the
+    model inside it (the wrapper has no set_experts_implementation of its own) and decodes."""
+    from kforge import models
+    from kforge.deploy._report import float64_output, relative_difference
+
+    model, ids = models.qwen35_moe(dtype=torch.bfloat16, layers=1, tokens=6, overrides=TINY_QWEN)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "grouped_mm"):
+        pytest.skip("this transformers version does not run the experts through grouped_mm by default")
+    wrapper = models.Generate(model, 3)
+    with torch.no_grad():
+        got = wrapper(ids)
+    truth = float64_output(wrapper, (ids,), {})
+    assert truth is not None and truth.shape == got.shape
+    assert relative_difference(truth, got, wrapper) < 5e-2

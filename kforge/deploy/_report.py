@@ -241,9 +241,11 @@ def float64_output(model: Any, args: tuple, kwargs: dict) -> torch.Tensor | None
             except (RuntimeError, NotImplementedError):
                 # NB: transformers' MoE experts as one grouped_mm (Qwen 3.5's default) have no float64
                 # kernel; the same experts as plain linear calls compute the same function
-                if not hasattr(twin, "set_experts_implementation"):
+                # (the model itself, or a module inside it: a decoding's wrapper, kforge.models.Generate)
+                owners = [m for m in twin.modules() if hasattr(m, "set_experts_implementation")]
+                if not owners:
                     raise
-                twin.set_experts_implementation("eager")
+                owners[0].set_experts_implementation("eager")
                 out = first_tensor(twin(*args64, **kwargs64))
         return None if out is None else out.detach().clone()
     except Exception as exc:  # noqa: BLE001 -- any failure only means no float64 yardstick
