@@ -121,9 +121,13 @@ def _shape_of(name: str, shapes: dict[str, dict]) -> dict | None:
 def inductor_sources(names: list[str], root: Path, limit: int = 12000) -> dict[str, str]:
     """The Triton source of each kernel named (Inductor's own names, e.g. ``triton_per_fused_..._11``) from the
     compile cache under ``root``: the smallest cached file that defines it (a kernel's own file before the
-    module that embeds it), cut at ``limit`` characters. A name found nowhere is left out."""
-    wanted = {n: re.compile(r"def " + re.escape(n) + r"\(") for n in names if n.startswith("triton_")}
-    found: dict[str, tuple[int, str]] = {}
+    module that embeds it), cut at ``limit`` characters. A name found nowhere is left out.
+
+    The profiler may cut a long kernel name short (``triton_per_fused__scaled_dot_product_..._bm``): a name is
+    matched as the start of a definition's name where no definition has it whole, and the source then begins
+    with the full name found."""
+    wanted = {n: re.compile(r"def (" + re.escape(n) + r"\w*)\(") for n in names if n.startswith("triton_")}
+    found: dict[str, tuple[int, int, str]] = {}   # name: (0 whole name / 1 its start, file length, source)
     if not wanted or not root.is_dir():
         return {}
     for path in root.rglob("*.py"):
@@ -132,9 +136,14 @@ def inductor_sources(names: list[str], root: Path, limit: int = 12000) -> dict[s
         except OSError:
             continue
         for name, pattern in wanted.items():
-            if pattern.search(text) and (name not in found or len(text) < found[name][0]):
-                found[name] = (len(text), text[:limit])
-    return {n: text for n, (_, text) in found.items()}
+            defs = {m.group(1) for m in pattern.finditer(text)}
+            if not defs:
+                continue
+            rank = (0 if name in defs else 1, len(text))
+            if name not in found or rank < found[name][:2]:
+                full = "" if rank[0] == 0 else f"# full name: {min(defs)}\n"
+                found[name] = (*rank, full + text[:limit])
+    return {n: text for n, (_, _, text) in found.items()}
 
 
 def inductor_cache_dir() -> Path:

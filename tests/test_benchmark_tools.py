@@ -28,6 +28,10 @@ def test_the_profile_reads_a_kernels_triton_source_from_the_smallest_cached_file
     assert "def triton_per_fused_mean_mul_12(" in found["triton_per_fused_mean_mul_12"]
     assert set(found) == {"triton_per_fused_mean_mul_11", "triton_per_fused_mean_mul_12"}
     assert profile.inductor_sources(["triton_per_fused_mean_mul_11"], tmp_path / "missing") == {}
+    # a name the profiler cut short: the definition it starts; a whole name never takes a longer one's
+    cut = profile.inductor_sources(["triton_per_fused_mean_mu", "triton_per_fused_mean_mul_1"], tmp_path)
+    assert cut["triton_per_fused_mean_mu"].startswith("# full name: triton_per_fused_mean_mul_1")
+    assert cut["triton_per_fused_mean_mul_1"] == "def triton_per_fused_mean_mul_1(in_ptr0):\n    pass\n"
 
 
 def test_the_profile_gives_each_kernel_its_launches_and_time_a_launch():
