@@ -123,9 +123,9 @@ def relative_difference(a: Any, b: Any, model: Any = None) -> float | None:
     decoding, ``kforge.models.Generate``), only the part of the outputs computed from the same context
     is compared: two greedy decodings that part at a near-tie continue different texts."""
     ta, tb = first_tensor(a), first_tensor(b)
-    same_context = getattr(model, "same_context", None)
-    if callable(same_context) and ta is not None and tb is not None:
-        ta, tb = same_context(ta, tb)
+    # NB: a method of the model's class (a submodule a user model happens to name so is not one)
+    if callable(getattr(type(model), "same_context", None)) and ta is not None and tb is not None:
+        ta, tb = model.same_context(ta, tb)
     if ta is None or tb is None or ta.shape != tb.shape:
         return None
     ta, tb = ta.double(), tb.double()
