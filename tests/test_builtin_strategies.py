@@ -60,6 +60,9 @@ SEEDS = {
     "relu": lambda: variant("relu", torch.empty(8, 64, 112, 112)),
     "embedding": lambda: variant("embedding", torch.zeros(1, 512, dtype=torch.long), torch.empty(262144, 1536, dtype=BF)),
     "gated_delta_rule": lambda: _qwen_gdn(),
+    # Gemma 4 E2B's query in a full-attention layer at 512 tokens: 8 heads of 512, cos and sin [1, 512, 1, 512]
+    "rms_norm_rope": lambda: variant("rms_norm_rope", torch.empty(1, 512, 8, 512, dtype=BF), torch.empty(512, dtype=BF),
+                                     torch.empty(1, 512, 1, 512, dtype=BF), torch.empty(1, 512, 1, 512, dtype=BF)),
 }
 
 
@@ -137,6 +140,12 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         # a linear layer whose only reader is the tanh GELU: 3-d and 2-d inputs, a transposed weight (the CPU's only)
         variant("linear_gelu", x(3, 5, 24), x(20, 24) / 5, w(20)),
         variant("linear_gelu", x(7, 16), x(16, 9).t() / 4, w(9)),
+        # Gemma 4's q/k norm and rotary embedding: cos and sin broadcast over the heads ([B, S, 1, D]); a view of a
+        # projection whose rows are wider than the head; a half row that is no multiple of a vector; one head
+        variant("rms_norm_rope", x(2, 5, 3, 16), w(16), x(2, 5, 1, 16), x(2, 5, 1, 16), 1e-6),
+        variant("rms_norm_rope", x(1, 4, 40)[..., 8:32].unflatten(-1, (2, 12)), w(12), x(1, 4, 1, 12),
+                x(1, 4, 1, 12)),
+        variant("rms_norm_rope", x(3, 1, 520), w(520), x(1, 1, 520), x(1, 1, 520), 1e-5),
         # Qwen 3.5's linear attention: two value heads a key head, query and key L2-normalised; and without either
         variant("gated_delta_rule", x(2, 9, 2, 8), x(2, 9, 2, 8), x(2, 9, 4, 12), -r(2, 9, 4).abs(),
                 x(2, 9, 4).sigmoid(), use_qk_l2norm_in_kernel=True),
@@ -280,7 +289,7 @@ def test_cpu_search_space_configs_are_correct():
 def test_every_operator_family_has_cpu_and_cuda_strategies():
     ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "biased_group_norm_silu", "rms_norm",
            "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
-           "pad", "embedding", "batch_norm", "gated_delta_rule"}
+           "pad", "embedding", "batch_norm", "gated_delta_rule", "rms_norm_rope"}
     for op in ops:
         assert strategies_for(op, "cuda"), op
         assert strategies_for(op, "cpu"), op

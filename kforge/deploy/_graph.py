@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import (FUSED_EPILOGUES, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
+from ..ops import (FUSED_EPILOGUES, GRAPH_FUSED_OPS, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
                    without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
 from ._dispatch import _fast_key, _param_values, variant_key
@@ -101,7 +101,7 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     operator that stayed, as the graph has it: what a kernel that was never placed is compared with."""
     # NB: fused operators (group_norm_silu) are placed in the ATen graph, where capture found them, with
     # the layouts Inductor gives the call (kforge.regions' ATen pass); not here
-    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if dk.variant.op not in FUSED_EPILOGUES}
+    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if dk.variant.op not in GRAPH_FUSED_OPS}
     if not table:
         return []
     ops = {op for op, _ in table}
@@ -210,7 +210,7 @@ def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
 
 def _is_twin(variant: Any) -> bool:
     """An operator's channels-last twin, which the ATen pass places (kforge.regions)."""
-    return variant.op not in FUSED_EPILOGUES and variant.op != "region" and placed_in_aten_graph(variant)
+    return variant.op not in GRAPH_FUSED_OPS and variant.op != "region" and placed_in_aten_graph(variant)
 
 
 def _loose(variant: Any) -> tuple:

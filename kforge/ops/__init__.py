@@ -8,7 +8,7 @@ from __future__ import annotations
 from ._registry import Call, OpSpec, Unsupported, all_specs, get_spec, random_tensor, register, spec_for
 from ._signature import DTYPE_CODES, TensorSig, Variant, dtype_name, torch_dtype
 from . import _definitions
-from ._definitions import (FUSED_EPILOGUES, LAYOUT_TWIN_OPS, PROLOGUE_OPS, channels_last_strides, inplace_binder,
+from ._definitions import (FUSED_EPILOGUES, GRAPH_FUSED_OPS, LAYOUT_TWIN_OPS, PROLOGUE_OPS, channels_last_strides, inplace_binder,
                            is_channels_last_twin, placed_in_aten_graph, without_prologue)
 from ._card import Card, Cards
 from ._verdict import CardStatus, CardVerdict
@@ -16,6 +16,6 @@ from ._verdict import CardStatus, CardVerdict
 __all__ = [
     "Call", "Card", "CardStatus", "CardVerdict", "Cards", "OpSpec", "Unsupported", "TensorSig",
     "Variant", "DTYPE_CODES", "all_specs", "get_spec", "spec_for", "register", "random_tensor", "dtype_name",
-    "torch_dtype", "inplace_binder", "FUSED_EPILOGUES", "LAYOUT_TWIN_OPS", "PROLOGUE_OPS", "channels_last_strides",
+    "torch_dtype", "inplace_binder", "FUSED_EPILOGUES", "GRAPH_FUSED_OPS", "LAYOUT_TWIN_OPS", "PROLOGUE_OPS", "channels_last_strides",
     "is_channels_last_twin", "placed_in_aten_graph", "without_prologue",
 ]
