@@ -104,6 +104,17 @@ def test_attack_corpus_is_screened(path):
     (kernel("", "static void* p __attribute__((section(\".init_array\"))) = 0;\n"), "attribute"),
     (kernel("", "void g(void) __attribute__((alias(\"kf_launch\")));\n"), "attribute"),
     (kernel("", "[[gnu::constructor]] static void f() {}\n"), "attribute"),
+    # the compiler also splices a backslash with blanks after it, and ends a line at a lone carriage return
+    (kernel("sys\\  \ntem(\"id\");"), "line-end"),
+    (kernel("sys\\\t\ntem(\"id\");"), "line-end"),
+    (kernel("", "__attribute__((con\\ \nstructor)) static void f(void) {}\n"), "line-end"),
+    (kernel("int a = 1;\rsystem(\"id\");"), "line-end"),
+    # a matrix product of lower precision than eager's float32 (TF32, half or fast accumulation, emulation)
+    (kernel("int ct = CUBLAS_COMPUTE_32F_FAST_TF32; (void)ct;"), "precision"),
+    (kernel("int ct = CUBLAS_COMPUTE_16F; (void)ct;"), "precision"),
+    (kernel("int a = CUBLASLT_MATMUL_DESC_FAST_ACCUM; (void)a;"), "precision"),
+    (kernel("int a = CUBLAS_EMULATION_STRATEGY_EAGER; (void)a;"), "precision"),
+    (kernel("float t = __float_to_tf32(1.f); (void)t;"), "precision"),
 ])
 def test_forbidden_constructs_are_found(source, rule):
     found = screen(source)
@@ -120,6 +131,11 @@ CPP_LOAD_TIME = [
     "struct G { G() {} } g;",
     "static int setup() { return 1; } static int v = setup();",
     "static int v = [] { return 1; }();",
+    # a library's function (cuBLASLt's, allowed inside kf_launch) in an initialiser, in each form of one
+    "static cublasLtHandle_t h; static cublasStatus_t s = cublasLtCreate(&h);",
+    "static cublasLtHandle_t h; static cublasStatus_t s(cublasLtCreate(&h));",
+    "static cublasLtHandle_t h; static cublasStatus_t s{cublasLtCreate(&h)};",
+    "static size_t v = 1 + cublasLtGetVersion();",
 ]
 
 
@@ -140,6 +156,9 @@ def test_cpp_code_that_runs_at_load_is_found(pre):
     ("/* calls system() and fork(); uses asm */", "// kill(getppid(), 9);"),             # comments
     ("", "#pragma omp parallel for schedule(static)\n  for (int i = 0; i < 4; ++i) {}\n#pragma unroll 4\n"),
     ("#define ROWS 4\n#define AT(r, c) ((r) * ROWS + (c))", "int v = AT(1, 2); (void)v;"),
+    ("static float table[2]{1.f, 2.f}; static float buf[4] __attribute__((aligned(16))); enum E { A, B };"
+     "static const int n = (int)sizeof(float) * 2;", ""),
+    ("#define LONG_MACRO(a) \\\n  ((a) + 1)", "int v = LONG_MACRO(2); (void)v;\r\n"),   # splices, CRLF
 ])
 def test_honest_code_passes(pre, body):
     assert screen(kernel(body, pre), "cuda") == ()
@@ -182,3 +201,18 @@ def test_the_evaluator_refuses_screened_sources(evaluator, name):
     assert verdict.status is Status.REJECTED and "refused before compiling" in verdict.message, verdict.summary()
     assert "line " in verdict.compile_log and verdict.score == 0.0
     assert evaluator.evaluate(card, kernel_source("cpu", "softmax_rows")).status.is_correct
+
+
+def test_only_a_runner_of_a_cublaslt_candidate_may_read_the_librarys_folder(monkeypatch, tmp_path):
+    """KFORGE_RUNNER_LIB_DIRS (the Landlock rule for cuBLASLt's folder) is set for a candidate that includes cuBLASLt
+    or names its functions, and for no other."""
+    import kforge.kernels._compile as compile_mod
+    from kforge.evaluate._runner import runner_env
+    from kforge.kernels._compile import uses_cublaslt
+
+    lib = tmp_path / "lib" / "libcublasLt.so.13"
+    monkeypatch.setattr(compile_mod, "cublaslt_paths", lambda: (tmp_path / "include", lib))
+    assert runner_env(str(tmp_path), cublaslt=True)["KFORGE_RUNNER_LIB_DIRS"] == str(lib.parent)
+    assert "KFORGE_RUNNER_LIB_DIRS" not in runner_env(str(tmp_path))
+    assert uses_cublaslt("#include <cublasLt.h>\n") and uses_cublaslt("size_t v = cublasLtGetVersion();")
+    assert not uses_cublaslt("// #include <cublasLt.h>\nint cublas_like = 0;")

@@ -30,6 +30,7 @@ import torch
 
 from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, cache_dir, compile_source, device_info,
                        param_vector, verify_binary)
+from ..kernels._compile import uses_cublaslt
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
 from ..timing import BusyWindow, Timing
 from ._arena import Arenas, Group, Plan, extent, poison_value
@@ -833,7 +834,7 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     try:
         if cuda:
             args += arenas.ipc_args()
-        runner = RunnerProcess(binary, args, fds, private)
+        runner = RunnerProcess(binary, args, fds, private, cublaslt=uses_cublaslt(job.source))
     except (OSError, RuntimeError) as exc:
         raise _Infra(f"the runner could not be started: {exc}") from None
     finally:

@@ -95,8 +95,9 @@ def runner_binary(backend: str) -> tuple[Path, str]:
     return _BUILT[backend]
 
 
-def runner_env(private_dir: str) -> dict[str, str]:
-    """The runner's whole environment: an allow-list, never a key or a config path."""
+def runner_env(private_dir: str, cublaslt: bool = False) -> dict[str, str]:
+    """The runner's whole environment: an allow-list, never a key or a config path. ``cublaslt``: the candidate
+    links cuBLASLt (``kernels.uses_cublaslt``), so its runner may read the library's folder; no other runner may."""
     env = {k: v for k, v in os.environ.items()
            if (k in ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith(("CUDA_", "OMP_", "GOMP_")))
            and not _SECRET.search(k)}
@@ -107,7 +108,7 @@ def runner_env(private_dir: str) -> dict[str, str]:
     # rules must let it read that folder (the nvidia-cublas wheel's lies wherever Python's packages do)
     from ..kernels._compile import cublaslt_paths
 
-    found = cublaslt_paths()
+    found = cublaslt_paths() if cublaslt else None
     if found is not None:
         env["KFORGE_RUNNER_LIB_DIRS"] = str(found[1].parent)
     return env
@@ -175,7 +176,8 @@ class RunnerGone(Exception):
 class RunnerProcess:
     """One runner for one candidate. Every method that waits takes an absolute deadline."""
 
-    def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str):
+    def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str,
+                 cublaslt: bool = False):
         self.private_dir = private_dir
         self.log_path = os.path.join(private_dir, "output.log")
         self.library_path = os.path.join(private_dir, LIBRARY_NAME)
@@ -189,7 +191,7 @@ class RunnerProcess:
         # the name (a link to another file, a FIFO) but not the file this descriptor is.
         log = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._log_fd: int | None = os.dup(log)
-        env = runner_env(private_dir)
+        env = runner_env(private_dir, cublaslt)
         self.threads = threads_allowed(env)
         try:
             self.proc = subprocess.Popen(

@@ -135,14 +135,17 @@ def find_nvcc() -> str | None:
 
 
 _CUBLASLT_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]cublasLt\.h[>"]', re.M)
+_CUBLASLT_NAME = re.compile(r"\bcublasLt\w+")
 
 
 def uses_cublaslt(source: str) -> bool:
-    """Whether a CUDA source includes cuBLASLt (then it is built against the library, ``cublaslt_paths``): read
-    as the screen reads it, comments removed and spliced lines joined."""
+    """Whether a source includes cuBLASLt or names its functions (then a CUDA source is built against the library,
+    ``cublaslt_paths``, and the judge lets the candidate's runner read the library's folder): read as the screen
+    reads it, comments removed and spliced lines joined."""
     from ._screen import _join_splices, _strip_comments
 
-    return bool(_CUBLASLT_INCLUDE.search(_strip_comments(_join_splices(source))))
+    text = _strip_comments(_join_splices(source))
+    return bool(_CUBLASLT_INCLUDE.search(text) or _CUBLASLT_NAME.search(text))
 
 
 def cublaslt_paths() -> tuple[Path, Path] | None:
@@ -284,7 +287,15 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
             raise SourceRejected(f"the source was refused before compiling: {findings[0]}"
                                  + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""),
                                  describe(findings))
-    key = hashlib.sha256(f"{CONTRACT_VERSION}|{_HEADER_DIGEST}|{backend}|{arch}|{source}".encode()).hexdigest()[:32]
+    # NB: a library built against cuBLASLt keeps that library's path as its rpath: another cuBLASLt (a wheel upgraded,
+    # CUDA_HOME changed) is another build, not a cache hit on one judged with the old library
+    linked = ""
+    if backend == "cuda" and uses_cublaslt(source):
+        found = cublaslt_paths()
+        if found is not None:
+            st = found[1].resolve().stat()
+            linked = f"{found[1].resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    key = hashlib.sha256(f"{CONTRACT_VERSION}|{_HEADER_DIGEST}|{backend}|{arch}|{linked}|{source}".encode()).hexdigest()[:32]
     root = cache_dir()
     (root / "index").mkdir(exist_ok=True)
     (root / "objects").mkdir(exist_ok=True)

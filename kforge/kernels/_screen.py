@@ -150,6 +150,10 @@ CUBLAS_ALLOWED = frozenset({
     "cublasLtMatmulAlgoCapGetAttribute",
     "cublasLt",   # NB: the header's name, as the include line's tokens have it (no such function)
 })
+# NB: a speed bump, not a boundary: an enum's value can be written as a number through a cast or an attribute's
+# pointer. The names that choose a lower-precision product (cuBLAS's TF32 and half compute types, fast
+# accumulation, emulation; TF32 in WMMA or conversions) are refused so that no candidate uses them by accident
+_REDUCED_PRECISION = re.compile(r"(?i:tf32)|^CUBLAS\w*(?:_FAST|EMULAT|COMPUTE_16F)")
 _FORBIDDEN_PREFIX = re.compile(r"^(?:_?Py[A-Z_]|__libc_|__NR_|SYS_[a-z]|__sys_|__x64_sys|_dl_|__dl_)")
 _ASM = frozenset({"asm", "__asm__", "__asm"})
 _PRAGMA_OPERATORS = frozenset({"_Pragma", "__pragma"})
@@ -199,9 +203,9 @@ def screen_disabled() -> bool:
 
 def screen(source: str, backend: str = "cpu") -> tuple[Finding, ...]:
     """Every reason to refuse ``source`` (empty when it may be compiled). ``backend``: "cpu" or "cuda"."""
+    found: list[Finding] = _check_line_ends(source)
     text = _join_splices(source)
     clean = _strip_comments(text)
-    found: list[Finding] = []
     found += _check_directives(clean)
     tokens = _tokens(clean)
     found += _check_tokens(tokens, clean)
@@ -217,6 +221,27 @@ def screen(source: str, backend: str = "cpu") -> tuple[Finding, ...]:
 
 
 # ----------------------------------------------------------------------------- lexing
+
+
+# NB: gcc and nvcc also splice a backslash followed by spaces or tabs before the line's end (with a warning), and
+# end a line at a lone carriage return: a name split so passed a screen that joined only backslash-newline
+_LOOSE_SPLICE = re.compile(r"\\[ \t\f\v]+(?=\r\n|\r|\n|$)")
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
+def _check_line_ends(source: str) -> list[Finding]:
+    """Line ends the compiler reads otherwise than the screen would: a backslash with blanks after it, a lone
+    carriage return."""
+    out = []
+    for pattern, what in ((_LOOSE_SPLICE, "a backslash followed by blanks before the line's end (the compiler "
+                                          "joins the lines; write the backslash last, or remove it)"),
+                          (_LONE_CR, "a carriage return without a newline (the compiler ends a line there; use "
+                                     "newlines)")):
+        m = pattern.search(source)
+        if m:
+            line = source.count("\n", 0, m.start()) + 1
+            out.append(Finding(line, "line-end", what))
+    return out
 
 
 def _join_splices(source: str) -> str:
@@ -311,6 +336,10 @@ def _check_tokens(toks: list[_Tok], clean: str) -> list[Finding]:
             elif name in FORBIDDEN:
                 out.append(Finding(t.line, "forbidden-call", f"`{name}` {FORBIDDEN[name]}: a kernel only computes on "
                                    "the tensors it is given"))
+            elif _REDUCED_PRECISION.search(name):
+                out.append(Finding(t.line, "precision", f"`{name}` selects a matrix product of lower precision than "
+                                   "eager's (TF32, half accumulation, fast accumulation, emulation): the judge compares "
+                                   "with eager's float32 accumulation; use CUBLAS_COMPUTE_32F"))
             elif name.startswith("cublas") and not name.endswith("_t") and name not in CUBLAS_ALLOWED:
                 out.append(Finding(t.line, "forbidden-call", f"`{name}` is a cuBLAS function outside the matrix "
                                    "product's (kforge allows cuBLASLt's matmul, its descriptors, layouts, preferences "
@@ -401,7 +430,9 @@ def _check_load_time_code(toks: list[_Tok]) -> list[Finding]:
                     stack.append("ns")
                     stmt = []
                     continue
-                in_init = "=" in head
+                # NB: `T x{f()};` initialises as `T x = f();` does (a declarator's name, then the brace)
+                in_init = "=" in head or (len(head) >= 2 and stmt[-1].kind == "ident"
+                                          and head[0] not in ("struct", "class", "union", "enum"))
                 stack.append("init" if in_init else "block")
                 if not in_init and head and head[0] in ("struct", "class", "union"):
                     stack[-1] = "type"
@@ -472,7 +503,46 @@ def _statement_findings(stmt: list[_Tok], ctor_types: set[str], functions: set[s
             if a.text in ("]", ":>") and b.text in ("(", "{", "<%", "mutable", "->"):
                 return [Finding(a.line, "load-time-code", "a lambda in a namespace-scope initialiser would run when "
                                 "the library loads; compute it inside kf_launch")]
+    called = _initialiser_call(stmt)
+    if called is not None:
+        return [Finding(called.line, "load-time-code", f"a namespace-scope initialiser calls `{called.text}`: it would "
+                        "run when the library loads (a library's function too, e.g. cuBLASLt's); compute it inside "
+                        "kf_launch")]
     return []
+
+
+# Words a namespace-scope declaration may follow with "(" without calling anything at load time
+_NOT_CALLS = frozenset({"sizeof", "alignof", "_Alignof", "alignas", "_Alignas", "__align__", "decltype", "static_cast",
+                        "const_cast", "reinterpret_cast", "noexcept", "defined", "__launch_bounds__"})
+
+
+def _initialiser_call(stmt: list[_Tok]) -> _Tok | None:
+    """A call in a namespace-scope declaration's initialiser (after ``=``, or inside the parentheses or braces of a
+    direct initialisation, ``T x(f());`` / ``T x{f()};``): dynamic initialisation, which runs when the library loads.
+    A function's own declarator (``T f(int);``) calls nothing; attributes are skipped."""
+    depth, after_eq = 0, False
+    skip_to = -1
+    for i, (a, b) in enumerate(zip(stmt, stmt[1:])):
+        if i < skip_to:
+            continue
+        if a.text in _ATTRIBUTE_WORDS:
+            skip_to, _ = _group(stmt, i + 1, "(", ")")
+            continue
+        if a.text == "=":
+            after_eq = True
+        elif a.text in ("(", "{", "<%"):
+            depth += 1
+        elif a.text in (")", "}", "%>"):
+            depth -= 1
+        if a.kind == "ident" and b.text == "(" and (after_eq or depth > 0) and a.text not in _NOT_CALLS \
+                and a.text not in _TYPE_WORDS and not _PURE_MATH.match(a.text):
+            return a
+    return None
+
+
+# The C math library's functions (no side effects): a constant such as 1 / sqrtf(128) may call them
+_PURE_MATH = re.compile(r"^(?:sqrt|cbrt|rsqrt|exp|exp2|expm1|log|log2|log10|log1p|pow|sin|cos|tan|asin|acos|atan|"
+                        r"atan2|sinh|cosh|tanh|fabs|abs|floor|ceil|round|trunc|fmin|fmax|fma|hypot|erf|erfc|ldexp)[fl]?$")
 
 
 def _ctor_types_and_functions(toks: list[_Tok]) -> tuple[set[str], set[str]]:
