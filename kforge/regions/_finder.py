@@ -236,7 +236,8 @@ def find_fused(graph: fx.Graph) -> list[FoundRegion]:
     its convolution's bias as well), and a linear layer (``addmm``) whose output only the tanh GELU reads, as one
     ``linear_gelu`` call. Its card stands for those calls, as a region's does; its kernel replaces them in graph
     mode."""
-    return [f for f in _group_norms(graph) if f.variant.op != "group_norm"] + _linear_gelus(graph)
+    return [f for f in _group_norms(graph) if f.variant.op != "group_norm"] + _linear_gelus(graph) \
+        + _rms_norm_ropes(graph)
 
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -298,6 +299,181 @@ def _linear_gelus(graph: fx.Graph) -> list[FoundRegion]:
             continue
         nodes = (src,) + ((out_view,) if out_view is not None else ()) + (node,)
         found.append(FoundRegion(variant, nodes, (x, weight, bias), (node,)))
+    return found
+
+
+def _operands(node: Any, target) -> tuple[Any, Any] | None:
+    """The two operands of a binary ``target`` call (None for anything else)."""
+    if not _call(node, target) or len(node.args) != 2 or node.kwargs:
+        return None
+    return node.args[0], node.args[1]
+
+
+def _either(pair: tuple[Any, Any] | None, test) -> tuple[Any, Any] | None:
+    """``pair`` ordered so that ``test`` holds for its first element (None where it holds for neither)."""
+    if pair is None:
+        return None
+    if test(pair[0]):
+        return pair
+    if test(pair[1]):
+        return pair[1], pair[0]
+    return None
+
+
+def _to_copy_of(node: Any, dtype: torch.dtype) -> Any:
+    """``x`` where ``node`` is ``x`` converted to ``dtype`` by ``aten._to_copy`` (only the dtype changing), ``node``
+    itself where it already has that dtype, else None."""
+    v = _val(node)
+    if not isinstance(v, torch.Tensor) or v.dtype != dtype:
+        return None
+    if _dtype_copy(node):
+        return node.args[0]
+    return node
+
+
+def _dtype_copy(node: Any) -> bool:
+    """Whether ``node`` is an ``aten._to_copy`` that changes only the dtype (same device, strided, no copy flags)."""
+    if not _call(node, aten._to_copy.default) or len(node.args) != 1:
+        return False
+    k, src = node.kwargs, _val(node.args[0])
+    return (set(k) <= {"dtype", "layout", "device"} and k.get("layout", torch.strided) == torch.strided
+            and isinstance(src, torch.Tensor) and torch.device(k.get("device", src.device)) == src.device)
+
+
+def _rms_norm_of(y: Any) -> tuple[Any, Any, float, list] | None:
+    """(x, weight, eps, the nodes) where ``y`` is ``((xf * pow(mean(xf ** 2, -1, keepdim) + eps, -0.5)) *
+    weight.float()).to(x.dtype)`` with ``xf = x.float()`` (Gemma's RMSNorm; ``rsqrt`` for the power too)."""
+    yv = _val(y)
+    if not isinstance(yv, torch.Tensor):
+        return None
+    if _dtype_copy(y):
+        z, nodes = y.args[0], [y]
+    elif yv.dtype == torch.float32:
+        z, nodes = y, []
+    else:
+        return None
+    if not isinstance(_val(z), torch.Tensor) or _val(z).dtype != torch.float32:
+        return None
+    pair = _either(_operands(z, aten.mul.Tensor), lambda n: _rs_of(n) is not None)
+    if pair is None:
+        return None
+    p, wf = pair
+    xf, rs, eps, rs_nodes = _rs_of(p)
+    weight = _to_copy_of(wf, torch.float32)
+    if weight is None or not isinstance(_val(weight), torch.Tensor) or _val(weight).dim() != 1:
+        return None
+    x = _to_copy_of(xf, torch.float32)
+    if x is None:
+        return None
+    nodes += [z, p] + rs_nodes + ([wf] if wf is not weight and len(wf.users) == 1 else []) \
+        + ([xf] if xf is not x else [])
+    if _val(x).dtype != yv.dtype:
+        return None
+    return x, weight, eps, nodes
+
+
+def _rs_of(p: Any) -> tuple[Any, Any, float, list] | None:
+    """(xf, the reciprocal root, eps, its nodes) where ``p`` is ``xf * pow(mean(xf ** 2, [-1], True) + eps, -0.5)``
+    (or ``rsqrt``)."""
+    pair = _operands(p, aten.mul.Tensor)
+    if pair is None:
+        return None
+    for xf, rs in (pair, pair[::-1]):
+        if _call(rs, aten.rsqrt.default):
+            added, root = rs.args[0], [rs]
+        elif _call(rs, aten.pow.Tensor_Scalar) and rs.args[1] == -0.5:
+            added, root = rs.args[0], [rs]
+        else:
+            continue
+        addp = _operands(added, aten.add.Tensor)
+        addp = _either(addp, lambda n: _call(n, aten.mean.dim))
+        if addp is None or not _scalar(addp[1]):
+            continue
+        mean, eps = addp
+        a = _bind(mean)
+        if list(a["dim"] or []) not in ([-1], [_rank(xf) - 1]) or not a["keepdim"] or a.get("dtype") is not None:
+            continue
+        sq = a["self"]
+        if not (_call(sq, aten.pow.Tensor_Scalar) and sq.args[0] is xf and sq.args[1] == 2):
+            continue
+        return xf, rs, float(eps), root + [added, mean, sq]
+    return None
+
+
+def _rotate_half_of(cat: Any) -> Any:
+    """``y`` where ``cat`` is ``torch.cat((-y[..., D/2:], y[..., :D/2]), dim=-1)``, else None."""
+    if not _call(cat, aten.cat.default) or len(cat.args[0]) != 2:
+        return None
+    rank = _rank(cat)
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if rank == 0 or dim % rank != rank - 1:
+        return None
+    neg, low = cat.args[0]
+    if not _call(neg, aten.neg.default):
+        return None
+    high = neg.args[0]
+    if not (_call(high, aten.slice.Tensor) and _call(low, aten.slice.Tensor)) or high.args[0] is not low.args[0]:
+        return None
+    y = low.args[0]
+    d = _val(y).shape[-1]
+    half = d // 2
+
+    def bounds(n):
+        a = _bind(n)
+        start = 0 if a["start"] is None else a["start"]
+        end = d if a["end"] is None or a["end"] >= d else a["end"]
+        return a["dim"] % rank, start, end, a["step"]
+
+    if d % 2 or bounds(high) != (rank - 1, half, d, 1) or bounds(low) != (rank - 1, 0, half, 1):
+        return None
+    return y
+
+
+def _rms_norm_ropes(graph: fx.Graph) -> list[FoundRegion]:
+    """Each ``y * cos + cat((-y[..., D/2:], y[..., :D/2]), -1) * sin`` whose ``y`` is Gemma's RMSNorm of ``x`` with a
+    weight (``_rms_norm_of``) and whose intermediates nothing else reads, as one ``rms_norm_rope(x, weight, cos,
+    sin)`` call (transformers' q_norm / k_norm, then apply_rotary_pos_emb): its nodes are the norm's and the
+    rotation's; cos and sin (the unsqueezed views the model multiplies by) are inputs."""
+    from ..ops import get_spec
+
+    spec = get_spec("rms_norm_rope")
+    found = []
+    for node in graph.nodes:
+        pair = _operands(node, aten.add.Tensor)
+        if pair is None:
+            continue
+        # the rotated half's product first: (cat * sin) + (y * cos), in either order of each product
+        rot_of = lambda n: _either(_operands(n, aten.mul.Tensor), lambda c: _rotate_half_of(c) is not None)  # noqa: E731
+        pair = _either(pair, lambda n: rot_of(n) is not None)
+        if pair is None:
+            continue
+        rot_mul, cos_mul = pair
+        cat, sin = rot_of(rot_mul)
+        y = _rotate_half_of(cat)
+        cos_pair = _either(_operands(cos_mul, aten.mul.Tensor), lambda n: n is y)
+        if cos_pair is None:
+            continue
+        cos = cos_pair[1]
+        norm = _rms_norm_of(y)
+        if norm is None:
+            continue
+        x, weight, eps, norm_nodes = norm
+        neg = cat.args[0][0]
+        rope_nodes = [cat, neg, neg.args[0], cat.args[0][1], rot_mul, cos_mul, node]
+        members = set(norm_nodes + rope_nodes)
+        if any(u not in members for n in members - {node} for u in n.users):
+            continue
+        if not all(isinstance(t, fx.Node) and isinstance(_val(t), torch.Tensor) for t in (x, weight, cos, sin)):
+            continue
+        try:
+            variant = spec.variant(spec.bind(_val(x), _val(weight), _val(cos), _val(sin), eps), [_val(node)])
+        except (Unsupported, TypeError, ValueError):
+            continue
+        if variant.outputs[0].shape != _val(x).shape or variant.outputs[0].dtype != TensorSig.of(_val(x)).dtype:
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        nodes = tuple(sorted(set(norm_nodes + rope_nodes), key=order.__getitem__))
+        found.append(FoundRegion(variant, nodes, (x, weight, cos, sin), (node,)))
     return found
 
 
