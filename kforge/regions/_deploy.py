@@ -66,6 +66,18 @@ def _in_function(node: fx.Node) -> bool:
     return False
 
 
+def _call_site(graph: fx.Graph, region: FoundRegion) -> fx.Node | None:
+    """The node the kernel's call goes before: the region's first node that comes after every input it reads (a
+    fused operator's inputs may be made after its first node: rms_norm_rope's cos and sin, unsqueezed just before
+    the products that read them) and no later than its first output; None where there is none (then the region
+    stays as it is)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    after = max((order[n] for n in region.inputs if n in order), default=-1)
+    first_out = min(order[n] for n in region.outputs)
+    site = min((n for n in region.nodes if order[n] > after), key=order.__getitem__, default=None)
+    return site if site is not None and order[site] <= first_out else None
+
+
 def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list | None = None) -> list[str]:
     """Replace each region or fused operator of ``gm`` whose variant key is in ``kernels`` (key -> the
     kernel's ``DeployedKernel.run_name``) with a ``torch.ops.kforge.run`` call (``run_flexible`` for a
@@ -112,7 +124,12 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
         op = torch.ops.kforge.run_flexible.default if flexible else torch.ops.kforge.run.default
         if region.peeled is not None:   # the kernel adds the convolution's bias: the convolution runs without it
             drop_conv_bias(region.peeled)
-        with graph.inserting_before(region.nodes[0]):
+        site = _call_site(graph, region)
+        if site is None:
+            if missed is not None:
+                missed.append(region.variant)
+            continue
+        with graph.inserting_before(site):
             args = [moved.get(n, n) for n in region.inputs]
             if flexible and inductor_lowers():
                 args = [_in_layout(graph, a, sig) for a, sig in zip(args, region.variant.inputs)]
