@@ -33,6 +33,9 @@
 #   device run: bash benchmarks/device_session.sh gelu      the SD3.5 transformer's feed-forward GEMM + tanh GELU as one
 #                                                            cuBLASLt call (linear_gelu): its GPU tests, then the model's
 #                                                            linear_gelu cards searched and end to end (carry [".whl"])
+#   device run: bash benchmarks/device_session.sh rope      Gemma 4's q/k RMSNorm + rotary embedding as one kernel
+#                                                            (rms_norm_rope): its GPU tests, then Gemma 4 E2B's
+#                                                            rms_norm_rope cards searched and end to end under KF_MODES
 #   device run: bash benchmarks/device_session.sh profile   where compiled ResNet-50's and the SD3.5 VAE decoder's GPU time
 #                                                            goes, by kernel and kind, with launches a forward
 #                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
@@ -265,6 +268,21 @@ PY
     timeout "${KF_GELU_S:-420}" python3 benchmarks/region_e2e.py sd35_transformer --ops linear_gelu --no-inductor-baseline \
         --iterations "${KF_ITERATIONS:-2}" --max-cards 4 --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} \
         --lean-store 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_linear_gelu.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+  rope)
+    # Gemma 4's q/k RMSNorm + rotary embedding as one kernel (rms_norm_rope): its GPU tests, then Gemma 4 E2B
+    # (KF_ROPE_LAYERS, default 35, 512-token prefill) captured with regions, its rms_norm_rope cards searched, and
+    # end to end under KF_MODES with the model-level check. KF_ROPE_TESTS=0: no tests; KF_ROPE_S=0: tests only
+    if [ "${KF_ROPE_TESTS:-1}" != 0 ]; then
+      timeout "${KF_ROPE_TESTS_S:-120}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
+          -o addopts="" tests/test_rms_norm_rope.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/rms_norm_rope_tests.txt" \
+          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -14
+    fi
+    [ "${KF_ROPE_S:-420}" = 0 ] && exit 0
+    timeout "${KF_ROPE_S:-420}" python3 benchmarks/region_e2e.py gemma4_e2b --layers "${KF_ROPE_LAYERS:-35}" \
+        --ops rms_norm_rope --no-inductor-baseline --iterations "${KF_ITERATIONS:-3}" --max-cards 4 \
+        --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} --lean-store 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_rms_norm_rope.txt" \
         | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   sd35t)
     install_wheels
