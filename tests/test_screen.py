@@ -136,6 +136,7 @@ CPP_LOAD_TIME = [
     "static cublasLtHandle_t h; static cublasStatus_t s(cublasLtCreate(&h));",
     "static cublasLtHandle_t h; static cublasStatus_t s{cublasLtCreate(&h)};",
     "static size_t v = 1 + cublasLtGetVersion();",
+    "static float expf2(float x) { return x; } static float expm1f(float x) { return x; } static float v(expm1f(1.f));",
 ]
 
 

@@ -503,7 +503,7 @@ def _statement_findings(stmt: list[_Tok], ctor_types: set[str], functions: set[s
             if a.text in ("]", ":>") and b.text in ("(", "{", "<%", "mutable", "->"):
                 return [Finding(a.line, "load-time-code", "a lambda in a namespace-scope initialiser would run when "
                                 "the library loads; compute it inside kf_launch")]
-    called = _initialiser_call(stmt)
+    called = _initialiser_call(stmt, functions)
     if called is not None:
         return [Finding(called.line, "load-time-code", f"a namespace-scope initialiser calls `{called.text}`: it would "
                         "run when the library loads (a library's function too, e.g. cuBLASLt's); compute it inside "
@@ -516,10 +516,11 @@ _NOT_CALLS = frozenset({"sizeof", "alignof", "_Alignof", "alignas", "_Alignas", 
                         "const_cast", "reinterpret_cast", "noexcept", "defined", "__launch_bounds__"})
 
 
-def _initialiser_call(stmt: list[_Tok]) -> _Tok | None:
+def _initialiser_call(stmt: list[_Tok], functions: set[str] = frozenset()) -> _Tok | None:
     """A call in a namespace-scope declaration's initialiser (after ``=``, or inside the parentheses or braces of a
     direct initialisation, ``T x(f());`` / ``T x{f()};``): dynamic initialisation, which runs when the library loads.
-    A function's own declarator (``T f(int);``) calls nothing; attributes are skipped."""
+    A function's own declarator (``T f(int);``) calls nothing; attributes are skipped. The C math library's functions
+    may be called (``1.0f / sqrtf(128.0f)``), unless the file defines a function of that name (``functions``)."""
     depth, after_eq = 0, False
     skip_to = -1
     for i, (a, b) in enumerate(zip(stmt, stmt[1:])):
@@ -535,7 +536,7 @@ def _initialiser_call(stmt: list[_Tok]) -> _Tok | None:
         elif a.text in (")", "}", "%>"):
             depth -= 1
         if a.kind == "ident" and b.text == "(" and (after_eq or depth > 0) and a.text not in _NOT_CALLS \
-                and a.text not in _TYPE_WORDS and not _PURE_MATH.match(a.text):
+                and a.text not in _TYPE_WORDS and (a.text in functions or not _PURE_MATH.match(a.text)):
             return a
     return None
 
