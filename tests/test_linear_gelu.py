@@ -117,6 +117,25 @@ def test_the_cpu_kernel_is_judged_correct_and_replaces_both_calls_in_the_compile
     torch._dynamo.reset()
 
 
+def test_a_product_of_lower_precision_than_eagers_is_judged_wrong(session):
+    """The design's own loop with its operands rounded to TF32's 10-bit mantissa first (what a float32 candidate
+    gets from CUBLAS_COMPUTE_32F_FAST_TF32, which the screen refuses by name but a number can still choose): the
+    judge's float32 check of a cuBLAS product (5e-5) refuses it, where 1e-3 let it pass."""
+    (card,) = session.cards.by_op("linear_gelu")
+    (strategy,) = strategies_for("linear_gelu", "cpu")
+    cpu = device_info("cpu")
+    src = strategy.render(card.variant, strategy.default(card.variant, cpu), cpu)
+    product = "x_ld(x, m * XROW + k) * w_ld(w, n * WN + k * WK)"
+    assert product in src
+    rounded = src.replace(product, "mant10(x_ld(x, m * XROW + k)) * mant10(w_ld(w, n * WN + k * WK))").replace(
+        "KF_ENTRY int kf_launch", "static inline float mant10(float v) { uint32_t u; memcpy(&u, &v, 4); "
+        "u = (u + 0x0FFFu + ((u >> 13) & 1u)) & ~0x1FFFu; memcpy(&v, &u, 4); return v; }\nKF_ENTRY int kf_launch", 1)
+    exact = session.evaluator.evaluate(card, src, session.store)
+    lower = session.evaluator.evaluate(card, rounded, session.store)
+    assert exact.status.is_correct, exact.summary()
+    assert not lower.status.is_correct and lower.status.name == "WRONG_RESULT", lower.summary()
+
+
 H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4800.0, 50 << 20, 227 << 10)
 
 
