@@ -415,6 +415,8 @@ def _rotate_half_of(cat: Any) -> Any:
     if not (_call(high, aten.slice.Tensor) and _call(low, aten.slice.Tensor)) or high.args[0] is not low.args[0]:
         return None
     y = low.args[0]
+    if not isinstance(_val(y), torch.Tensor) or _val(y).dim() != rank:
+        return None
     d = _val(y).shape[-1]
     half = d // 2
 
