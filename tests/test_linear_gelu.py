@@ -9,12 +9,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kforge
-from kforge.deploy import DeployedKernel, Deployment
+from kforge.deploy import DeployedKernel
 from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
 from kforge.kernels._compile import cublaslt_paths, find_nvcc, uses_cublaslt
 from kforge.kernels._screen import screen
 from kforge.ops import get_spec
 from kforge.proposers.builtin import strategies_for
+
+from fused_checks import judged_and_placed
 
 
 class _FeedForward(nn.Module):
@@ -99,22 +101,7 @@ def test_a_two_dimensional_input_is_fused_too(tmp_path):
 
 
 def test_the_cpu_kernel_is_judged_correct_and_replaces_both_calls_in_the_compiled_graph(session):
-    (card,) = session.cards.by_op("linear_gelu")
-    session.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
-    (cand,) = [c for c in session.store.candidates(card.key) if c.status is not None and c.status.is_correct]
-    assert cand.strategy == "linear_gelu.cpu.rows"
-    kernel = DeployedKernel(card.variant, Kernel(compile_source(cand.source, "cpu", "native").path))
-    model, x = session.model, session.batches[0]
-    with torch.no_grad():
-        expected = model(x)
-    with Deployment([kernel], None) as dep:
-        torch._dynamo.reset()
-        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
-        with torch.no_grad():
-            got = compiled(x)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert kernel.calls == 1, "the kernel ran in place of the product and the GELU"
-    torch._dynamo.reset()
+    judged_and_placed(session, 'linear_gelu')
 
 
 def test_a_product_of_lower_precision_than_eagers_is_judged_wrong(session):

@@ -8,12 +8,14 @@ import torch
 import torch.nn as nn
 
 import kforge
-from kforge.deploy import DeployedKernel, Deployment
+from kforge.deploy import DeployedKernel
 from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
 from kforge.kernels._compile import find_nvcc
 from kforge.kernels._screen import screen
 from kforge.ops import TensorSig, Variant, get_spec
 from kforge.proposers.builtin import strategies_for
+
+from fused_checks import judged_and_placed
 
 
 def _rotate_half(x):
@@ -81,22 +83,7 @@ def test_a_normed_value_read_elsewhere_is_not_fused(tmp_path):
 
 
 def test_the_cpu_kernel_is_judged_correct_and_replaces_the_chain_in_the_compiled_graph(session):
-    (card,) = session.cards.by_op("rms_norm_rope")
-    session.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
-    (cand,) = [c for c in session.store.candidates(card.key) if c.status is not None and c.status.is_correct]
-    assert cand.strategy == "rms_norm_rope.cpu.rows"
-    kernel = DeployedKernel(card.variant, Kernel(compile_source(cand.source, "cpu", "native").path))
-    model, x = session.model, session.batches[0]
-    with torch.no_grad():
-        expected = model(x)
-    with Deployment([kernel], None) as dep:
-        torch._dynamo.reset()
-        compiled = dep.compile(model, backend="aot_eager", dynamic=False)
-        with torch.no_grad():
-            got = compiled(x)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    assert kernel.calls == 1, "the kernel ran in place of the norm and the rotation"
-    torch._dynamo.reset()
+    judged_and_placed(session, 'rms_norm_rope')
 
 
 def test_gemma4_gives_one_card_for_each_query_and_key_norm(tmp_path):
@@ -138,7 +125,8 @@ def test_the_cuda_design_reads_each_half_once_and_passes_the_screen():
     src = strategy.render(variant, config, H200)
     assert screen(src, "cuda") == ()
     # the row's offsets: heads and tokens of the input; tokens only of cos and sin (broadcast over the heads)
-    assert "xo = (r % 8L) * 512L + ((r / 8L) % 512L) * 4096L," in src and "co = ((r / 8L) % 512L) * 512L," in src
+    # (the input's rows are evenly strided: one multiply)
+    assert "xo = ((r) * 512L)," in src and "co = (((r) / 8L) * 512L)," in src
     assert "#define D 512" in src
     assert {c["vec"] for c in strategy.configs(variant, H200)} == {8, 4, 2, 1}
     # a row whose half is no multiple of 8 (260 = 4 x 65) gets narrower accesses only

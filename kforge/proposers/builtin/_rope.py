@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ...kernels import DeviceInfo
 from ...ops import TensorSig, Variant
+from ...regions._codegen import lin
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import ITEMSIZE, fill, strategy
 
@@ -22,17 +23,7 @@ _OP = "rms_norm_rope"
 def _offset(x: TensorSig, lead: tuple[int, ...], var: str = "r") -> str:
     """A C expression for the first element of row ``var`` (a row: one index of ``lead``, the input's leading
     dimensions, row-major) in tensor ``x``, whose leading dimensions broadcast to ``lead`` (size 1: stride 0)."""
-    terms, div = [], 1
-    sizes = list(x.shape[:-1])
-    strides = list(x.stride[:-1])
-    for k in range(len(lead) - 1, -1, -1):
-        n = lead[k]
-        if sizes[k] != 1 and strides[k] != 0 and n != 1:
-            index = f"({var} / {div}L)" if div > 1 else var
-            index = f"({index} % {n}L)" if k > 0 else index
-            terms.append(f"{index} * {strides[k]}L")
-        div *= n
-    return " + ".join(terms) or "0L"
+    return lin(var, lead, [st if n != 1 else 0 for n, st in zip(x.shape[:-1], x.stride[:-1])])
 
 
 def _applies(v: Variant) -> bool:
@@ -62,13 +53,8 @@ def _common(v: Variant) -> dict:
             "YOFF": _offset(v.outputs[0], lead)}
 
 
-# ----------------------------------------------------------------------------- CPU
-
-_CPU = CPU + "{{io}}" + r"""
-#define D {{D}}L
-#define H2 (D / 2)
-#define ROWS {{ROWS}}L
-
+# The entry point of both designs: pointers to x, weight, cos, sin and y.
+_ENTRY = r"""
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
     const x_t* x = (const x_t*)inputs[0].data;
@@ -76,7 +62,15 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
     const c_t* cs = (const c_t*)inputs[2].data;
     const s_t* sn = (const s_t*)inputs[3].data;
     y_t* y = (y_t*)outputs[0].data;
-    #pragma omp parallel for schedule(static)
+"""
+
+# ----------------------------------------------------------------------------- CPU
+
+_CPU = CPU + "{{io}}" + r"""
+#define D {{D}}L
+#define H2 (D / 2)
+#define ROWS {{ROWS}}L
+""" + _ENTRY + r"""    #pragma omp parallel for schedule(static)
     for (long r = 0; r < ROWS; ++r) {
         const long xo = {{XOFF}}, co = {{COFF}}, so = {{SOFF}}, yo = {{YOFF}};
         float ss = 0.f;
@@ -162,15 +156,7 @@ __global__ void __launch_bounds__(RPB * 32) rms_norm_rope_warp(const x_t* __rest
         store_vec<V>(y + yo + j + H2, ob);
     }
 }
-
-KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
-                       const double* params, int n_params, void* workspace, void* stream) {
-    const x_t* x = (const x_t*)inputs[0].data;
-    const w_t* w = (const w_t*)inputs[1].data;
-    const c_t* cs = (const c_t*)inputs[2].data;
-    const s_t* sn = (const s_t*)inputs[3].data;
-    y_t* y = (y_t*)outputs[0].data;
-    const bool aligned = ((uintptr_t)x | (uintptr_t)w | (uintptr_t)cs | (uintptr_t)sn | (uintptr_t)y) % 16 == 0;
+""" + _ENTRY + r"""    const bool aligned = ((uintptr_t)x | (uintptr_t)w | (uintptr_t)cs | (uintptr_t)sn | (uintptr_t)y) % 16 == 0;
     const long blocks = (ROWS + RPB - 1) / RPB;
     if ({{VEC}} > 1 && aligned)
         rms_norm_rope_warp<{{VEC}}><<<blocks, RPB * 32, 0, (cudaStream_t)stream>>>(x, w, cs, sn, y);
