@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
@@ -95,6 +96,13 @@ def main() -> None:
                          "the resumed capture's examples replace the stored ones, whatever their values)")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    # NB: kforge's INFO lines (each compiled arm's compile time) on stdout with the time since the start, so a
+    # call cut inside the end-to-end check says how far it got
+    shown = logging.StreamHandler(sys.stdout)
+    shown.setFormatter(logging.Formatter("  [%(since)6.0f s] %(message)s"))
+    shown.addFilter(lambda record: setattr(record, "since", time.perf_counter() - t0) or True)
+    logging.getLogger("kforge").addHandler(shown)
+    logging.getLogger("kforge").setLevel(logging.INFO)
     model, inputs = _model(args.model, args)
     workdir = Path(tempfile.mkdtemp(prefix="kforge-region-e2e-"))
     if args.store is not None and args.store.exists():

@@ -3,6 +3,7 @@ that do not make the model faster. Inductor on this CPU is slow: few, tiny compi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -175,10 +176,10 @@ def test_export_then_load_and_compile_in_a_fresh_process(tmp_path):
 
 
 class _Kernel:
-    """Stands in for a DeployedKernel where only its signature matters."""
+    """Stands in for a DeployedKernel where only its signature (and, given, its operator) matters."""
 
-    def __init__(self, signature: str):
-        self.variant = type("V", (), {"signature": signature})()
+    def __init__(self, signature: str, op: str | None = None):
+        self.variant = type("V", (), {"signature": signature, **({"op": op} if op else {})})()
 
 
 def _model_time(costs: dict[str, float], base: float = 1000.0):
@@ -209,6 +210,36 @@ def test_a_kernel_faster_alone_that_slows_the_model_is_left_out():
     assert report.model.faster and report.model.with_us == 880.0 and report.model.without_us == 1000.0
     assert len(built) == 5, "n + 2 forwards built for n kernels (none and all included)"
     assert "left out max_pool2d fast alone" in "\n".join(report.lines())
+
+
+def test_kernels_of_one_operator_are_kept_or_left_out_together():
+    """Gemma 4's four rms_norm_rope kernels each save less than the noise of its forward; together they save
+    more. Kernels of one operator are weighed as one group: kept together, left out together, one compiled
+    forward a group (each region kernel is a group of its own)."""
+    ropes = [_Kernel(f"rms_norm_rope {i}", "rms_norm_rope") for i in range(4)]
+    costs = {k.variant.signature: -3.0 for k in ropes}       # 3 us each against 5 us of noise, 12 together
+    built = []
+
+    def build(kernels):
+        built.append(len(kernels))
+        return Arm(lambda: None, list(kernels))
+
+    kept, report = keep_faster(ropes, [3.0] * 4, build, _model_time(costs), "default")
+    assert kept == ropes and report.model.saved_us == 12.0 and built == [0, 4]
+    # with a harmful operator's two kernels and two region kernels (one harmful): the operator's pair goes together
+    bad = [_Kernel(f"softmax {i}", "softmax") for i in range(2)]
+    regions = [_Kernel("region a", "region"), _Kernel("region b", "region")]
+    costs.update({bad[0].variant.signature: +4.0, bad[1].variant.signature: -1.0,
+                  regions[0].variant.signature: -30.0, regions[1].variant.signature: +8.0})
+    built.clear()
+    kept, report = keep_faster([*ropes, *bad, *regions], [3.0] * 4 + [50.0, 50.0, 20.0, 10.0], build,
+                               _model_time(costs), "default")
+    assert set(kept) == {*ropes, regions[0]}
+    assert built == [0, 8, 7, 3, 6, 5], "g + 2 forwards: none, all, then without each group, smallest saving first"
+    left = {lo.signature: lo for lo in report.left_out}
+    assert set(left) == {"softmax 0", "softmax 1", "region b"}
+    assert left["softmax 0"].together == 2 and "the 1 other kernel(s) weighed with it" in left["softmax 0"].reason
+    assert left["region b"].together == 1 and "faster with it:" in left["region b"].reason
 
 
 def test_nothing_is_kept_when_the_kernels_together_do_not_help():
@@ -303,10 +334,14 @@ def test_pooled_rounds_are_no_surer_than_the_timings_agree():
     assert plain.faster, plain.describe()
 
 
-def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_path):
+def test_end_to_end_leaves_out_a_kernel_that_slows_the_model_and_says_so(tmp_path, caplog):
     s, model, x, cards = _winners(tmp_path, "tiny_cnn", ("max_pool2d",))
     (sig,) = [c.signature for c in cards]
+    caplog.set_level(logging.INFO, logger="kforge")
     report = s.end_to_end(modes=("default",), compile_backend="aot_eager", compare=_model_time({sig: +30.0}))
+    compiled = [r.getMessage() for r in caplog.records if "compiled" in r.getMessage()]
+    assert any(m.startswith("kforge: default: compiled the model with 1 kernel(s) in ") for m in compiled), compiled
+    assert any("compiled the A/A control" in m for m in compiled), "a run cut while compiling says how far it got"
     eager_row = next(r for r in report.rows if r.label == "eager + kforge")
     assert eager_row.kernels == 0 and report.kernels_installed == 0
     assert [lo.signature for f in report.fallback for lo in f.left_out] == [sig, sig]

@@ -4,11 +4,13 @@ A kernel faster than eager in isolation can still slow the model: its dispatch c
 it replaces an operator Inductor had fused with its neighbours, it is slower than the code
 Inductor generates for the same operator. So the whole forward is timed with and without kernels,
 interleaved in one process, in the mode the model will run in (eager against eager, compiled
-against plain compile in the same mode). Greedy removal, at most n + 2 forwards built (compiled,
-in compile modes) for n kernels:
-start from all kernels; try leaving out each one, smallest expected gain first, and drop it when
-the model is not measurably slower without it; finally keep what is left only if it beats no
-kernels at all beyond the noise.
+against plain compile in the same mode). Greedy removal over groups (``weighed_together``: the kernels
+of one operator are one group, each region kernel a group of its own), at most g + 2 forwards built
+(compiled, in compile modes) for g groups: start from all kernels; try leaving out each group, smallest
+expected gain first, and drop it when the model is not measurably slower without it; finally keep what
+is left only if it beats no kernels at all beyond the noise. Kernels of one operator are weighed
+together because each alone may save less than the noise while together they save more (the same
+design at several shapes), and because every group costs a compilation of the whole model.
 
 In compile modes every arm is a compilation of its own, and two compilations of one graph need not
 run alike (on the H200 two arms that ran the same Qwen graph read 2% apart): the check times a second
@@ -113,10 +115,12 @@ class Comparison:
 class LeftOut:
     signature: str
     comparison: Comparison   # the model with the kernel against the model without it
+    together: int = 1        # how many kernels were weighed with it, itself included (``weighed_together``)
 
     @property
     def reason(self) -> str:
-        return f"the model is not measurably faster with it: {self.comparison.describe()}"
+        who = "it" if self.together == 1 else f"it and the {self.together - 1} other kernel(s) weighed with it"
+        return f"the model is not measurably faster with {who}: {self.comparison.describe()}"
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,14 @@ class Arm:
 
 
 Build = Callable[[Sequence[DeployedKernel]], Arm]
+
+
+def weighed_together(dk: Any) -> str:
+    """Which kernels the model-level check keeps or leaves out as one: those of one operator (one design at
+    several shapes, each of which may save less than the noise while together they save more); a region
+    kernel alone (each is its own chain's code), as is a kernel whose operator is not known."""
+    op = getattr(dk.variant, "op", None)
+    return dk.variant.signature if op in (None, "region") else f"op:{op}"
 Compare = Callable[[Arm, Arm], Comparison]
 
 
@@ -194,8 +206,15 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
     (``Comparison.undecided``: over half that bar, not over it) is timed again, up to ``settle``
     times, its rounds pooled: more rounds narrow the noise, and the verdict reads them all.
     """
-    order = sorted(range(len(kernels)), key=lambda i: -expected_gain_us[i])
-    current = [kernels[i] for i in order]
+    # NB: kernels of one operator are weighed together (``weighed_together``): on the H200 Gemma 4's four
+    # rms_norm_rope kernels each save under the noise of a 61 ms forward while together they save more, and a
+    # 35-layer compile costs over a minute an arm (leave-one-out over the four ran past ten minutes, 2026-12-04o)
+    groups: dict[str, list[int]] = {}
+    for i, dk in enumerate(kernels):
+        groups.setdefault(weighed_together(dk), []).append(i)
+    gain = {key: sum(expected_gain_us[i] for i in idx) for key, idx in groups.items()}
+    order = sorted(groups, key=lambda key: -gain[key])
+    current = {key: [kernels[i] for i in groups[key]] for key in order}
     if not current:
         empty = Comparison(0.0, 0.0, 0.0)
         return [], FallbackReport(mode, (), (), empty, 0)
@@ -218,21 +237,24 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
             cmp = cmp.pooled(timed(a, b))
         return cmp
 
-    arm = build(current)
+    flat = lambda gs: [dk for key in gs for dk in gs[key]]  # noqa: E731
+    arm = build(flat(current))
     left_out: list[LeftOut] = []
-    for dk in list(reversed(current)):
+    for key in reversed(order):
         if len(current) == 1:
             break
-        rest = [k for k in current if k is not dk]
-        without = build(rest)
+        rest = {k: ks for k, ks in current.items() if k != key}
+        without = build(flat(rest))
         built += 1
         cmp = compare(arm, without)
         if not cmp.faster:
-            left_out.append(LeftOut(dk.variant.signature, cmp))
+            together = len(current[key])
+            left_out.extend(LeftOut(dk.variant.signature, cmp, together) for dk in current[key])
             current, arm = rest, without
+    current = flat(current)
     final = compare(arm, none)
     if not final.faster:
-        left_out.extend(LeftOut(k.variant.signature, final) for k in current)
+        left_out.extend(LeftOut(k.variant.signature, final, len(current)) for k in current)
         current = []
     kept = tuple(k.variant.signature for k in current)
     return current, FallbackReport(mode, kept, tuple(left_out), final, built, control=aa)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -159,6 +160,22 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
     the compiled models by kernel set (keyed by run names)."""
     made: dict[tuple[str, ...], Any] = {}
 
+    def timed_first(compiled: Any, what: str) -> Callable[[], Any]:
+        # NB: the first forward compiles: its time is logged (INFO), so a run cut while it compiles says how
+        # far it got (two H200 calls on Gemma 4 at 35 layers were cut inside reduce-overhead's compiles
+        # with nothing printed for 470 s, 2026-12-04o)
+        first = [True]
+
+        def run() -> Any:
+            if not first[0]:
+                return forward(compiled)
+            start = time.perf_counter()
+            out = forward(compiled)
+            first[0] = False
+            log.info("kforge: %s: compiled %s in %.1f s (its first forward)", mode, what, time.perf_counter() - start)
+            return out
+        return run
+
     def build(kernels: Sequence[DeployedKernel]) -> Arm:
         key = tuple(sorted(dk.run_name for dk in kernels))
         if key in made:
@@ -166,7 +183,7 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
         compiled = compile_with(model, kernels, backend=backend, mode=None if backend != "inductor" else mode,
                                 **torch_compile_kwargs)
         made[key] = compiled
-        return Arm(lambda: forward(compiled), kernels)
+        return Arm(timed_first(compiled, f"the model with {len(kernels)} kernel(s)"), kernels)
 
     def control() -> Arm:
         """A second plain compilation of the model, made afresh (Inductor's caches off while it
@@ -174,7 +191,7 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
         compiled = compile_with(model, [], backend=backend, mode=None if backend != "inductor" else mode,
                                 **torch_compile_kwargs)
         with torch._inductor.config.patch(force_disable_caches=True), torch.no_grad():
-            forward(compiled)   # compiles
+            timed_first(compiled, "the A/A control (a second plain compilation, caches off)")()
         return Arm(lambda: forward(compiled))
 
     build.control = control  # type: ignore[attr-defined]
