@@ -14,7 +14,14 @@ kernels can save. Each kernel's row gives its launches a forward, its time a lau
 the bandwidth floor. ``--sources N`` also writes
 the Triton source Inductor generated for the N largest of its kernels in each compiled mode
 (compiled_profile_<model>_sources.txt: what a faster kernel has to beat, read off the compile's cache).
+``--decode N`` (language models) profiles the N - 1 steps of a greedy decode of N tokens with a static KV cache
+(a decode of N tokens less a decode of one) instead of the forward, the decode steps compiled as transformers'
+generate compiles them (``decode_steps``), figures a step; it adds the wall time a step and, per mode, the
+host's top operators by self CPU time: where a host-bound decode's time goes (eager Qwen 3.5 decodes at 65
+tokens/s on the H200, its GPU mostly idle).
 Prints a table per mode and writes compiled_profile_<model>.json to $OUT (or runs/).
+
+    python benchmarks/compiled_profile.py qwen35_moe --layers 4 --experts grouped_mm --decode 16 --modes reduce-overhead
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -66,20 +74,27 @@ def launch_shapes(trace: dict) -> dict[str, dict]:
 
 
 def profile_forward(fn, forwards: int = 5, launches: dict[str, float] | None = None,
-                    shapes: dict[str, dict] | None = None) -> dict[str, float]:
+                    shapes: dict[str, dict] | None = None, host: dict[str, float] | None = None,
+                    warm: int = 3) -> dict[str, float]:
     """GPU microseconds a forward per kernel name; ``launches`` (when given) gets each name's launches a forward,
-    ``shapes`` each name's launch shape (``launch_shapes``)."""
+    ``shapes`` each name's launch shape (``launch_shapes``), ``host`` each operator's self CPU microseconds a
+    forward (the host's side profiled too)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(warm):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host is not None else [])
+        with profile(activities=activities) as prof:
             for _ in range(forwards):
                 fn()
             torch.cuda.synchronize()
-    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"] \
+        if host is not None else [e for e in prof.key_averages() if e.device_time_total > 0]
+    if host is not None:
+        host.update({e.key: e.self_cpu_time_total / forwards for e in prof.key_averages()
+                     if e.self_cpu_time_total > 0})
     if shapes is not None:
         import tempfile
 
@@ -179,6 +194,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--sources", type=int, default=0, metavar="N",
                     help="write the Triton source of the N largest Inductor kernels of each compiled mode")
+    ap.add_argument("--decode", type=int, default=0, metavar="N",
+                    help="language models: profile a greedy decode of N tokens (static cache) instead of the forward")
     ap.add_argument("--experts", default=None, help="MoE models: the experts implementation (e.g. grouped_mm, what "
                     "the end-to-end rows of Qwen 3.5 run; the seed's default is per-expert F.linear calls)")
     args = ap.parse_args()
@@ -206,15 +223,48 @@ def main() -> None:
         print("transformers", transformers.__version__)
     except ImportError:
         pass
+    unit = "a token" if args.decode else "a forward"
     for mode in ["eager"] + [m for m in args.modes.split(",") if m and m != "eager"]:
         torch._dynamo.reset()
-        target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
         launches: dict[str, float] = {}
         shapes: dict[str, dict] = {}
-        summary = summarize(profile_forward(lambda: call(target), launches=launches, shapes=shapes), args.top,
-                            launches, shapes)
+        host: dict[str, float] | None = {} if args.decode else None
+        if args.decode:
+            # NB: a decode of N tokens less a decode of one (the prompt's prefill and the first token): the N - 1
+            # steps alone, as compare_decode times them (the prompt's large GEMMs were most of a first profile)
+            long, short = (_decoder(model, args_, kwargs_, n, mode) for n in (args.decode, 1))
+            figures = []
+            for run in (long, short):
+                l_, s_, h_ = {}, {}, {}
+                g_ = profile_forward(run, forwards=2, launches=l_, shapes=s_, host=h_, warm=2)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    run()
+                torch.cuda.synchronize()
+                figures.append((g_, l_, s_, h_, time.perf_counter() - start))
+                shapes.update(s_)
+            (g1, l1, _, h1, w1), (g0, l0, _, h0, w0) = figures
+            steps = args.decode - 1
+            less = lambda a, b: {k: (a.get(k, 0.0) - b.get(k, 0.0)) / steps for k in a}  # noqa: E731
+            gpu = {k: v for k, v in less(g1, g0).items() if v > 0}
+            launches, host = less(l1, l0), {k: v for k, v in less(h1, h0).items() if v > 0}
+            wall_us = (w1 - w0) * 1e6 / steps
+        else:
+            target = model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
+            gpu = profile_forward(lambda: call(target), launches=launches, shapes=shapes)
+        summary = summarize(gpu, args.top, launches, shapes)
         result["modes"][mode] = summary
-        print(f"\n## {args.model}, {mode}: {summary['gpu_us']:.1f} us of GPU kernels a forward")
+        print(f"\n## {args.model}, {mode}: {summary['gpu_us']:.1f} us of GPU kernels {unit}")
+        if args.decode:
+            # NB: the wall time a step, unprofiled (one decode of each length, after the profiled ones), to set the
+            # GPU's busy time against: a host-bound decode's GPU time is a small part of it
+            summary["wall_us_a_step"] = wall_us
+            summary["host_top"] = [{"op": k[:120], "self_cpu_us": v}
+                                   for k, v in sorted(host.items(), key=lambda kv: -kv[1])[:args.top]]
+            print(f"  wall {wall_us:.1f} us a step (unprofiled); the host's top operators by self CPU time a step "
+                  f"(profiled):")
+            for row in summary["host_top"][:15]:
+                print(f"    {row['self_cpu_us']:>9.1f} us  {row['op'][:100]}")
         for kind, v in summary["kinds"].items():
             print(f"  {kind:<10} {v['us']:>10.1f} us  {100 * v['share']:5.1f}%")
         for row in summary["top"]:
@@ -233,6 +283,29 @@ def main() -> None:
         (out / f"compiled_profile_{args.model}_sources.txt").write_text(text or "# no Inductor kernel source found\n")
         print(f"# Triton sources of {len(sources)} kernel(s): compiled_profile_{args.model}_sources.txt")
     (out / f"compiled_profile_{args.model}.json").write_text(json.dumps(result, indent=1))
+
+
+def _decoder(model, args_: tuple, kwargs_: dict, tokens: int, mode: str):
+    """A function that greedy-decodes ``tokens`` tokens from the seed's prompt with a static KV cache: eagerly, or
+    with the decode steps compiled in ``mode`` (``dynamic=None``, as transformers' generate compiles them)."""
+    import contextlib
+
+    from kforge.models import decode_steps, forward_as
+    from kforge.models._generate import _generate
+
+    ids = args_[0] if args_ else kwargs_.get("input_ids")
+    if not isinstance(ids, torch.Tensor):
+        raise SystemExit("--decode needs a language model whose seed input is its prompt's token ids")
+    if mode == "eager":
+        ctx = contextlib.nullcontext
+    else:
+        fwd = torch.compile(model.forward, mode=None if mode == "default" else mode, dynamic=None)
+        ctx = lambda: forward_as(model, decode_steps(model, fwd))  # noqa: E731
+
+    def run() -> None:
+        with ctx():
+            _generate(model, ids, tokens, "static")
+    return run
 
 
 if __name__ == "__main__":

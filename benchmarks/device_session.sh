@@ -40,6 +40,8 @@
 #                                                            goes, by kernel and kind, with launches a forward
 #                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
 #                                                            picks models, KF_PROFILE_SOURCES=N the Inductor sources of the top N)
+#   device run: bash benchmarks/device_session.sh decode_profile  where Qwen 3.5's decode time goes, eager and compiled:
+#                                                            GPU kernels and the host's operators a token
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
 #                                                            then benchmarks/gn_twins.py: the VAE's group_norm -> SiLU twins,
 #                                                            each CUDA design against eager and Inductor (KF_TWINS_OPS=
@@ -223,6 +225,12 @@ PY
           --sources "${KF_PROFILE_SOURCES:-0}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
+  decode_profile)
+    # where Qwen 3.5's decode time goes (4 layers, grouped_mm experts, 16 tokens, static cache): GPU kernels a token
+    # and the host's top operators by self CPU time, eager and KF_MODES (compiled_profile.py --decode)
+    timeout "${KF_PROFILE_S:-200}" python3 benchmarks/compiled_profile.py qwen35_moe --layers 4 --experts grouped_mm \
+        --decode "${KF_DECODE_TOKENS:-16}" --modes "${KF_MODES:-reduce-overhead}" --top 25 2>&1 \
+        | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/decode_profile_qwen35_moe.txt" | tail -80 ;;
   twins)
     # KF_TWINS_TESTS: pytest node ids to run instead of every GPU test of test_fused.py ("0": none)
     if [ "${KF_TWINS_TESTS:-}" != "0" ]; then
