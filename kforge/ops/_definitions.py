@@ -659,3 +659,135 @@ def inplace_binder(spec: OpSpec, func) -> Any:
         return call
 
     return bind
+
+
+# ----------------------------------------------------------------------------- a mixture of experts' experts
+
+def _bind_moe_experts(module, hidden_states=None, top_k_index=None, top_k_weights=None, *rest, **kwargs):
+    """transformers' experts implementation ``grouped_mm_experts_forward(self, hidden_states, top_k_index,
+    top_k_weights)``: the weights come from ``self`` (the experts module), the rest from the call."""
+    if rest or kwargs:
+        raise Unsupported("moe_experts: only (self, hidden_states, top_k_index, top_k_weights)")
+    w_gu, w_down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    flags = {name: getattr(module, name, default) for name, default in (
+        ("has_gate", True), ("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
+        ("_is_expert_parallel", False), ("has_post_expert_norm", False))}
+    if flags != {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+                 "_is_expert_parallel": False, "has_post_expert_norm": False}:
+        raise Unsupported(f"moe_experts: experts other than gated, concatenated, unbiased and local ({flags})")
+    if type(getattr(module, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
+        raise Unsupported("moe_experts: an activation other than SiLU")
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
+        raise Unsupported("moe_experts: a gate of the model's own (not act(gate) * up)")
+    tensors = (hidden_states, top_k_index, top_k_weights, w_gu, w_down)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise Unsupported("moe_experts: tensor inputs")
+    if hidden_states.dim() != 2 or top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape \
+            or top_k_index.shape[0] != hidden_states.shape[0] or top_k_index.dtype not in (torch.int64, torch.int32):
+        raise Unsupported("moe_experts: hidden_states [T, H], top_k_index and top_k_weights [T, K]")
+    e, two_i, h = w_gu.shape if w_gu.dim() == 3 else (0, 0, 0)
+    if h != hidden_states.shape[1] or two_i % 2 or tuple(w_down.shape) != (e, h, two_i // 2):
+        raise Unsupported("moe_experts: gate_up_proj [E, 2I, H] and down_proj [E, H, I]")
+    return Call(tensors, {})
+
+
+def _moe_experts(x: list, p: dict) -> torch.Tensor:
+    """Each token through its K experts, in float32, rounded where transformers' grouped_mm path rounds: each
+    expert's gate/up product, act(gate) and its product with up, and the down product to the hidden states'
+    dtype; the routing weight's product to the promoted dtype; the sum over the K experts in float32, then the
+    hidden states' dtype. An expert index out of [0, E) contributes nothing."""
+    h, idx, w, w_gu, w_down = x
+    dt = h.dtype
+    rd = lambda y: y.to(dt).float()  # noqa: E731
+    t, k = idx.shape
+    flat, hs = idx.reshape(-1).long(), h.float()
+    out = torch.zeros(t * k, h.shape[1], device=h.device)
+    inter = w_gu.shape[1] // 2
+    for e in torch.unique(flat).tolist():
+        if not 0 <= e < w_gu.shape[0]:
+            continue
+        rows = (flat == e).nonzero()[:, 0]
+        gu = rd(hs[rows // k] @ w_gu[e].float().T)
+        act = rd(rd(F.silu(gu[:, :inter])) * gu[:, inter:])
+        out[rows] = rd(act @ w_down[e].float().T)
+    prod = (out * w.reshape(-1, 1).float()).to(torch.result_type(h, w)).float()
+    return prod.view(t, k, -1).sum(1).to(dt)
+
+
+def _sample_moe_experts(v: Variant, seed: int, gen: torch.Generator) -> list:
+    """Valid values: K distinct experts a token, routing weights that sum to 1, weights scaled by their fan-in."""
+    hs, idx_sig, w_sig, gu_sig, dn_sig = v.inputs
+    e = gu_sig.shape[0]
+    t, k = idx_sig.shape
+    h = random_tensor(hs, gen)
+    idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else torch.zeros(0, k)
+    w = torch.rand(t, k, generator=gen) + 0.05
+    w = w / w.sum(-1, keepdim=True)
+    out = [h]
+    for sig, value in ((idx_sig, idx), (w_sig, w)):
+        ten = random_tensor(sig, gen)
+        ten.copy_(value.to(ten.device))
+        out.append(ten)
+    for sig in (gu_sig, dn_sig):
+        ten = random_tensor(sig, gen)
+        ten.mul_(sig.shape[-1] ** -0.5)
+        out.append(ten)
+    return out
+
+
+def _moe_eager(x: list, p: dict) -> torch.Tensor:
+    """What transformers' grouped_mm experts run (its sort, gather, grouped products and unsort), from the tensors
+    alone; the reference where torch has no grouped product for them."""
+    h, idx, w, w_gu, w_down = x
+    mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if mm is None or h.device.type != "cuda" or h.dtype != torch.bfloat16:
+        return _moe_experts(x, p)
+    t, k = idx.shape
+    ids, perm = torch.sort(idx.reshape(-1))
+    xs = h[perm // k]
+    offs = torch.cumsum(torch.histc(ids.int(), bins=w_gu.shape[0], min=0, max=w_gu.shape[0] - 1), 0,
+                        dtype=torch.int32)
+    gu = mm(xs, w_gu.transpose(-2, -1), offs=offs)
+    gate, up = gu.chunk(2, dim=-1)
+    down = mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
+    weighted = down * w.reshape(-1)[perm].unsqueeze(-1)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=h.device)
+    return weighted[inv].view(t, k, -1).sum(1).to(h.dtype)
+
+
+def _moe_outputs(result: Any) -> list:
+    return [result]
+
+
+def _moe_result(outs: Sequence[torch.Tensor], params: dict) -> Any:
+    return outs[0]
+
+
+# transformers' experts implementation that a model with grouped_mm experts calls: looked up in its experts
+# interface at each call (``ALL_EXPERTS_FUNCTIONS``), so kforge hooks it there too. It takes the experts module
+# (self) as its first argument: no graph node can hold that, so its kernel runs eagerly only.
+_MOE_FUNCTIONS = (FunctionTarget("transformers.integrations.moe", "grouped_mm_experts_forward", _moe_outputs,
+                                 _moe_result, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph=False),)
+
+
+def _moe_io_bytes(v: Variant) -> int:
+    """The bytes a call must move: its tokens, routing and output, and the weights of the experts it uses only
+    (at most T * K of the E experts)."""
+    hs, idx, w, gu, dn = v.inputs
+    t, k = idx.shape
+    used = min(t * k, gu.shape[0])
+    weights = used * (gu.nbytes + dn.nbytes) // max(gu.shape[0], 1)
+    return weights + sum(s.nbytes for s in (hs, idx, w)) + v.outputs[0].nbytes
+
+
+# NB: in eager decoding Qwen 3.5's experts are a score of small operators a layer and a token (sort, gather,
+# histc, cumsum, two grouped products, the gate, the unsort, the sum), paid on the host: its eager decode on
+# the H200 is host-bound (65 tokens/s at 4 layers, 1.7 ms of GPU kernels in 15 ms a token, 2026-12-04q).
+register(OpSpec(
+    name="moe_experts", kind="vendor", vendor="cublas", targets=(), functions=_MOE_FUNCTIONS, eager=_moe_eager,
+    inputs=("hidden_states", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj"), params=(),
+    bind=_bind_moe_experts, reference=_moe_experts, sample=_sample_moe_experts, io_bytes=_moe_io_bytes,
+    doc="a mixture of experts' experts: each token's K experts (SiLU-gated, weights [E, 2I, H] and [E, H, I]), "
+        "summed with their routing weights: output [T, H]"))

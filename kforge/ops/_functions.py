@@ -38,6 +38,12 @@ class FunctionTarget:
     ``result``: the function's return value from the operator's outputs and the call's params (what a kernel's
     outputs are handed back as).
     ``bind``: the function's own binder, where its arguments are not the spec's (None: the spec's ``bind``).
+    ``mappings``: dotted paths, from the module, of dicts through which the library looks the function up at call
+    time (transformers' experts implementations: ``ALL_EXPERTS_FUNCTIONS._global_mapping``); each key whose value
+    is the function is a place kforge hooks too.
+    ``graph``: whether the function can go into a compiled graph as one node (its arguments are tensors and
+    constants); a function taking a module (an experts implementation's ``self``) is traced as plain compile
+    traces it, and its kernel runs eagerly only.
     """
 
     module: str
@@ -45,6 +51,8 @@ class FunctionTarget:
     outputs: Callable[[Any], list]
     result: Callable[[Sequence[torch.Tensor], dict], Any]
     bind: Callable | None = None
+    mappings: tuple[str, ...] = ()
+    graph: bool = True
 
     def binder(self, spec: "OpSpec") -> Callable:
         """What binds a call of this function to ``spec``'s inputs and params."""
@@ -58,6 +66,18 @@ class FunctionTarget:
         """The function, when its module is imported (kforge never imports a model's library itself)."""
         module = sys.modules.get(self.module)
         return getattr(module, self.name, None) if module is not None else None
+
+    def lookup_tables(self) -> list[dict]:
+        """The dicts of ``mappings`` that exist (the module imported, every attribute on the path there)."""
+        module = sys.modules.get(self.module)
+        out = []
+        for path in self.mappings if module is not None else ():
+            obj: Any = module
+            for part in path.split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
 
 
 # A handler takes (the function's entry: ``original``, ``spec``, ``target``; args; kwargs) and returns the
@@ -206,7 +226,7 @@ class FunctionHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         entry = self.entry
         if torch.compiler.is_compiling():
-            if GRAPH.active:
+            if GRAPH.active and entry.target.graph:
                 return entry.twin(*args, **kwargs)
             return entry.original(*args, **kwargs)
         handlers = _HANDLERS.get(entry.spec.name)
@@ -224,18 +244,34 @@ class FunctionHook:
         return f"<kforge hook of {self.entry.target.path}>"
 
 
+def _get(owner: Any, name: str) -> Any:
+    """``owner.name``, or ``owner[name]`` where the place is a lookup table (a dict)."""
+    return owner.get(name) if isinstance(owner, dict) else getattr(owner, name, None)
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
+
+
 def _make_hook(entry: FunctionEntry) -> Callable:
     return FunctionHook(entry)
 
 
 def _places(target: FunctionTarget, model: Any) -> list[tuple[Any, str, Callable]]:
-    """Where ``model`` reaches ``target``: the module's global, and submodules holding the function (or a hook
-    kforge put there) as an attribute of their own."""
+    """Where ``model`` reaches ``target``: the module's global, the keys of its lookup tables (``mappings``) that
+    hold it, and submodules holding the function (or a hook kforge put there) as an attribute of their own."""
     fn = target.resolve()
     if fn is None:
         return []
     original = getattr(fn, "kforge_original", fn)   # a hook of kforge's is there already
     out = [(sys.modules[target.module], target.name, original)]
+    for table in target.lookup_tables():
+        for key, value in list(table.items()):
+            if isinstance(key, str) and (value is original or getattr(value, "kforge_original", None) is original):
+                out.append((table, key, original))
     if isinstance(model, torch.nn.Module):
         for sub in model.modules():
             for name, value in list(vars(sub).items()):
@@ -267,9 +303,9 @@ class Hooks:
                 key = (id(point.owner), point.name)
                 if _POINTS.get(key) is point:
                     del _POINTS[key]
-                if getattr(point.owner, point.name, None) is point.entry.hook:
+                if _get(point.owner, point.name) is point.entry.hook:
                     if point.owned:
-                        setattr(point.owner, point.name, point.original)
+                        _set(point.owner, point.name, point.original)
                     else:
                         delattr(point.owner, point.name)
 
@@ -285,10 +321,11 @@ def hook_functions(specs: Sequence["OpSpec"], model: Any = None) -> Hooks:
                     key = (id(owner), name)
                     point = _POINTS.get(key)
                     if point is None or point.owner is not owner:
-                        d = owner.__dict__ if isinstance(owner, type) else vars(owner)
+                        d = owner if isinstance(owner, dict) else owner.__dict__ if isinstance(owner, type) \
+                            else vars(owner)
                         point = HookPoint(owner, name, _entry(original, spec, target), owned=name in d)
                         _POINTS[key] = point
-                        setattr(owner, name, point.entry.hook)
+                        _set(owner, name, point.entry.hook)
                     point.users += 1
                     held.append(point)
     return Hooks(held)

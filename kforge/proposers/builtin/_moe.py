@@ -1,0 +1,238 @@
+"""``moe_experts``: a mixture of experts' experts for the few tokens of a decode step (transformers' grouped_mm
+experts: each token's K experts, SiLU-gated, summed with their routing weights).
+
+    act[t, k, j] = silu(x[t] . Wgu[e][j]) * (x[t] . Wgu[e][j + I])          e = top_k_index[t, k], j < I
+    out[t, h]    = sum_k top_k_weights[t, k] * (act[t, k] . Wdown[e][h])
+
+rounded where transformers rounds: each product to the hidden states' dtype, silu and its product with up too,
+the routing weight's product to the promoted dtype, the sum over k in float32. A decode step has one token and
+K (8 for Qwen 3.5) of E (256) experts: the work is reading those experts' weights once. The CUDA design is two
+launches of matrix-vector products, a warp an output row with 16-byte loads: the gate and up rows of every
+(token, expert) pair into a float32 workspace, then each output row over its token's K pairs. An expert index
+outside [0, E) contributes nothing (transformers' expert-parallel sentinel).
+"""
+from __future__ import annotations
+
+from ...kernels import DeviceInfo
+from ...ops import Variant
+from ._prelude import CPU, CUDA, cpu_io, cuda_types
+from ._strategy import ITEMSIZE, fill, strategy
+
+_OP = "moe_experts"
+_IDX = {"int64": "int64_t", "int32": "int32_t"}
+
+# The promoted dtype of the routing weight's product (torch.result_type of the hidden states and the weights).
+_PROMOTE = {("bfloat16", "float32"): "float32", ("float16", "float32"): "float32", ("float32", "bfloat16"): "float32",
+            ("float32", "float16"): "float32", ("bfloat16", "float16"): "float32", ("float16", "bfloat16"): "float32"}
+
+
+def _dims(v: Variant) -> dict:
+    h, idx, _, gu, _ = v.inputs
+    return {"T": idx.shape[0], "K": idx.shape[1], "E": gu.shape[0], "H": h.shape[1], "I": gu.shape[1] // 2}
+
+
+def _contiguous(sig) -> bool:
+    return sig.is_contiguous
+
+
+def _applies(v: Variant) -> bool:
+    if v.op != _OP or len(v.inputs) != 5 or any(s is None for s in v.inputs) or len(v.outputs) != 1:
+        return False
+    h, idx, w, gu, dn = v.inputs
+    out = v.outputs[0]
+    return (h.dtype in ITEMSIZE and gu.dtype == h.dtype and dn.dtype == h.dtype and out.dtype == h.dtype
+            and w.dtype in ITEMSIZE and idx.dtype in _IDX and all(_contiguous(s) for s in (h, idx, w, gu, dn, out))
+            and len(h.shape) == 2 and len(gu.shape) == 3 and h.shape[1] > 0 and gu.shape[1] % 2 == 0)
+
+
+def _rounding(v: Variant) -> str:
+    """``x_rd`` (to the hidden states' dtype) and ``p_rd`` (to the routing product's promoted dtype)."""
+    h, w = v.inputs[0].dtype, v.inputs[2].dtype
+    promoted = h if h == w else _PROMOTE[(h, w)]
+    body = {"float32": "return v;", "bfloat16": "return kf_bf16_to_f32(kf_f32_to_bf16(v));",
+            "float16": "return kf_f16_to_f32(kf_f32_to_f16(v));"}
+    cuda = {"float32": "return v;", "bfloat16": "return __bfloat162float(__float2bfloat16_rn(v));",
+            "float16": "return __half2float(__float2half_rn(v));"}
+    return body[h], body[promoted], cuda[h], cuda[promoted]
+
+
+_ENTRY = r"""
+KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    const x_t* x = (const x_t*)inputs[0].data;
+    const i_t* idx = (const i_t*)inputs[1].data;
+    const w_t* rw = (const w_t*)inputs[2].data;
+    const x_t* gu = (const x_t*)inputs[3].data;
+    const x_t* dn = (const x_t*)inputs[4].data;
+    x_t* y = (x_t*)outputs[0].data;
+"""
+
+_DIMS = r"""
+#define T {{T}}L
+#define K {{K}}L
+#define E {{E}}L
+#define H {{H}}L
+#define I {{I}}L
+typedef {{IDX}} i_t;
+"""
+
+# ----------------------------------------------------------------------------- CPU
+
+_CPU = CPU + "{{io}}" + _DIMS + r"""
+static inline float x_rd(float v) { {{XRD}} }
+static inline float p_rd(float v) { {{PRD}} }
+""" + _ENTRY + r"""    #pragma omp parallel for schedule(static)
+    for (long t = 0; t < T; ++t) {
+        float acc[H], act[I];
+        for (long h = 0; h < H; ++h) acc[h] = 0.f;
+        for (long k = 0; k < K; ++k) {
+            const long e = (long)idx[t * K + k];
+            if (e < 0 || e >= E) continue;
+            const x_t* wg = gu + e * 2 * I * H;
+            for (long j = 0; j < I; ++j) {
+                float g = 0.f, u = 0.f;
+                for (long c = 0; c < H; ++c) {
+                    const float xv = x_ld(x, t * H + c);
+                    g += xv * x_ld(wg, j * H + c);
+                    u += xv * x_ld(wg, (j + I) * H + c);
+                }
+                g = x_rd(g);
+                u = x_rd(u);
+                act[j] = x_rd(x_rd(g / (1.f + expf(-g))) * u);
+            }
+            const x_t* wd = dn + e * H * I;
+            const float r = w_ld(rw, t * K + k);
+            for (long h = 0; h < H; ++h) {
+                float d = 0.f;
+                for (long j = 0; j < I; ++j) d += act[j] * x_ld(wd, h * I + j);
+                acc[h] += p_rd(x_rd(d) * r);
+            }
+        }
+        for (long h = 0; h < H; ++h) x_st(y, t * H + h, acc[h]);
+    }
+    return 0;
+}
+"""
+
+
+@strategy(_OP, "cpu", "token_loop", level=0,
+          doc="OpenMP over tokens: each of a token's experts' gate and up rows, then its down rows into the sum",
+          applies=lambda v, d: _applies(v) and v.inputs[0].shape[1] <= 16384 and v.inputs[3].shape[1] <= 16384,
+          default=lambda v, d: {})
+def _moe_experts_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
+    h, idx, w, _, _ = v.inputs
+    xrd, prd, _, _ = _rounding(v)
+    io = cpu_io("x", h) + cpu_io("w", w)
+    return fill(_CPU, io=io, IDX=_IDX[idx.dtype], XRD=xrd, PRD=prd, **_dims(v))
+
+
+# ----------------------------------------------------------------------------- CUDA
+
+_CUDA = CUDA + "{{types}}" + _DIMS + r"""
+#define WARPS {{WARPS}}
+__device__ __forceinline__ float x_rd(float v) { {{XRD}} }
+__device__ __forceinline__ float p_rd(float v) { {{PRD}} }
+
+/* A warp's dot product of n elements of a and b (V-wide loads where the caller checked alignment). */
+template <int V>
+__device__ __forceinline__ float warp_dot(const x_t* __restrict__ a, const x_t* __restrict__ b, long n) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+    for (long c = (long)lane * V; c < n; c += 32L * V) {
+        float av[V], bv[V];
+        load_vec<V>(a + c, av);
+        load_vec<V>(b + c, bv);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += av[i] * bv[i];
+    }
+    return warp_sum(s);
+}
+
+/* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
+template <int V>
+__global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict__ x, const i_t* __restrict__ idx,
+                                                          const x_t* __restrict__ gu, float* __restrict__ act) {
+    const long p = blockIdx.y;
+    const long j = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (j >= I) return;
+    const long e = (long)idx[p];
+    float a = 0.f;
+    if (e >= 0 && e < E) {
+        const x_t* xt = x + (p / K) * H;
+        const x_t* wg = gu + e * 2 * I * H;
+        const float g = x_rd(warp_dot<V>(xt, wg + j * H, H));
+        const float u = x_rd(warp_dot<V>(xt, wg + (j + I) * H, H));
+        a = x_rd(x_rd(g / (1.f + __expf(-g))) * u);
+    }
+    if ((threadIdx.x & 31) == 0) act[p * I + j] = a;
+}
+
+/* Pass 2: a warp an output row h of one token t: its K experts' down rows against their act, weighted, summed. */
+template <int V>
+__global__ void __launch_bounds__(WARPS * 32) moe_down(const i_t* __restrict__ idx, const w_t* __restrict__ rw,
+                                                       const x_t* __restrict__ dn, const float* __restrict__ act,
+                                                       x_t* __restrict__ y) {
+    const long t = blockIdx.y;
+    const long h = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (h >= H) return;
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (long k = 0; k < K; ++k) {
+        const long e = (long)idx[t * K + k];
+        if (e < 0 || e >= E) continue;
+        const x_t* row = dn + (e * H + h) * I;
+        const float* a = act + (t * K + k) * I;
+        float s = 0.f;
+        for (long c = (long)lane * V; c < I; c += 32L * V) {
+            float wv[V];
+            load_vec<V>(row + c, wv);
+#pragma unroll
+            for (int i = 0; i < V; ++i) s += wv[i] * a[c + i];
+        }
+        acc += p_rd(x_rd(warp_sum(s)) * to_f(rw[t * K + k]));
+    }
+    if (lane == 0) y[t * H + h] = from_f<x_t>(acc);
+}
+
+KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
+""" + _ENTRY + r"""    float* act = (float*)workspace;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
+    const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
+    const dim3 down((unsigned)((H + WARPS - 1) / WARPS), (unsigned)T);
+    if ({{VEC}} > 1 && aligned) {
+        moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<{{VEC}}><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+    } else {
+        moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<1><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+    }
+    return (int)cudaGetLastError();
+}
+"""
+
+
+def _vmax(v: Variant) -> int:
+    """The widest access (elements) that keeps every row of the hidden states and both weights on 16-byte
+    boundaries: H and I multiples of it, 16 bytes at most."""
+    dims = _dims(v)
+    size = ITEMSIZE[v.inputs[0].dtype]
+    return next(n for n in (8, 4, 2, 1) if n * size <= 16 and dims["H"] % n == 0 and dims["I"] % n == 0)
+
+
+@strategy(_OP, "cuda", "gemv_two_pass", level=0,
+          doc="two launches of warp-per-row matrix-vector products for the few tokens of a decode step: every "
+              "(token, expert) pair's gate and up rows into a float32 workspace, then each output row over its "
+              "token's experts, weighted and summed; each used expert's weights read once, 16-byte loads",
+          space={"warps": (4, 8, 2)},
+          applies=lambda v, d: _applies(v) and v.inputs[1].shape[0] * v.inputs[1].shape[1] <= 256
+          and v.inputs[1].shape[0] <= 64,
+          default=lambda v, d: {"warps": 4},
+          fit=lambda v, d: 3.0,
+          explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads"))
+def _moe_experts_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+    h, idx, w, _, _ = v.inputs
+    _, _, xrd, prd = _rounding(v)
+    types = cuda_types({"x": h, "w": w})
+    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], XRD=xrd, PRD=prd, WARPS=c["warps"], VEC=_vmax(v),
+                **_dims(v))

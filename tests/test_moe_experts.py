@@ -1,0 +1,266 @@
+"""A mixture of experts' experts as one operator (``moe_experts``): transformers looks its grouped_mm experts
+function up in a table at every call; kforge captures it there, runs its kernel eagerly (the function takes the
+experts module, so it stays out of compiled graphs) and puts the table back."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kforge
+from kforge.deploy import DeployedKernel
+from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
+from kforge.kernels._compile import find_nvcc
+from kforge.kernels._screen import screen
+from kforge.ops import TensorSig, Unsupported, Variant, get_spec
+from kforge.proposers.builtin import strategies_for
+
+MOE = pytest.importorskip("transformers.integrations.moe")
+TABLE = MOE.ALL_EXPERTS_FUNCTIONS._global_mapping
+ORIGINAL = TABLE.get("grouped_mm")
+TINY_QWEN = {"vocab_size": 512, "hidden_size": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+             "linear_key_head_dim": 32, "linear_value_head_dim": 32, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 32, "moe_intermediate_size": 64,
+             "shared_expert_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2}
+H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4800.0, 50 << 20, 227 << 10)
+
+
+def _untouched() -> bool:
+    return TABLE.get("grouped_mm") is ORIGINAL and MOE.grouped_mm_experts_forward is ORIGINAL
+
+
+def _qwen(dtype=torch.float32, tokens: int = 12):
+    from kforge import models
+
+    model, ids = models.qwen35_moe(dtype=dtype, layers=2, tokens=tokens, overrides=TINY_QWEN)
+    if getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+        pytest.skip("this transformers version does not run the experts through grouped_mm by default")
+    return model, ids
+
+
+class _Experts(torch.nn.Module):
+    """What the binder reads of transformers' experts module."""
+
+    def __init__(self, e: int, h: int, i: int, dtype=torch.float32, **flags):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter((torch.randn(e, 2 * i, h) * h ** -0.5).to(dtype))
+        self.down_proj = torch.nn.Parameter((torch.randn(e, h, i) * i ** -0.5).to(dtype))
+        self.act_fn = torch.nn.SiLU()
+        for name, value in flags.items():
+            setattr(self, name, value)
+
+
+def _run_cpu_kernel(variant, inputs):
+    info = device_info("cpu")
+    (strategy,) = strategies_for("moe_experts", "cpu")
+    kernel = DeployedKernel(variant, Kernel(compile_source(strategy.render(variant, strategy.default(variant, info),
+                                                                           info), "cpu", info.arch).path))
+    (got,) = kernel(tuple(inputs))
+    return got
+
+
+@pytest.mark.parametrize("dtype,weights", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                           (torch.bfloat16, torch.bfloat16)])
+def test_the_cpu_kernel_rounds_as_transformers_does_and_skips_an_expert_out_of_range(dtype, weights):
+    torch.manual_seed(0)
+    e, h, i, t, k = 5, 64, 24, 3, 2
+    experts = _Experts(e, h, i, dtype)
+    x = torch.randn(t, h).to(dtype)
+    idx = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+    idx[1, 1] = e   # transformers' expert-parallel sentinel: contributes nothing
+    w = torch.rand(t, k).to(weights)
+    spec = get_spec("moe_experts")
+    call = spec.bind(experts, x, idx, w)
+    ref = spec.reference(list(call.inputs), call.params)
+    got = _run_cpu_kernel(spec.variant(call, [ref]), call.inputs)
+    rtol, atol = spec.tolerance(str(dtype).split(".")[-1])
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol * ref.abs().max().item())
+    # the sentinel's row is the one valid expert's alone
+    only = idx.clone()
+    only[1, 1] = idx[1, 0]
+    alone = spec.reference([x, only, torch.stack([w[0], w[1] * torch.tensor([1.0, 0.0]).to(weights), w[2]]),
+                            experts.gate_up_proj, experts.down_proj], {})
+    torch.testing.assert_close(ref[1], alone[1])
+
+
+def test_the_reference_is_transformers_grouped_mm_experts():
+    model, ids = _qwen(torch.float32)
+    spec = get_spec("moe_experts")
+    seen = []
+
+    def spy(self, hidden, top_k_index, top_k_weights):
+        out = ORIGINAL(self, hidden, top_k_index, top_k_weights)
+        call = spec.bind(self, hidden, top_k_index, top_k_weights)
+        seen.append((out, spec.reference(list(call.inputs), call.params)))
+        return out
+
+    TABLE["grouped_mm"] = spy
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        TABLE["grouped_mm"] = ORIGINAL
+    assert len(seen) == 2, "one call a layer"
+    for out, ref in seen:
+        torch.testing.assert_close(ref, out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags,why", [({"has_bias": True}, "unbiased"), ({"has_gate": False}, "gated"),
+                                       ({"_is_expert_parallel": True}, "local"), ({"act_fn": torch.nn.GELU()}, "SiLU")])
+def test_experts_the_kernels_do_not_compute_are_no_card(flags, why):
+    experts = _Experts(4, 16, 8, **flags)
+    with pytest.raises(Unsupported, match=why):
+        get_spec("moe_experts").bind(experts, torch.randn(2, 16), torch.zeros(2, 2, dtype=torch.long),
+                                     torch.rand(2, 2))
+
+
+def test_capture_finds_the_experts_in_transformers_table_runs_the_kernel_eagerly_and_puts_the_table_back(tmp_path):
+    model, ids = _qwen(torch.float32)
+    s = kforge.Session(model, ids, device="cpu", workdir=tmp_path / "wd")
+    cards = s.capture(timing_budget_ms=2, regions=False)
+    assert _untouched()
+    (card,) = [c for c in cards if c.op == "moe_experts"]
+    assert card.calls == 2 and card.examples > 0
+    assert card.variant.inputs[0].shape == (12, 128) and card.variant.inputs[3].shape == (4, 128, 128)
+    # the function's own torch calls (its sort, histc, grouped products) are its card's, not cards of their own
+    assert not {"sort", "histc", "cumsum"} & {c.op for c in cards}
+    s.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
+    (cand,) = [c for c in s.store.candidates(card.key) if c.status is not None and c.status.is_correct]
+    assert cand.strategy == "moe_experts.cpu.token_loop"
+    kernel = DeployedKernel(card.variant, Kernel(compile_source(cand.source, "cpu", "native").path))
+    from kforge.deploy import Deployment
+
+    with torch.no_grad():
+        expected = model(ids).logits
+        with Deployment([kernel], model):
+            assert not _untouched()
+            got = model(ids).logits
+        assert _untouched()
+        # compiled: the function takes the experts module, which no graph node can hold: traced as plain compile
+        # traces it, the model's output unchanged and the kernel not run inside the graph
+        with Deployment([kernel], None) as dep:
+            torch._dynamo.reset()
+            compiled = dep.compile(model, backend="aot_eager", dynamic=False)
+            before = kernel.calls
+            out = compiled(ids).logits
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert kernel.calls - before == 0 and before == 2
+    assert _untouched()
+    # the end-to-end report times it in the eager rows and says why the compiled ones do not have it
+    from kforge.deploy._fallback import Arm, Comparison
+    from kforge.deploy._report import measure
+
+    def faster_with_it(a: Arm, b: Arm) -> Comparison:
+        return Comparison(1000.0 - 100.0 * len(a.kernels), 1000.0 - 100.0 * len(b.kernels), noise_us=5.0)
+
+    e2e = measure(model, (ids,), {}, [kernel], [100.0], device="cpu", modes=("default",), backend="aot_eager",
+                  compare=faster_with_it)
+    eager, compiled = e2e.fallback
+    assert eager.kept == (card.signature,) and compiled.kept == () and compiled.eager_only == (card.signature,)
+    assert f"not run {card.signature}: runs eagerly only" in "\n".join(compiled.lines())
+    assert compiled.forwards_built == 0 and compiled.not_placed == ()
+    assert _untouched()
+    s.close()
+
+
+def test_a_decoding_session_gets_a_card_for_the_prompt_and_one_for_the_steps_and_decodes_the_same_tokens(tmp_path):
+    from kforge import models
+
+    model, ids = _qwen(torch.bfloat16, tokens=8)
+    new = 4
+    wrapper = models.Generate(model, new)
+    s = kforge.Session(wrapper, ids, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2, regions=False)
+    cards = sorted(s.cards.by_op("moe_experts"), key=lambda c: -c.variant.inputs[0].shape[0])
+    assert [c.variant.inputs[0].shape[0] for c in cards] == [8, 1]
+    assert [c.calls for c in cards] == [2, 2 * (new - 1)], "two layers: the prompt once, each later token once"
+    s.optimize(proposer="builtin", iterations=1, cards=[c.key for c in cards], confirm=False)
+    kernels = [DeployedKernel(c.variant, Kernel(compile_source(cand.source, "cpu", "native").path))
+               for c in cards for cand in s.store.candidates(c.key) if cand.status is not None and cand.status.is_correct]
+    assert len(kernels) == 2
+    from kforge.deploy import Deployment
+
+    with torch.no_grad():
+        expected = wrapper(ids)
+        with Deployment(kernels, model):
+            got = wrapper(ids)
+    assert torch.equal(got.kforge_tokens, expected.kforge_tokens)
+    assert sorted(k.calls for k in kernels) == [2, 2 * (new - 1)]
+    assert _untouched()
+    s.close()
+
+
+def _qwen_decode_variant(device: str = "cpu") -> Variant:
+    """Qwen 3.5 35B-A3B's experts at a decode step: one token, 8 of 256 experts, hidden 2048, intermediate 512."""
+    def sig(shape, dtype):
+        stride, acc = [], 1
+        for n in reversed(shape):
+            stride.insert(0, acc)
+            acc *= n
+        return TensorSig(shape, dtype, tuple(stride), device)
+    h = sig((1, 2048), "bfloat16")
+    ins = (h, sig((1, 8), "int64"), sig((1, 8), "bfloat16"), sig((256, 1024, 2048), "bfloat16"),
+           sig((256, 2048, 512), "bfloat16"))
+    return Variant("moe_experts", ins, (), (h,))
+
+
+def test_the_cuda_design_reads_each_used_expert_once_with_16_byte_loads_and_passes_the_screen():
+    variant = _qwen_decode_variant("cuda")
+    (strategy,) = strategies_for("moe_experts", "cuda")
+    assert strategy.applies(variant, H200)
+    src = strategy.render(variant, strategy.default(variant, H200), H200)
+    assert screen(src, "cuda") == ()
+    assert "moe_gate_up<8><<<" in src and "#define I 512L" in src and "#define E 256L" in src
+    # a 512-token prompt is no decode step: grouped products serve it, this design does not apply
+    ins = list(variant.inputs)
+    ins[0] = TensorSig((512, 2048), "bfloat16", (2048, 1), "cuda")
+    ins[1] = ins[2] = TensorSig((512, 8), "int64", (8, 1), "cuda")
+    prompt = Variant("moe_experts", tuple(ins), (), (ins[0],))
+    assert not strategy.applies(prompt, H200)
+    assert get_spec("moe_experts").io_bytes(variant) < 8 * 3 * 1024 * 2048 * 2 + 2 ** 20, "8 experts, not 256"
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+def test_the_cuda_design_builds_for_sm90():
+    variant = _qwen_decode_variant("cuda")
+    (strategy,) = strategies_for("moe_experts", "cuda")
+    for config in list(strategy.configs(variant, H200))[:2]:
+        compile_source(strategy.render(variant, config, H200), "cuda", "sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("t,k,e,h,i,dtype", [(1, 8, 256, 2048, 512, torch.bfloat16), (2, 2, 6, 72, 40, torch.float16),
+                                             (3, 4, 8, 64, 32, torch.float32)])
+def test_on_the_gpu_the_kernel_matches_the_reference_and_replays_in_a_cuda_graph(t, k, e, h, i, dtype):
+    torch.manual_seed(0)
+    spec = get_spec("moe_experts")
+    experts = _Experts(e, h, i, dtype).cuda()
+    x = torch.randn(t, h, device="cuda", dtype=dtype)
+    idx = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, k, device="cuda"), -1).to(dtype)
+    call = spec.bind(experts, x, idx, w)
+    ref = spec.reference(list(call.inputs), call.params)
+    variant = spec.variant(call, [ref])
+    info = device_info("cuda")
+    (strategy,) = strategies_for("moe_experts", "cuda")
+    assert strategy.applies(variant, info)
+    rtol, atol = spec.tolerance(str(dtype).split(".")[-1])
+    for config in strategy.configs(variant, info):
+        kernel = DeployedKernel(variant, Kernel(compile_source(strategy.render(variant, config, info), "cuda",
+                                                               info.arch).path))
+        (got,) = kernel(tuple(call.inputs))
+        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol * ref.abs().max().item())
+    xg = x.clone()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        kernel((xg, idx, w, experts.gate_up_proj, experts.down_proj))
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        (captured,) = kernel((xg, idx, w, experts.gate_up_proj, experts.down_proj))
+    xg.copy_(torch.randn_like(xg))
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = spec.reference([xg, idx, w, experts.gate_up_proj, experts.down_proj], {})
+    torch.testing.assert_close(captured, fresh, rtol=rtol, atol=atol * fresh.abs().max().item())
