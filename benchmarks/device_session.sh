@@ -40,6 +40,9 @@
 #                                                            goes, by kernel and kind, with launches a forward
 #                                                            (benchmarks/compiled_profile.py; carry [".whl"]; KF_PROFILE_MODELS
 #                                                            picks models, KF_PROFILE_SOURCES=N the Inductor sources of the top N)
+#   device run: bash benchmarks/device_session.sh moe       Qwen 3.5's experts as one kernel for decode steps (moe_experts):
+#                                                            its GPU tests, then Qwen 3.5 (4 layers) decoding through kforge
+#                                                            with gated_delta_rule and moe_experts, decode tokens/s
 #   device run: bash benchmarks/device_session.sh decode_profile  where Qwen 3.5's decode time goes, eager and compiled:
 #                                                            GPU kernels and the host's operators a token
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
@@ -225,6 +228,22 @@ PY
           --sources "${KF_PROFILE_SOURCES:-0}" 2>&1 \
           | grep --line-buffered -v "^DEBUG\|Warning\|warn" | tee "$OUT/compiled_profile_$m.txt" | tail -45
     done ;;
+  moe)
+    # Qwen 3.5's experts as one kernel for decode steps (moe_experts): its GPU tests, then Qwen 3.5 (4 layers)
+    # decoding through kforge with gated_delta_rule and moe_experts (capture of Generate(model, N), their cards
+    # searched, the model-level check over the whole decode, decode tokens/s eager and KF_MODES).
+    # KF_MOE_TESTS=0: no tests; KF_MOE_S=0: tests only
+    if [ "${KF_MOE_TESTS:-1}" != 0 ]; then
+      timeout "${KF_MOE_TESTS_S:-150}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
+          -o addopts="" tests/test_moe_experts.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/moe_experts_tests.txt" \
+          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -18
+    fi
+    [ "${KF_MOE_S:-420}" = 0 ] && exit 0
+    timeout "${KF_MOE_S:-420}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
+        --ops gated_delta_rule,moe_experts --no-regions --decode "${KF_DECODE_TOKENS:-16}" --iterations "${KF_ITERATIONS:-3}" \
+        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} \
+        2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_moe_decode.txt" \
+        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
   decode_profile)
     # where Qwen 3.5's decode time goes (4 layers, grouped_mm experts, 16 tokens, static cache): GPU kernels a token
     # and the host's top operators by self CPU time, eager and KF_MODES (compiled_profile.py --decode)

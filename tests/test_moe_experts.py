@@ -264,3 +264,20 @@ def test_on_the_gpu_the_kernel_matches_the_reference_and_replays_in_a_cuda_graph
     torch.cuda.synchronize()
     fresh = spec.reference([xg, idx, w, experts.gate_up_proj, experts.down_proj], {})
     torch.testing.assert_close(captured, fresh, rtol=rtol, atol=atol * fresh.abs().max().item())
+
+
+def test_judge_samples_random_weights_for_the_experts_used_and_a_constant_for_the_rest():
+    """Filling all 256 experts at random took 12 s a sample on the CPU: only the experts the tokens use are random,
+    the rest one constant, so that a kernel reading another expert than the token's gets another result."""
+    variant = _qwen_decode_variant("cpu")
+    spec = get_spec("moe_experts")
+    x, idx, w, gu, dn = spec.random_inputs(variant, 3)
+    used = set(idx.reshape(-1).tolist())
+    assert len(used) == 8 and torch.allclose(w.float().sum(-1), torch.ones(1), atol=1e-2)
+    unused = next(e for e in range(256) if e not in used)
+    assert gu[unused].unique().numel() == 1 and dn[unused].unique().numel() == 1
+    assert all(gu[e].float().std() > 0 and dn[e].float().std() > 0 for e in used)
+    right = spec.reference([x, idx, w, gu, dn], {})
+    wrong = idx.clone()
+    wrong[0, 0] = unused
+    assert not torch.allclose(spec.reference([x, wrong, w, gu, dn], {}).float(), right.float(), rtol=1e-2, atol=1e-2)
