@@ -151,7 +151,22 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
                 x(2, 9, 4).sigmoid(), use_qk_l2norm_in_kernel=True),
         variant("gated_delta_rule", x(1, 17, 3, 5), x(1, 17, 3, 5), x(1, 17, 3, 7), -r(1, 17, 3).abs(),
                 x(1, 17, 3).sigmoid()),
+        # a mixture of experts' experts (transformers' grouped_mm experts take their module): a decode step's one
+        # token, and three tokens with float32 routing weights; a hidden size that is no multiple of 8
+        variant("moe_experts", _Experts(5, 24, 12, dtype), x(1, 24), torch.tensor([[4, 1]]), x(1, 2).softmax(-1)),
+        variant("moe_experts", _Experts(6, 20, 10, dtype), x(3, 20), torch.tensor([[0, 5], [2, 3], [5, 1]]),
+                r(3, 2).softmax(-1)),
     ]
+
+
+class _Experts(torch.nn.Module):
+    """What moe_experts' binder reads of transformers' experts module: its weights and activation."""
+
+    def __init__(self, e: int, h: int, i: int, dtype: torch.dtype):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(r(e, 2 * i, h, dtype=dtype) / 4)
+        self.down_proj = torch.nn.Parameter(r(e, h, i, dtype=dtype) / 4)
+        self.act_fn = torch.nn.SiLU()
 
 
 # ----------------------------------------------------------------------------- CPU: real runs

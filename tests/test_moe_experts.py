@@ -105,7 +105,9 @@ def test_the_reference_is_transformers_grouped_mm_experts():
 
 
 @pytest.mark.parametrize("flags,why", [({"has_bias": True}, "unbiased"), ({"has_gate": False}, "gated"),
-                                       ({"_is_expert_parallel": True}, "local"), ({"act_fn": torch.nn.GELU()}, "SiLU")])
+                                       ({"_is_expert_parallel": True}, "local"), ({"act_fn": torch.nn.GELU()}, "SiLU"),
+                                       ({"experts_are_transposed": True}, "transposed"),
+                                       ({"down_proj_bias": torch.zeros(4, 16)}, "biased")])
 def test_experts_the_kernels_do_not_compute_are_no_card(flags, why):
     experts = _Experts(4, 16, 8, **flags)
     with pytest.raises(Unsupported, match=why):

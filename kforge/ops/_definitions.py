@@ -675,6 +675,10 @@ def _bind_moe_experts(module, hidden_states=None, top_k_index=None, top_k_weight
     if flags != {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
                  "_is_expert_parallel": False, "has_post_expert_norm": False}:
         raise Unsupported(f"moe_experts: experts other than gated, concatenated, unbiased and local ({flags})")
+    # NB: earlier transformers 5 releases mark these otherwise: a transposed layout and biases by attribute
+    if getattr(module, "experts_are_transposed", False) or any(
+            getattr(module, name, None) is not None for name in ("gate_up_proj_bias", "down_proj_bias")):
+        raise Unsupported("moe_experts: experts other than gated, concatenated, unbiased and local (transposed or biased)")
     if type(getattr(module, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
         raise Unsupported("moe_experts: an activation other than SiLU")
     gate = getattr(type(module), "_apply_gate", None)
