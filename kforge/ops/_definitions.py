@@ -690,6 +690,8 @@ def _bind_moe_experts(module, hidden_states=None, top_k_index=None, top_k_weight
     if hidden_states.dim() != 2 or top_k_index.dim() != 2 or top_k_weights.shape != top_k_index.shape \
             or top_k_index.shape[0] != hidden_states.shape[0] or top_k_index.dtype not in (torch.int64, torch.int32):
         raise Unsupported("moe_experts: hidden_states [T, H], top_k_index and top_k_weights [T, K]")
+    if w_gu.dtype != hidden_states.dtype or w_down.dtype != hidden_states.dtype:
+        raise Unsupported("moe_experts: hidden states and expert weights of one dtype")
     e, two_i, h = w_gu.shape if w_gu.dim() == 3 else (0, 0, 0)
     if h != hidden_states.shape[1] or two_i % 2 or tuple(w_down.shape) != (e, h, two_i // 2):
         raise Unsupported("moe_experts: gate_up_proj [E, 2I, H] and down_proj [E, H, I]")
@@ -725,7 +727,9 @@ def _sample_moe_experts(v: Variant, seed: int, gen: torch.Generator) -> list:
     e = gu_sig.shape[0]
     t, k = idx_sig.shape
     h = random_tensor(hs, gen)
-    idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else torch.zeros(0, k)
+    # NB: K distinct experts a token where there are K (topk's), else with repeats
+    idx = torch.stack([torch.randperm(e, generator=gen)[:k] if k <= e else torch.randint(0, e, (k,), generator=gen)
+                       for _ in range(t)]) if t else torch.zeros(0, k)
     w = torch.rand(t, k, generator=gen) + 0.05
     w = w / w.sum(-1, keepdim=True)
     out = [h]
@@ -755,23 +759,29 @@ def _expert_weights(sig, used: list[int], gen: torch.Generator) -> torch.Tensor:
 
 def _moe_eager(x: list, p: dict) -> torch.Tensor:
     """What transformers' grouped_mm experts run (its sort, gather, grouped products and unsort), from the tensors
-    alone; the reference where torch has no grouped product for them."""
+    alone, where torch has the grouped product for them as transformers decides (on CUDA; on the CPU from torch
+    2.9); the reference where it has not."""
     h, idx, w, w_gu, w_down = x
     mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-    if mm is None or h.device.type != "cuda" or h.dtype != torch.bfloat16:
+    cpu_ok = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 9)
+    if mm is None or not (h.device.type == "cuda" or (h.device.type == "cpu" and cpu_ok)):
         return _moe_experts(x, p)
-    t, k = idx.shape
-    ids, perm = torch.sort(idx.reshape(-1))
-    xs = h[perm // k]
-    offs = torch.cumsum(torch.histc(ids.int(), bins=w_gu.shape[0], min=0, max=w_gu.shape[0] - 1), 0,
-                        dtype=torch.int32)
-    gu = mm(xs, w_gu.transpose(-2, -1), offs=offs)
-    gate, up = gu.chunk(2, dim=-1)
-    down = mm(F.silu(gate) * up, w_down.transpose(-2, -1), offs=offs)
-    weighted = down * w.reshape(-1)[perm].unsqueeze(-1)
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=h.device)
-    return weighted[inv].view(t, k, -1).sum(1).to(h.dtype)
+    try:
+        t, k = idx.shape
+        ids, perm = torch.sort(idx.reshape(-1))
+        xs = h[perm // k].to(w_gu.dtype)
+        counts = torch.histc(ids.float() if h.device.type == "cpu" else ids.int(), bins=w_gu.shape[0], min=0,
+                             max=w_gu.shape[0] - 1)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        gu = mm(xs, w_gu.transpose(-2, -1), offs=offs)
+        gate, up = gu.chunk(2, dim=-1)
+        down = mm((F.silu(gate) * up).to(w_down.dtype), w_down.transpose(-2, -1), offs=offs)
+        weighted = down * w.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=h.device)
+        return weighted[inv].view(t, k, -1).sum(1).to(h.dtype)
+    except (RuntimeError, NotImplementedError):   # NB: a dtype or device this torch's grouped product lacks
+        return _moe_experts(x, p)
 
 
 def _moe_outputs(result: Any) -> list:

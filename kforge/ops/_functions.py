@@ -326,6 +326,10 @@ def hook_functions(specs: Sequence["OpSpec"], model: Any = None) -> Hooks:
                         point = HookPoint(owner, name, _entry(original, spec, target), owned=name in d)
                         _POINTS[key] = point
                         _set(owner, name, point.entry.hook)
+                    elif _get(owner, name) is not point.entry.hook:
+                        # NB: someone put the original back while the point was held (a test's finally, a library's
+                        # reload): hook it again, else this user would be counted and never see a call
+                        _set(owner, name, point.entry.hook)
                     point.users += 1
                     held.append(point)
     return Hooks(held)

@@ -42,7 +42,8 @@ def _applies(v: Variant) -> bool:
     out = v.outputs[0]
     return (h.dtype in ITEMSIZE and gu.dtype == h.dtype and dn.dtype == h.dtype and out.dtype == h.dtype
             and w.dtype in ITEMSIZE and idx.dtype in _IDX and all(_contiguous(s) for s in (h, idx, w, gu, dn, out))
-            and len(h.shape) == 2 and len(gu.shape) == 3 and h.shape[1] > 0 and gu.shape[1] % 2 == 0)
+            and len(h.shape) == 2 and len(gu.shape) == 3 and gu.shape[1] % 2 == 0
+            and min(idx.shape[0], idx.shape[1], h.shape[1], gu.shape[0], gu.shape[1]) > 0)
 
 
 def _rounding(v: Variant) -> str:
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict_
         const x_t* wg = gu + e * 2 * I * H;
         const float g = x_rd(warp_dot<V>(xt, wg + j * H, H));
         const float u = x_rd(warp_dot<V>(xt, wg + (j + I) * H, H));
-        a = x_rd(x_rd(g / (1.f + __expf(-g))) * u);
+        a = x_rd(x_rd(g / (1.f + expf(-g))) * u);
     }
     if ((threadIdx.x & 31) == 0) act[p * I + j] = a;
 }
