@@ -133,7 +133,6 @@ class FallbackReport:
     model: Comparison        # the kept set against no kernels (when nothing is kept: all of them)
     forwards_built: int
     not_in_mode: tuple[str, ...] = ()   # kernels this mode cannot run (region kernels in eager), not timed
-    eager_only: tuple[str, ...] = ()    # kernels no compiled graph can hold (``_report._eager_only``), not timed
     not_placed: tuple[str, ...] = ()    # kernels no call in this mode's graphs matched: never ran, not timed
     nearest: tuple[str, ...] = ()       # for each of not_placed: the nearest call the graphs have ("" if none)
     copied: tuple[tuple[str, int], ...] = ()   # placed kernels whose calls got another layout (copied): how many
@@ -152,8 +151,6 @@ class FallbackReport:
         out += [f"  copied inputs {sig}: {n} call(s) of one forward got another layout than the kernel's and paid a copy"
                 for sig, n in self.copied]
         out += [f"  not run {sig}: runs in graph mode only (torch.compile)" for sig in self.not_in_mode]
-        out += [f"  not run {sig}: runs eagerly only (its library function takes a module, which no compiled graph "
-                "holds)" for sig in self.eager_only]
         near = (*self.nearest, *[""] * (len(self.not_placed) - len(self.nearest)))
         out += [f"  not run {sig}: no call in this mode's compiled graphs has its signature" + (f"; {n}" if n else "")
                 for sig, n in zip(self.not_placed, near)]

@@ -150,7 +150,9 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
             continue
         n_out = len(dk.variant.outputs)
         # NB: a function's graph twin returns what the function does: a tuple, even of one tensor
-        as_tuple = not dk.inplace and (n_out > 1 or bool(getattr(fn, "kforge_function", None)))
+        # (a twin of bound tensors returns the function's value too: one tensor for the experts)
+        as_tuple = not dk.inplace and (n_out > 1 or (bool(getattr(fn, "kforge_function", None))
+                                                     and not getattr(fn, "kforge_bound", False)))
         if as_tuple and any(u.op == "call_function" and u.target is operator.getitem and not 0 <= u.args[1] < n_out
                             for u in node.users):
             # NB: a function's value may hold more than the kernel's outputs (the gated delta rule's None state

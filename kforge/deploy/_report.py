@@ -14,7 +14,6 @@ from ._fallback import Arm, Compare, Comparison, FallbackReport, interleaved, ke
 from ._select import _patched_eagerly
 from ._graph import compile_with, nearest_miss
 from ._launch import DeployedKernel
-from ..ops import get_spec
 
 MODES = ("default", "max-autotune", "reduce-overhead")
 log = logging.getLogger("kforge")
@@ -100,8 +99,7 @@ class EndToEnd:
                          for r in self.rows],
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
-                              "not_in_mode": list(f.not_in_mode), "eager_only": list(f.eager_only),
-                              "not_placed": list(f.not_placed),
+                              "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
                               "nearest": list(f.nearest), "copied": [list(c) for c in f.copied],
                               "wrong_output": f.wrong_output, "control": cmp(f.control),
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
@@ -302,16 +300,6 @@ def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels:
             tuple(nearest_miss(k.variant, missed) or "" for k in outside), copied)
 
 
-def _eager_only(op: str) -> bool:
-    """Whether ``op``'s kernels run eagerly only: its library functions take what no compiled graph's node can
-    hold (an experts implementation takes its module), so compile traces them as plain compile does."""
-    try:
-        spec = get_spec(op)
-    except KeyError:
-        return False
-    return bool(spec.functions) and not any(t.graph for t in spec.functions) and not spec.targets
-
-
 def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], make: Callable, made: dict,
                    compare: Compare, mode: str, none: Arm, forward: Callable[[Any], Any], reference: Any,
                    plain_diff: float | None, guard: bool = True, reference64: torch.Tensor | None = None,
@@ -438,14 +426,9 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     del plain_out
                     rows.append(Row(label, vs_eager.with_paired_us, "eager", vs_eager, plain_diff,
                                     float64_rel_diff=plain_err64))
-                    in_graph = [k for k in kernels if not _eager_only(k.variant.op)]
-                    ckept, ccmp, creport, cdiff, cerr64 = ([], None, None, None, None) if not in_graph else check_compiled(
-                        in_graph, [g for k, g in zip(kernels, gains) if k in in_graph], make, made, compare, mode,
-                        plain, forward, reference, plain_diff, guard, reference64, plain_err64, model)
-                    eager_only = tuple(k.variant.signature for k in kernels if k not in in_graph)
-                    if guard and eager_only:
-                        creport = replace(creport, eager_only=eager_only) if creport is not None else FallbackReport(
-                            mode, (), (), Comparison(0.0, 0.0, 0.0), 0, eager_only=eager_only)
+                    ckept, ccmp, creport, cdiff, cerr64 = ([], None, None, None, None) if not kernels else check_compiled(
+                        kernels, gains, make, made, compare, mode, plain, forward, reference, plain_diff, guard,
+                        reference64, plain_err64, model)
                     if creport is not None:
                         reports.append(creport)
                     compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else vs_eager.with_paired_us,

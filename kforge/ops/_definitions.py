@@ -648,6 +648,8 @@ def inplace_binder(spec: OpSpec, func) -> Any:
     """The binder for one spelling of ``spec``: in-place spellings mark the call in-place; a function's graph
     twin binds as its function does."""
     entry = entry_of_twin(func)
+    if entry is not None and func is entry.tensor_twin:
+        return lambda *inputs: Call(tuple(inputs), {})
     if entry is not None:
         return entry.target.binder(spec)
     if func not in spec.inplace_targets:
@@ -717,7 +719,7 @@ def _moe_experts(x: list, p: dict) -> torch.Tensor:
         gu = rd(hs[rows // k] @ w_gu[e].float().T)
         act = rd(rd(F.silu(gu[:, :inter])) * gu[:, inter:])
         out[rows] = rd(act @ w_down[e].float().T)
-    prod = (out * w.reshape(-1, 1).float()).to(torch.result_type(h, w)).float()
+    prod = (out * w.reshape(-1, 1).float()).to(torch.promote_types(h.dtype, w.dtype)).float()
     return prod.view(t, k, -1).sum(1).to(dt)
 
 
@@ -757,12 +759,34 @@ def _expert_weights(sig, used: list[int], gen: torch.Generator) -> torch.Tensor:
     return ten.to(sig.device) if sig.device != "cpu" else ten
 
 
+def _moe_gathered(x: list) -> torch.Tensor:
+    """The reference's values without its data-dependent loop (for tracing): each (token, expert) pair's
+    weights gathered, T * K matrix-vector products. Memory: T * K copies of an expert's weights."""
+    h, idx, w, w_gu, w_down = x
+    dt, e, inter = h.dtype, w_gu.shape[0], w_gu.shape[1] // 2
+    rd = lambda y: y.to(dt).float()  # noqa: E731
+    t, k = idx.shape
+    flat = idx.reshape(-1).long()
+    valid = ((flat >= 0) & (flat < e)).unsqueeze(-1)
+    flat = flat.clamp(0, e - 1)
+    hs = h.float().repeat_interleave(k, 0)
+    gu = rd(torch.bmm(w_gu[flat].float(), hs.unsqueeze(-1)).squeeze(-1))
+    act = rd(rd(F.silu(gu[:, :inter])) * gu[:, inter:])
+    down = rd(torch.bmm(w_down[flat].float(), act.unsqueeze(-1)).squeeze(-1)) * valid
+    prod = (down * w.reshape(-1, 1).float()).to(torch.promote_types(h.dtype, w.dtype)).float()
+    return prod.view(t, k, -1).sum(1).to(dt)
+
+
 def _moe_eager(x: list, p: dict) -> torch.Tensor:
     """What transformers' grouped_mm experts run (its sort, gather, grouped products and unsort), from the tensors
     alone, where torch has the grouped product for them as transformers decides (on CUDA; on the CPU from torch
     2.9); the reference where it has not."""
     h, idx, w, w_gu, w_down = x
     mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if torch.compiler.is_compiling() and not (h.device.type == "cuda" and w_gu.dtype == torch.bfloat16):
+        # NB: traced (the graph twin where no kernel replaces it): torch compiles the grouped product for bf16 on
+        # CUDA only (as transformers decides), and the reference's loop over the experts used is data-dependent
+        return _moe_gathered(x)
     cpu_ok = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 9)
     if mm is None or not (h.device.type == "cuda" or (h.device.type == "cpu" and cpu_ok)):
         return _moe_experts(x, p)
@@ -794,9 +818,10 @@ def _moe_result(outs: Sequence[torch.Tensor], params: dict) -> Any:
 
 # transformers' experts implementation that a model with grouped_mm experts calls: looked up in its experts
 # interface at each call (``ALL_EXPERTS_FUNCTIONS``), so kforge hooks it there too. It takes the experts module
-# (self) as its first argument: no graph node can hold that, so its kernel runs eagerly only.
+# (self) as its first argument, which no graph node can hold: in a graph kforge compiles its twin takes the bound
+# tensors (the weights among them), graph="tensors".
 _MOE_FUNCTIONS = (FunctionTarget("transformers.integrations.moe", "grouped_mm_experts_forward", _moe_outputs,
-                                 _moe_result, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph=False),)
+                                 _moe_result, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors"),)
 
 
 def _moe_io_bytes(v: Variant) -> int:

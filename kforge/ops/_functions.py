@@ -41,9 +41,11 @@ class FunctionTarget:
     ``mappings``: dotted paths, from the module, of dicts through which the library looks the function up at call
     time (transformers' experts implementations: ``ALL_EXPERTS_FUNCTIONS._global_mapping``); each key whose value
     is the function is a place kforge hooks too.
-    ``graph``: whether the function can go into a compiled graph as one node (its arguments are tensors and
-    constants); a function taking a module (an experts implementation's ``self``) is traced as plain compile
-    traces it, and its kernel runs eagerly only.
+    ``graph``: how the function goes into a graph kforge compiles: ``"call"``, its graph twin takes the
+    function's own arguments (tensors and constants); ``"tensors"``, the call is bound first and its twin takes
+    the bound tensor inputs (a function taking a module, as an experts implementation takes ``self``, whose
+    tensors are its weights; a call the binder refuses is traced as plain compile traces it); ``"none"``, it is
+    always traced as plain compile traces it, and its kernels run eagerly only.
     """
 
     module: str
@@ -52,7 +54,11 @@ class FunctionTarget:
     result: Callable[[Sequence[torch.Tensor], dict], Any]
     bind: Callable | None = None
     mappings: tuple[str, ...] = ()
-    graph: bool = True
+    graph: str = "call"
+
+    def __post_init__(self) -> None:
+        if self.graph not in ("call", "tensors", "none"):
+            raise ValueError(f"FunctionTarget.graph is 'call', 'tensors' or 'none', not {self.graph!r}")
 
     def binder(self, spec: "OpSpec") -> Callable:
         """What binds a call of this function to ``spec``'s inputs and params."""
@@ -133,6 +139,7 @@ class FunctionEntry:
     target: FunctionTarget
     twin: Callable = field(repr=False)
     hook: Callable | None = field(default=None, repr=False)   # made from the entry (_make_hook)
+    tensor_twin: Callable | None = field(default=None, repr=False)   # graph "tensors": takes the bound inputs
 
 
 @dataclass
@@ -174,6 +181,18 @@ def _entry(original: Callable, spec: "OpSpec", target: FunctionTarget) -> Functi
         kforge_graph_call.kforge_function = spec.name   # type: ignore[attr-defined]
         torch.compiler.allow_in_graph(kforge_graph_call)
         entry = FunctionEntry(original, spec, target, kforge_graph_call)
+        if target.graph == "tensors":
+            def kforge_graph_tensors(*inputs: Any) -> Any:
+                # NB: what eager runs, from the bound tensors: where no kernel replaces the node, AOTAutograd traces
+                # this (the library's function itself needs what no node holds, e.g. its module)
+                return target.result(_as_list(spec.run_eager(list(inputs), {})), {})
+
+            kforge_graph_tensors.__name__ = f"kforge_{getattr(original, '__name__', spec.name)}_tensors"
+            kforge_graph_tensors.__qualname__ = kforge_graph_tensors.__name__
+            kforge_graph_tensors.kforge_function = spec.name   # type: ignore[attr-defined]
+            kforge_graph_tensors.kforge_bound = True            # type: ignore[attr-defined]
+            torch.compiler.allow_in_graph(kforge_graph_tensors)
+            entry.tensor_twin = kforge_graph_tensors
         entry.hook = _make_hook(entry)
         _ENTRIES[id(original)] = entry
         return entry
@@ -184,9 +203,13 @@ def entry_of_twin(fn: Any) -> FunctionEntry | None:
     if getattr(fn, "kforge_function", None) is None:
         return None
     for entry in list(_ENTRIES.values()):
-        if entry.twin is fn:
+        if entry.twin is fn or entry.tensor_twin is fn:
             return entry
     return None
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def spec_of_twin(fn: Any) -> "OpSpec | None":
@@ -226,8 +249,17 @@ class FunctionHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         entry = self.entry
         if torch.compiler.is_compiling():
-            if GRAPH.active and entry.target.graph:
+            if GRAPH.active and entry.target.graph == "call":
                 return entry.twin(*args, **kwargs)
+            if GRAPH.active and entry.target.graph == "tensors":
+                from ._registry import Unsupported
+
+                try:
+                    call = entry.target.binder(entry.spec)(*args, **kwargs)
+                except Unsupported:
+                    call = None
+                if call is not None and not call.params and all(isinstance(t, torch.Tensor) for t in call.inputs):
+                    return entry.tensor_twin(*call.inputs)
             return entry.original(*args, **kwargs)
         handlers = _HANDLERS.get(entry.spec.name)
         if handlers:
