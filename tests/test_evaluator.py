@@ -384,3 +384,26 @@ def test_a_judge_that_fails_is_replaced_and_the_user_gets_an_infra_error_not_an_
         assert verdict.status is Status.INFRA_ERROR and "kforge bug" in verdict.message, verdict.summary()
         assert not verdict.status.blames_candidate and ev.restarts == 2
         assert ev.evaluate(SOFTMAX, kernel_source("cpu", "softmax_rows")).status.is_correct
+
+
+def test_the_timing_pool_of_a_large_card_holds_two_samples_written_as_they_are_made(monkeypatch):
+    """An experts card's inputs are 1.6 GB a sample (Qwen 3.5's weights): four samples, held together and then
+    joined, took 25 GB of the judge's memory and the kernel killed it. Over the size, two samples; either way each
+    set a timed batch draws is a whole sample's length read from inside the pool."""
+    from kforge.evaluate import _judge
+
+    spec = get_spec("softmax")
+    variant = SOFTMAX.variant
+    small = _judge._Pool.make(spec, variant, seed=7)
+    assert small.draws == 4 and small.flats[0].numel() == 4 * 32 * 256
+    monkeypatch.setattr(_judge, "_BIG_SET_BYTES", 1024)
+    big = _judge._Pool.make(spec, variant, seed=7)
+    assert big.draws == 2 and big.flats[0].numel() == 2 * 32 * 256
+    # the first sample is the same values either way (seeded per sample), laid out as the variant's strides
+    assert torch.equal(big.flats[0][:32 * 256], small.flats[0][:32 * 256])
+    torch.testing.assert_close(big.flats[0][:32 * 256].view(32, 256), spec.random_inputs(variant, seed=7)[0])
+    gen = torch.Generator().manual_seed(0)
+    sets = big.draw(0, 16, gen)
+    assert sets.shape == (16, 32 * 256)
+    starts = big.starts(0, 1000, gen)
+    assert int(starts.min()) >= 0 and int(starts.max()) <= 32 * 256

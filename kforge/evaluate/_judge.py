@@ -58,6 +58,7 @@ _CPU_BATCH_S = 0.002
 _THREADS_WINDOW_S = 0.1       # the least time over which the judge measures the cores others keep busy
 _CARD_CACHE = 4               # cards whose validation sets, references and timing pool the judge keeps
 _CARD_CACHE_BYTES = 256 << 20  # a card whose sets take more is not kept
+_BIG_SET_BYTES = 256 << 20     # one set of inputs over this: two samples in the timing pool, not four
 # the runner's clock against the judge's (clocks_agree): judge_wall - rtt <= bound * RATIO + slack
 _CLOCK_RATIO = 1.3
 _PAUSE_S = 2.0                # the longest a runner's threads may take to stop after a timed batch answered
@@ -148,33 +149,40 @@ def _wide_inputs(spec, variant: Variant, seed: int) -> list | None:
 
 
 class _Pool:
-    """Random values per input, from which every timed batch draws fresh sets by random offset."""
+    """Random values per input, from which every timed batch draws fresh sets by random offset: ``draws``
+    samples of each input end to end, a set starting anywhere in the first ``draws - 1`` of them."""
 
-    def __init__(self, flats: list[torch.Tensor | None]):
+    def __init__(self, flats: list[torch.Tensor | None], draws: int = 4):
         self.flats = flats
+        self.draws = draws
 
     @classmethod
-    def make(cls, spec, variant: Variant, seed: int, draws: int = 4) -> "_Pool":
-        """A pool in the judge's host memory."""
-        flats: list[torch.Tensor | None] = []
-        samples = [spec.random_inputs(variant, seed=seed + d) for d in range(draws)]
-        for i, sig in enumerate(variant.inputs):
-            if sig is None:
-                flats.append(None)
-                continue
-            parts = []
-            for ins in samples:
-                flat = torch.zeros(max(extent(sig), 1), dtype=torch_dtype(sig.dtype))
-                torch.as_strided(flat, sig.shape, sig.stride).copy_(ins[i].cpu())
-                parts.append(flat)
-            flats.append(torch.cat(parts))
-        return cls(flats)
+    def make(cls, spec, variant: Variant, seed: int, draws: int | None = None) -> "_Pool":
+        """A pool in the judge's host memory: 4 samples, 2 where one is over ``_BIG_SET_BYTES`` (an experts card's
+        weights: 1.6 GB a sample for Qwen 3.5), each written into the pool as it is made (four samples held at
+        once and then joined took 25 GB of this judge's memory for that card, and the kernel killed it)."""
+        sigs = list(variant.inputs)
+        set_bytes = sum(max(extent(s), 1) * torch.empty((), dtype=torch_dtype(s.dtype)).element_size()
+                        for s in sigs if s is not None)
+        draws = draws or (4 if set_bytes <= _BIG_SET_BYTES else 2)
+        flats: list[torch.Tensor | None] = [
+            None if sig is None else torch.zeros(max(extent(sig), 1) * draws, dtype=torch_dtype(sig.dtype))
+            for sig in sigs]
+        for d in range(draws):
+            ins = spec.random_inputs(variant, seed=seed + d)
+            for i, sig in enumerate(sigs):
+                if sig is None:
+                    continue
+                n = max(extent(sig), 1)
+                torch.as_strided(flats[i][d * n:(d + 1) * n], sig.shape, sig.stride).copy_(ins[i].cpu())
+            del ins
+        return cls(flats, draws)
 
     def on(self, device: str) -> "_Pool":
         """This pool where the candidate runs: itself on the CPU (read only), a fresh copy on a GPU."""
         if not device.startswith("cuda"):
             return self
-        return _Pool([f.to(device) if f is not None else None for f in self.flats])
+        return _Pool([f.to(device) if f is not None else None for f in self.flats], self.draws)
 
     @property
     def nbytes(self) -> int:
@@ -183,12 +191,12 @@ class _Pool:
     def starts(self, i: int, count: int, generator: torch.Generator) -> torch.Tensor:
         """Random offsets of ``count`` sets of input ``i`` in the pool."""
         flat = self.flats[i]
-        n = flat.numel() // 4
+        n = flat.numel() // self.draws
         return torch.randint(0, flat.numel() - n + 1, (count,), generator=generator)
 
     def draw(self, i: int, count: int, generator: torch.Generator) -> torch.Tensor:
         flat = self.flats[i]
-        return flat.unfold(0, flat.numel() // 4, 1)[self.starts(i, count, generator).to(flat.device)]
+        return flat.unfold(0, flat.numel() // self.draws, 1)[self.starts(i, count, generator).to(flat.device)]
 
 
 class _Phases:
