@@ -12,6 +12,7 @@ sin are inputs (the model computes them once a forward for every layer) broadcas
 from __future__ import annotations
 
 from ...kernels import DeviceInfo
+from ...kernels._offsets import lin
 from ...ops import TensorSig, Variant
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import ITEMSIZE, fill, strategy
@@ -21,17 +22,8 @@ _OP = "rms_norm_rope"
 
 def _offset(x: TensorSig, lead: tuple[int, ...], var: str = "r") -> str:
     """A C expression for the first element of row ``var`` (a row: one index of ``lead``, the input's leading
-    dimensions, row-major) in tensor ``x``, whose leading dimensions broadcast to ``lead`` (size 1: stride 0).
-    NB: not regions._codegen.lin, which the layering keeps out of the proposers (tests/test_layers.py)."""
-    terms, div = [], 1
-    for k in range(len(lead) - 1, -1, -1):
-        n = lead[k]
-        if x.shape[k] != 1 and x.stride[k] != 0 and n != 1:
-            index = f"({var} / {div}L)" if div > 1 else var
-            index = f"({index} % {n}L)" if k > 0 else index
-            terms.append(f"{index} * {x.stride[k]}L")
-        div *= n
-    return " + ".join(terms) or "0L"
+    dimensions, row-major) in tensor ``x``, whose leading dimensions broadcast to ``lead`` (size 1: stride 0)."""
+    return lin(var, lead, [0 if x.shape[k] == 1 else x.stride[k] for k in range(len(lead))])
 
 
 def _applies(v: Variant) -> bool:
