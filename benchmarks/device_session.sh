@@ -77,6 +77,17 @@ install_wheels() {   # diffusers for the SD3.5 models: carry [".whl"]
     echo "NB: no .whl/ in this call: the SD3.5 models need diffusers (here: pip download diffusers importlib_metadata --no-deps -d .whl; then carry [\".whl\"])"
   fi
 }
+gpu_tests() {   # gpu_tests SECONDS FILE NAME LINES: one test file's cases (-v), the log in $OUT/NAME.txt, its last LINES
+  timeout "$1" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" "$2" 2>&1 \
+      | grep --line-buffered -v "^DEBUG" | tee "$OUT/$3.txt" \
+      | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -"$4"
+}
+e2e_step() {    # e2e_step SECONDS NAME ARGS...: benchmarks/region_e2e.py ARGS, the log in $OUT/NAME.txt
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" python3 benchmarks/region_e2e.py "$@" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/$name.txt" \
+      | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45
+}
 case "${1:-}" in
   tests)
     # NB: -v names each test as it ends, so a run cut off by the timeout still says what failed
@@ -212,11 +223,9 @@ PY
     # Qwen 3.5 decoding through kforge (issue 14's decode tokens/s): the session's model is Generate(model, N), so
     # capture sees the prompt and each one-token step (two gated_delta_rule cards); then decode tokens/s, eager
     # and each of KF_MODES, with and without the kernels (region_e2e.py --decode). KF_STORE as in gdn_e2e.
-    timeout "${KF_DECODE_S:-560}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
+    e2e_step "${KF_DECODE_S:-560}" region_e2e_decode qwen35_moe --layers 4 --experts grouped_mm \
         --ops gated_delta_rule --no-regions --decode "${KF_DECODE_TOKENS:-16}" --iterations "${KF_ITERATIONS:-3}" \
-        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} \
-        2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_decode.txt" \
-        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} ;;
   profile)
     install_wheels
     # KF_PROFILE_MODELS: which seed models (default: the two vision ones); Qwen 3.5 at 4 layers, grouped_mm
@@ -234,16 +243,12 @@ PY
     # searched, the model-level check over the whole decode, decode tokens/s eager and KF_MODES).
     # KF_MOE_TESTS=0: no tests; KF_MOE_S=0: tests only
     if [ "${KF_MOE_TESTS:-1}" != 0 ]; then
-      timeout "${KF_MOE_TESTS_S:-150}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
-          -o addopts="" tests/test_moe_experts.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/moe_experts_tests.txt" \
-          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -18
+      gpu_tests "${KF_MOE_TESTS_S:-150}" tests/test_moe_experts.py moe_experts_tests 18
     fi
     [ "${KF_MOE_S:-420}" = 0 ] && exit 0
-    timeout "${KF_MOE_S:-420}" python3 benchmarks/region_e2e.py qwen35_moe --layers 4 --experts grouped_mm \
+    e2e_step "${KF_MOE_S:-420}" region_e2e_moe_decode qwen35_moe --layers 4 --experts grouped_mm \
         --ops gated_delta_rule,moe_experts --no-regions --decode "${KF_DECODE_TOKENS:-16}" --iterations "${KF_ITERATIONS:-3}" \
-        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} \
-        2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_moe_decode.txt" \
-        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+        --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} ;;
   decode_profile)
     # where Qwen 3.5's decode time goes (4 layers, grouped_mm experts, 16 tokens, static cache): GPU kernels a token
     # and the host's top operators by self CPU time, eager and KF_MODES (compiled_profile.py --decode)
@@ -287,15 +292,12 @@ PY
     # end to end under KF_MODES with the model-level check (carry .whl). KF_GELU_TESTS=0: no tests; KF_GELU_S=0: tests only
     install_wheels
     if [ "${KF_GELU_TESTS:-1}" != 0 ]; then
-      timeout "${KF_GELU_TESTS_S:-150}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
-          -o addopts="" tests/test_linear_gelu.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/linear_gelu_tests.txt" \
-          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -16
+      gpu_tests "${KF_GELU_TESTS_S:-150}" tests/test_linear_gelu.py linear_gelu_tests 16
     fi
     [ "${KF_GELU_S:-420}" = 0 ] && exit 0
-    timeout "${KF_GELU_S:-420}" python3 benchmarks/region_e2e.py sd35_transformer --ops linear_gelu --no-inductor-baseline \
+    e2e_step "${KF_GELU_S:-420}" region_e2e_linear_gelu sd35_transformer --ops linear_gelu --no-inductor-baseline \
         --iterations "${KF_ITERATIONS:-2}" --max-cards 4 --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} \
-        --lean-store 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_linear_gelu.txt" \
-        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+        --lean-store ;;
   rope)
     # Gemma 4's q/k RMSNorm + rotary embedding as one kernel (rms_norm_rope): its GPU tests, then Gemma 4 E2B
     # (KF_ROPE_LAYERS, default 35, 512-token prefill) captured with regions, its rms_norm_rope cards searched, and
@@ -303,16 +305,12 @@ PY
     # NB: both do not fit one call (tests about 140 s, the model step about 500 s at 35 layers: capture 89 s, search
     # 15 s, three reduce-overhead compiles); the tests passed on the H200 (2026-12-04n, p): KF_ROPE_TESTS=0
     if [ "${KF_ROPE_TESTS:-1}" != 0 ]; then
-      timeout "${KF_ROPE_TESTS_S:-200}" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging \
-          -o addopts="" tests/test_rms_norm_rope.py 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/rms_norm_rope_tests.txt" \
-          | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -14
+      gpu_tests "${KF_ROPE_TESTS_S:-200}" tests/test_rms_norm_rope.py rms_norm_rope_tests 14
     fi
     [ "${KF_ROPE_S:-560}" = 0 ] && exit 0
-    timeout "${KF_ROPE_S:-560}" python3 benchmarks/region_e2e.py gemma4_e2b --layers "${KF_ROPE_LAYERS:-35}" \
+    e2e_step "${KF_ROPE_S:-560}" region_e2e_rms_norm_rope gemma4_e2b --layers "${KF_ROPE_LAYERS:-35}" \
         --ops rms_norm_rope --no-inductor-baseline --iterations "${KF_ITERATIONS:-3}" --max-cards 4 \
-        --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} --lean-store 2>&1 \
-        | grep --line-buffered -v "^DEBUG" | tee "$OUT/region_e2e_rms_norm_rope.txt" \
-        | grep -v "Warning\|warn\|^$\|This call\|originates from\|File \"\|^    \|^E1\|AUTOTUNE" | tail -45 ;;
+        --modes "${KF_MODES:-reduce-overhead}" ${KF_STORE:+--store "$KF_STORE"} --lean-store ;;
   sd35t)
     install_wheels
     timeout 560 python3 benchmarks/end_to_end.py sd35_transformer --modes "${KF_MODES:-default,reduce-overhead}" 2>&1 \

@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import torch
 
+import kforge
 from kforge.deploy import DeployedKernel, Deployment
 from kforge.kernels import Kernel, compile_source
+
+
+def captured(model, x, tmp_path) -> "kforge.Session":
+    """A CPU session on ``model`` (in eval mode) with ``x``, captured with regions (the fused cards come from the graph
+    capture); the caller closes it."""
+    s = kforge.Session(model.eval(), x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    return s
 
 
 def judged_and_placed(session, op: str) -> DeployedKernel:

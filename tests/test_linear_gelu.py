@@ -16,7 +16,7 @@ from kforge.kernels._screen import screen
 from kforge.ops import get_spec
 from kforge.proposers.builtin import strategies_for
 
-from fused_checks import judged_and_placed
+from fused_checks import captured, judged_and_placed
 
 
 class _FeedForward(nn.Module):
@@ -53,22 +53,16 @@ def test_a_cpu_graph_gets_no_linear_gelu_card_by_default(tmp_path, monkeypatch):
 
     monkeypatch.setattr(finder, "LINEAR_GELU_ON_CPU", False)
     torch.manual_seed(0)
-    s = _session(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
+    s = captured(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
     assert not s.cards.by_op("linear_gelu")
     assert any(c.share > 0 for c in s.cards.by_op("gelu")), "the GELU keeps its own card"
     s.close()
 
 
-def _session(model, x, tmp_path):
-    s = kforge.Session(model.eval(), x, device="cpu", workdir=tmp_path / "wd")
-    s.capture(timing_budget_ms=2)
-    return s
-
-
 @pytest.fixture
 def session(tmp_path):
     torch.manual_seed(0)
-    s = _session(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
+    s = captured(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
     yield s
     s.close()
 
@@ -87,14 +81,14 @@ def test_the_graph_capture_finds_the_linear_then_tanh_gelu_as_one_call_that_take
 @pytest.mark.parametrize("build", [lambda: _FeedForward(approximate="none"), _Shared], ids=["exact_gelu", "shared"])
 def test_an_exact_gelu_or_a_product_read_elsewhere_is_not_fused(build, tmp_path):
     torch.manual_seed(0)
-    s = _session(build(), torch.randn(2, 8, 32), tmp_path)
+    s = captured(build(), torch.randn(2, 8, 32), tmp_path)
     assert not s.cards.by_op("linear_gelu")
     s.close()
 
 
 def test_a_two_dimensional_input_is_fused_too(tmp_path):
     torch.manual_seed(0)
-    s = _session(_FeedForward(), torch.randn(8, 32), tmp_path)
+    s = captured(_FeedForward(), torch.randn(8, 32), tmp_path)
     (card,) = s.cards.by_op("linear_gelu")
     assert tuple(card.variant.inputs[0].shape) == (8, 32) and tuple(card.variant.outputs[0].shape) == (8, 64)
     s.close()

@@ -15,7 +15,7 @@ from kforge.kernels._screen import screen
 from kforge.ops import TensorSig, Variant, get_spec
 from kforge.proposers.builtin import strategies_for
 
-from fused_checks import judged_and_placed
+from fused_checks import captured, judged_and_placed
 
 
 def _rotate_half(x):
@@ -50,16 +50,10 @@ class _Attention(nn.Module):
         return out + q.sum() if self.shared else out   # shared: the normed query read elsewhere too
 
 
-def _session(model, x, tmp_path):
-    s = kforge.Session(model.eval(), x, device="cpu", workdir=tmp_path / "wd")
-    s.capture(timing_budget_ms=2)
-    return s
-
-
 @pytest.fixture
 def session(tmp_path):
     torch.manual_seed(0)
-    s = _session(_Attention(), torch.randn(2, 8, 32), tmp_path)
+    s = captured(_Attention(), torch.randn(2, 8, 32), tmp_path)
     yield s
     s.close()
 
@@ -77,7 +71,7 @@ def test_the_graph_capture_finds_the_norm_and_rotation_as_one_call_that_takes_th
 
 def test_a_normed_value_read_elsewhere_is_not_fused(tmp_path):
     torch.manual_seed(0)
-    s = _session(_Attention(shared=True), torch.randn(2, 8, 32), tmp_path)
+    s = captured(_Attention(shared=True), torch.randn(2, 8, 32), tmp_path)
     assert not s.cards.by_op("rms_norm_rope")
     s.close()
 

@@ -182,6 +182,7 @@ class Arm:
 
 
 Build = Callable[[Sequence[DeployedKernel]], Arm]
+Compare = Callable[[Arm, Arm], Comparison]
 
 
 def weighed_together(dk: Any) -> str:
@@ -190,7 +191,6 @@ def weighed_together(dk: Any) -> str:
     kernel alone (each is its own chain's code), as is a kernel whose operator is not known."""
     op = getattr(dk.variant, "op", None)
     return dk.variant.signature if op in (None, "region") else f"op:{op}"
-Compare = Callable[[Arm, Arm], Comparison]
 
 
 def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[float], build: Build,

@@ -160,21 +160,21 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
     the compiled models by kernel set (keyed by run names)."""
     made: dict[tuple[str, ...], Any] = {}
 
-    def timed_first(compiled: Any, what: str) -> Callable[[], Any]:
-        # NB: the first forward compiles: its time is logged (INFO), so a run cut while it compiles says how
-        # far it got (two H200 calls on Gemma 4 at 35 layers were cut inside reduce-overhead's compiles
-        # with nothing printed for 470 s, 2026-12-04o)
-        first = [True]
+    def timed_first(arm: Arm, what: str) -> Arm:
+        """``arm`` whose first forward (the one that compiles) logs its time (INFO), then gives way to the plain
+        forward: nothing is added to the forwards the check times."""
+        # NB: so a run cut while it compiles says how far it got (two H200 calls on Gemma 4 at 35 layers were cut
+        # inside reduce-overhead's compiles with nothing printed for 470 s, 2026-12-04o)
+        plain = arm.forward
 
-        def run() -> Any:
-            if not first[0]:
-                return forward(compiled)
+        def first() -> Any:
             start = time.perf_counter()
-            out = forward(compiled)
-            first[0] = False
+            out = plain()
+            arm.forward = plain
             log.info("kforge: %s: compiled %s in %.1f s (its first forward)", mode, what, time.perf_counter() - start)
             return out
-        return run
+        arm.forward = first
+        return arm
 
     def build(kernels: Sequence[DeployedKernel]) -> Arm:
         key = tuple(sorted(dk.run_name for dk in kernels))
@@ -183,16 +183,17 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
         compiled = compile_with(model, kernels, backend=backend, mode=None if backend != "inductor" else mode,
                                 **torch_compile_kwargs)
         made[key] = compiled
-        return Arm(timed_first(compiled, f"the model with {len(kernels)} kernel(s)"), kernels)
+        return timed_first(Arm(lambda: forward(compiled), kernels), f"the model with {len(kernels)} kernel(s)")
 
     def control() -> Arm:
         """A second plain compilation of the model, made afresh (Inductor's caches off while it
         compiles, so its code and its tuning choices are its own): the A/A control."""
         compiled = compile_with(model, [], backend=backend, mode=None if backend != "inductor" else mode,
                                 **torch_compile_kwargs)
+        arm = timed_first(Arm(lambda: forward(compiled)), "the A/A control (a second plain compilation, caches off)")
         with torch._inductor.config.patch(force_disable_caches=True), torch.no_grad():
-            timed_first(compiled, "the A/A control (a second plain compilation, caches off)")()
-        return Arm(lambda: forward(compiled))
+            arm.forward()   # compiles
+        return arm
 
     build.control = control  # type: ignore[attr-defined]
     return build, made

@@ -162,8 +162,7 @@ class _Pool:
         weights: 1.6 GB a sample for Qwen 3.5), each written into the pool as it is made (four samples held at
         once and then joined took 25 GB of this judge's memory for that card, and the kernel killed it)."""
         sigs = list(variant.inputs)
-        set_bytes = sum(max(extent(s), 1) * torch.empty((), dtype=torch_dtype(s.dtype)).element_size()
-                        for s in sigs if s is not None)
+        set_bytes = sum(max(extent(s), 1) * s.itemsize for s in sigs if s is not None)
         draws = draws or (4 if set_bytes <= _BIG_SET_BYTES else 2)
         flats: list[torch.Tensor | None] = [
             None if sig is None else torch.zeros(max(extent(sig), 1) * draws, dtype=torch_dtype(sig.dtype))

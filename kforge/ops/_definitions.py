@@ -779,16 +779,15 @@ def _moe_gathered(x: list) -> torch.Tensor:
 
 def _moe_eager(x: list, p: dict) -> torch.Tensor:
     """What transformers' grouped_mm experts run (its sort, gather, grouped products and unsort), from the tensors
-    alone, where torch has the grouped product for them as transformers decides (on CUDA; on the CPU from torch
-    2.9); the reference where it has not."""
+    alone, where this torch has the grouped product for them (on the CPU from torch 2.9, bf16 there only with
+    16-byte strides); the reference where it has not."""
     h, idx, w, w_gu, w_down = x
     mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
     if torch.compiler.is_compiling() and not (h.device.type == "cuda" and w_gu.dtype == torch.bfloat16):
         # NB: traced (the graph twin where no kernel replaces it): torch compiles the grouped product for bf16 on
         # CUDA only (as transformers decides), and the reference's loop over the experts used is data-dependent
         return _moe_gathered(x)
-    cpu_ok = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 9)
-    if mm is None or not (h.device.type == "cuda" or (h.device.type == "cpu" and cpu_ok)):
+    if mm is None or h.device.type not in ("cuda", "cpu"):
         return _moe_experts(x, p)
     try:
         t, k = idx.shape
@@ -804,7 +803,7 @@ def _moe_eager(x: list, p: dict) -> torch.Tensor:
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(perm.numel(), device=h.device)
         return weighted[inv].view(t, k, -1).sum(1).to(h.dtype)
-    except (RuntimeError, NotImplementedError):   # NB: a dtype or device this torch's grouped product lacks
+    except (RuntimeError, NotImplementedError):   # NB: a dtype, layout or device this torch's grouped product lacks
         return _moe_experts(x, p)
 
 

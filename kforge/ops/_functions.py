@@ -44,8 +44,7 @@ class FunctionTarget:
     ``graph``: how the function goes into a graph kforge compiles: ``"call"``, its graph twin takes the
     function's own arguments (tensors and constants); ``"tensors"``, the call is bound first and its twin takes
     the bound tensor inputs (a function taking a module, as an experts implementation takes ``self``, whose
-    tensors are its weights; a call the binder refuses is traced as plain compile traces it); ``"none"``, it is
-    always traced as plain compile traces it, and its kernels run eagerly only.
+    tensors are its weights; a call the binder refuses is traced as plain compile traces it).
     """
 
     module: str
@@ -57,8 +56,8 @@ class FunctionTarget:
     graph: str = "call"
 
     def __post_init__(self) -> None:
-        if self.graph not in ("call", "tensors", "none"):
-            raise ValueError(f"FunctionTarget.graph is 'call', 'tensors' or 'none', not {self.graph!r}")
+        if self.graph not in ("call", "tensors"):
+            raise ValueError(f"FunctionTarget.graph is 'call' or 'tensors', not {self.graph!r}")
 
     def binder(self, spec: "OpSpec") -> Callable:
         """What binds a call of this function to ``spec``'s inputs and params."""

@@ -13,26 +13,21 @@ outside [0, E) contributes nothing (transformers' expert-parallel sentinel).
 """
 from __future__ import annotations
 
+import torch
+
 from ...kernels import DeviceInfo
-from ...ops import Variant
+from ...ops import Variant, dtype_name, torch_dtype
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import ITEMSIZE, fill, strategy
 
 _OP = "moe_experts"
 _IDX = {"int64": "int64_t", "int32": "int32_t"}
 
-# The promoted dtype of the routing weight's product (torch.result_type of the hidden states and the weights).
-_PROMOTE = {("bfloat16", "float32"): "float32", ("float16", "float32"): "float32", ("float32", "bfloat16"): "float32",
-            ("float32", "float16"): "float32", ("bfloat16", "float16"): "float32", ("float16", "bfloat16"): "float32"}
 
 
 def _dims(v: Variant) -> dict:
     h, idx, _, gu, _ = v.inputs
     return {"T": idx.shape[0], "K": idx.shape[1], "E": gu.shape[0], "H": h.shape[1], "I": gu.shape[1] // 2}
-
-
-def _contiguous(sig) -> bool:
-    return sig.is_contiguous
 
 
 def _applies(v: Variant) -> bool:
@@ -41,7 +36,7 @@ def _applies(v: Variant) -> bool:
     h, idx, w, gu, dn = v.inputs
     out = v.outputs[0]
     return (h.dtype in ITEMSIZE and gu.dtype == h.dtype and dn.dtype == h.dtype and out.dtype == h.dtype
-            and w.dtype in ITEMSIZE and idx.dtype in _IDX and all(_contiguous(s) for s in (h, idx, w, gu, dn, out))
+            and w.dtype in ITEMSIZE and idx.dtype in _IDX and all(s.is_contiguous for s in (h, idx, w, gu, dn, out))
             and len(h.shape) == 2 and len(gu.shape) == 3 and gu.shape[1] % 2 == 0
             and min(idx.shape[0], idx.shape[1], h.shape[1], gu.shape[0], gu.shape[1]) > 0)
 
@@ -49,7 +44,7 @@ def _applies(v: Variant) -> bool:
 def _rounding(v: Variant) -> str:
     """``x_rd`` (to the hidden states' dtype) and ``p_rd`` (to the routing product's promoted dtype)."""
     h, w = v.inputs[0].dtype, v.inputs[2].dtype
-    promoted = h if h == w else _PROMOTE[(h, w)]
+    promoted = dtype_name(torch.promote_types(torch_dtype(h), torch_dtype(w)))   # as the reference promotes
     body = {"float32": "return v;", "bfloat16": "return kf_bf16_to_f32(kf_f32_to_bf16(v));",
             "float16": "return kf_f16_to_f32(kf_f32_to_f16(v));"}
     cuda = {"float32": "return v;", "bfloat16": "return __bfloat162float(__float2bfloat16_rn(v));",
