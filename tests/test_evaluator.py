@@ -388,8 +388,9 @@ def test_a_judge_that_fails_is_replaced_and_the_user_gets_an_infra_error_not_an_
 
 def test_the_timing_pool_of_a_large_card_holds_two_samples_written_as_they_are_made(monkeypatch):
     """An experts card's inputs are 1.6 GB a sample (Qwen 3.5's weights): four samples, held together and then
-    joined, took 25 GB of the judge's memory and the kernel killed it. Over the size, two samples; either way each
-    set a timed batch draws is a whole sample's length read from inside the pool."""
+    joined, came to 25 GB at peak with the runner's (on a 24 GB machine the kernel killed the judge). Over the
+    size, two samples; either way each set a timed batch draws is a whole sample's length read from inside the
+    pool."""
     from kforge.evaluate import _judge
 
     spec = get_spec("softmax")

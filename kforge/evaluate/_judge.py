@@ -160,7 +160,7 @@ class _Pool:
     def make(cls, spec, variant: Variant, seed: int, draws: int | None = None) -> "_Pool":
         """A pool in the judge's host memory: 4 samples, 2 where one is over ``_BIG_SET_BYTES`` (an experts card's
         weights: 1.6 GB a sample for Qwen 3.5), each written into the pool as it is made (four samples held at
-        once and then joined took 25 GB of this judge's memory for that card, and the kernel killed it)."""
+        once and then joined: 25 GB at peak, judge and runner, on a 24 GB machine, where the kernel killed the judge)."""
         sigs = list(variant.inputs)
         set_bytes = sum(max(extent(s), 1) * s.itemsize for s in sigs if s is not None)
         draws = draws or (4 if set_bytes <= _BIG_SET_BYTES else 2)

@@ -17,12 +17,11 @@ import torch
 
 from ...kernels import DeviceInfo
 from ...ops import Variant, dtype_name, torch_dtype
-from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import ITEMSIZE, fill, strategy
+from ._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
+from ._strategy import CUDA_TYPES, ITEMSIZE, fill, strategy
 
 _OP = "moe_experts"
 _IDX = {"int64": "int64_t", "int32": "int32_t"}
-
 
 
 def _dims(v: Variant) -> dict:
@@ -41,15 +40,9 @@ def _applies(v: Variant) -> bool:
             and min(idx.shape[0], idx.shape[1], h.shape[1], gu.shape[0], gu.shape[1]) > 0)
 
 
-def _rounding(v: Variant) -> str:
-    """``x_rd`` (to the hidden states' dtype) and ``p_rd`` (to the routing product's promoted dtype)."""
-    h, w = v.inputs[0].dtype, v.inputs[2].dtype
-    promoted = dtype_name(torch.promote_types(torch_dtype(h), torch_dtype(w)))   # as the reference promotes
-    body = {"float32": "return v;", "bfloat16": "return kf_bf16_to_f32(kf_f32_to_bf16(v));",
-            "float16": "return kf_f16_to_f32(kf_f32_to_f16(v));"}
-    cuda = {"float32": "return v;", "bfloat16": "return __bfloat162float(__float2bfloat16_rn(v));",
-            "float16": "return __half2float(__float2half_rn(v));"}
-    return body[h], body[promoted], cuda[h], cuda[promoted]
+def _promoted(v: Variant) -> str:
+    """The dtype the routing weight's product is rounded to (as the reference promotes it)."""
+    return dtype_name(torch.promote_types(torch_dtype(v.inputs[0].dtype), torch_dtype(v.inputs[2].dtype)))
 
 
 _ENTRY = r"""
@@ -74,10 +67,7 @@ typedef {{IDX}} i_t;
 
 # ----------------------------------------------------------------------------- CPU
 
-_CPU = CPU + "{{io}}" + _DIMS + r"""
-static inline float x_rd(float v) { {{XRD}} }
-static inline float p_rd(float v) { {{PRD}} }
-""" + _ENTRY + r"""    #pragma omp parallel for schedule(static)
+_CPU = CPU + "{{io}}" + _DIMS + _ENTRY + r"""    #pragma omp parallel for schedule(static)
     for (long t = 0; t < T; ++t) {
         float acc[H], act[I];
         for (long h = 0; h < H; ++h) acc[h] = 0.f;
@@ -117,17 +107,16 @@ static inline float p_rd(float v) { {{PRD}} }
           default=lambda v, d: {})
 def _moe_experts_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
     h, idx, w, _, _ = v.inputs
-    xrd, prd, _, _ = _rounding(v)
-    io = cpu_io("x", h) + cpu_io("w", w)
-    return fill(_CPU, io=io, IDX=_IDX[idx.dtype], XRD=xrd, PRD=prd, **_dims(v))
+    io = cpu_io("x", h) + cpu_io("w", w) + cpu_round("x_rd", h.dtype) + cpu_round("p_rd", _promoted(v))
+    return fill(_CPU, io=io, IDX=_IDX[idx.dtype], **_dims(v))
 
 
 # ----------------------------------------------------------------------------- CUDA
 
 _CUDA = CUDA + "{{types}}" + _DIMS + r"""
 #define WARPS {{WARPS}}
-__device__ __forceinline__ float x_rd(float v) { {{XRD}} }
-__device__ __forceinline__ float p_rd(float v) { {{PRD}} }
+__device__ __forceinline__ float x_rd(float v) { return to_f(from_f<x_t>(v)); }
+__device__ __forceinline__ float p_rd(float v) { return to_f(from_f<p_t>(v)); }
 
 /* A warp's dot product of n elements of a and b (V-wide loads where the caller checked alignment). */
 template <int V>
@@ -228,7 +217,5 @@ def _vmax(v: Variant) -> int:
           explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads"))
 def _moe_experts_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
     h, idx, w, _, _ = v.inputs
-    _, _, xrd, prd = _rounding(v)
-    types = cuda_types({"x": h, "w": w})
-    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], XRD=xrd, PRD=prd, WARPS=c["warps"], VEC=_vmax(v),
-                **_dims(v))
+    types = cuda_types({"x": h, "w": w}) + f"typedef {CUDA_TYPES[_promoted(v)]} p_t;\n"
+    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], VEC=_vmax(v), **_dims(v))

@@ -128,6 +128,16 @@ def cpu_io(role: str, sig: TensorSig | None) -> str:
             f"static inline void {role}_st({role}_t* p, long i, float v) {{ {st.format(p='p', i='i', v='v')}; }}\n")
 
 
+_CPU_ROUND = {"float32": "v", "float64": "v", "bfloat16": "kf_bf16_to_f32(kf_f32_to_bf16(v))",
+              "float16": "kf_f16_to_f32(kf_f32_to_f16(v))"}
+
+
+def cpu_round(name: str, dtype: str) -> str:
+    """C ``static inline float {name}(float v)``: ``v`` rounded to ``dtype`` and back (a reference's rounding). On
+    CUDA the prelude's ``to_f(from_f<T>(v))`` does the same."""
+    return f"static inline float {name}(float v) {{ return {_CPU_ROUND[dtype]}; }}\n"
+
+
 def cuda_types(roles: dict[str, TensorSig | None]) -> str:
     """``typedef <type> {role}_t;`` for each role (float for an absent tensor)."""
     from ._strategy import CUDA_TYPES

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ...kernels import DeviceInfo
 from ...kernels._offsets import lin
 from ...ops import TensorSig, Variant
-from ._prelude import CPU, CUDA, cpu_io, cuda_types
+from ._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
 from ._strategy import ITEMSIZE, fill, strategy
 
 _OP = "rms_norm_rope"
@@ -88,9 +88,6 @@ _CPU = CPU + "{{io}}" + r"""
 }
 """
 
-_ROUND = {"float32": "static inline float x_rd(float v) { return v; }\n",
-          "bfloat16": "static inline float x_rd(float v) { return kf_bf16_to_f32(kf_f32_to_bf16(v)); }\n",
-          "float16": "static inline float x_rd(float v) { return kf_f16_to_f32(kf_f32_to_f16(v)); }\n"}
 
 
 @strategy(_OP, "cpu", "rows", level=0,
@@ -99,7 +96,7 @@ _ROUND = {"float32": "static inline float x_rd(float v) { return v; }\n",
 def _rms_norm_rope_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
     x, w, cs, sn = v.inputs
     io = "".join(cpu_io(role, sig) for role, sig in (("x", x), ("w", w), ("c", cs), ("s", sn), ("y", v.outputs[0])))
-    return fill(_CPU, io=io + _ROUND[x.dtype], **_common(v))
+    return fill(_CPU, io=io + cpu_round("x_rd", x.dtype), **_common(v))
 
 
 # ----------------------------------------------------------------------------- CUDA
