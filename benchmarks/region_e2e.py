@@ -126,6 +126,10 @@ def main() -> None:
           f"{sum(c.op in GRAPH_FUSED_OPS for c in cards)} fused (group_norm+silu, linear+gelu, rms_norm+rope); "
           f"searching {len(regions)} "
           f"of {args.ops} (capture {t1 - t0:.0f} s)", flush=True)
+    for c in cards:   # NB: every card of the operators asked for, those left out (no share) too
+        if c.op in ops:
+            print(f"#   {c.op} {c.variant.inputs[0].shape}: {c.calls} calls, {c.examples} examples, share "
+                  f"{c.share:.1%}{'' if c.key in {r.key for r in regions} else ', not searched'}", flush=True)
     if not regions:
         raise SystemExit(f"no {args.ops} cards were captured: nothing to search")
     done = {r.key for r in s.results if r.status.is_searched}

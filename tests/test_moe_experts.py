@@ -17,6 +17,7 @@ from kforge.proposers.builtin import strategies_for
 MOE = pytest.importorskip("transformers.integrations.moe")
 TABLE = MOE.ALL_EXPERTS_FUNCTIONS._global_mapping
 ORIGINAL = TABLE.get("grouped_mm")
+BATCHED = TABLE.get("batched_mm")
 TINY_QWEN = {"vocab_size": 512, "hidden_size": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
              "linear_key_head_dim": 32, "linear_value_head_dim": 32, "num_attention_heads": 2,
              "num_key_value_heads": 1, "head_dim": 32, "moe_intermediate_size": 64,
@@ -25,15 +26,20 @@ H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4800.0, 50 << 20, 227 << 
 
 
 def _untouched() -> bool:
-    return TABLE.get("grouped_mm") is ORIGINAL and MOE.grouped_mm_experts_forward is ORIGINAL
+    return TABLE.get("grouped_mm") is ORIGINAL and MOE.grouped_mm_experts_forward is ORIGINAL \
+        and TABLE.get("batched_mm") is BATCHED and MOE.batched_mm_experts_forward is BATCHED
 
 
-def _qwen(dtype=torch.float32, tokens: int = 12):
+def _qwen(dtype=torch.float32, tokens: int = 12, impl: str = "grouped_mm"):
+    """Qwen 3.5 (tiny widths, two layers) whose experts run through ``impl`` (transformers' generate() decodes with
+    batched_mm on a GPU, grouped_mm elsewhere)."""
     from kforge import models
 
     model, ids = models.qwen35_moe(dtype=dtype, layers=2, tokens=tokens, overrides=TINY_QWEN)
     if getattr(model.config, "_experts_implementation", None) != "grouped_mm":
         pytest.skip("this transformers version does not run the experts through grouped_mm by default")
+    if impl != "grouped_mm":
+        model.set_experts_implementation(impl)
     return model, ids
 
 
@@ -82,26 +88,38 @@ def test_the_cpu_kernel_rounds_as_transformers_does_and_skips_an_expert_out_of_r
     torch.testing.assert_close(ref[1], alone[1])
 
 
-def test_the_reference_is_transformers_grouped_mm_experts():
-    model, ids = _qwen(torch.float32)
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_the_reference_and_the_eager_baseline_are_transformers_experts(impl):
+    """Both of transformers' implementations compute the reference's values; the card's eager baseline runs the one
+    that made the call (batched_mm: the same operators, so the same values exactly)."""
+    from kforge.ops._definitions import _bind_moe_batched
+
+    model, ids = _qwen(torch.float32, impl=impl)
     spec = get_spec("moe_experts")
+    original = TABLE[impl]
+    bind = _bind_moe_batched if impl == "batched_mm" else spec.bind
     seen = []
 
     def spy(self, hidden, top_k_index, top_k_weights):
-        out = ORIGINAL(self, hidden, top_k_index, top_k_weights)
-        call = spec.bind(self, hidden, top_k_index, top_k_weights)
-        seen.append((out, spec.reference(list(call.inputs), call.params)))
+        out = original(self, hidden, top_k_index, top_k_weights)
+        call = bind(self, hidden, top_k_index, top_k_weights)
+        seen.append((out, spec.reference(list(call.inputs), call.params), spec.run_eager(list(call.inputs), call.params),
+                     call.params))
         return out
 
-    TABLE["grouped_mm"] = spy
+    TABLE[impl] = spy
     try:
         with torch.no_grad():
             model(ids)
     finally:
-        TABLE["grouped_mm"] = ORIGINAL
+        TABLE[impl] = original
     assert len(seen) == 2, "one call a layer"
-    for out, ref in seen:
+    for out, ref, eager, params in seen:
+        assert params == {"impl": impl}
         torch.testing.assert_close(ref, out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(eager, out, rtol=1e-5, atol=1e-6)
+        if impl == "batched_mm":
+            assert torch.equal(eager, out)
 
 
 @pytest.mark.parametrize("flags,why", [({"has_bias": True}, "unbiased"), ({"has_gate": False}, "gated"),
@@ -115,14 +133,17 @@ def test_experts_the_kernels_do_not_compute_are_no_card(flags, why):
                                      torch.rand(2, 2))
 
 
-def test_capture_finds_the_experts_in_transformers_table_runs_the_kernel_eagerly_and_compiled_and_puts_it_back(tmp_path):
-    model, ids = _qwen(torch.float32)
+@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
+def test_capture_finds_the_experts_in_transformers_table_runs_the_kernel_eagerly_and_compiled_and_puts_it_back(
+        tmp_path, impl):
+    model, ids = _qwen(torch.float32, impl=impl)
     s = kforge.Session(model, ids, device="cpu", workdir=tmp_path / "wd")
     cards = s.capture(timing_budget_ms=2, regions=False)
     assert _untouched()
     (card,) = [c for c in cards if c.op == "moe_experts"]
     assert card.calls == 2 and card.examples > 0
     assert card.variant.inputs[0].shape == (12, 128) and card.variant.inputs[3].shape == (4, 128, 128)
+    assert card.variant.param_dict == {"impl": impl}
     # the function's own torch calls (its sort, histc, grouped products) are its card's, not cards of their own
     assert not {"sort", "histc", "cumsum"} & {c.op for c in cards}
     s.optimize(proposer="builtin", iterations=1, cards=[card.key], confirm=False)
@@ -344,3 +365,30 @@ def test_a_twin_no_kernel_replaces_traces_the_references_values_without_its_loop
     traced = torch.compile(lambda *t: spec.run_eager(list(t), {}), backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(traced(*ins), ref, **close)
     torch._dynamo.reset()
+
+
+def test_on_fake_tensors_the_eager_baseline_takes_the_traceable_path_without_the_grouped_product(monkeypatch):
+    """Dynamo works out a graph node's output by running it on fake tensors, where torch 2.11's ``is_compiling()``
+    is False: there the eager baseline must still take the traceable path (on the H200, torch 2.11's grouped
+    product refused float32 on fake tensors, and the twin broke the graph)."""
+    from torch._subclasses import FakeTensorMode
+
+    import torch.nn.functional as F
+
+    calls = []
+
+    def refuse(*a, **k):
+        calls.append(a)
+        raise RuntimeError("Expected inputs of BF16 type")
+
+    for owner, name in ((F, "grouped_mm"), (torch, "_grouped_mm")):
+        if hasattr(owner, name):
+            monkeypatch.setattr(owner, name, refuse)
+    spec = get_spec("moe_experts")
+    experts = _Experts(5, 16, 8, torch.float32)
+    real = (torch.randn(4, 16), torch.randint(0, 5, (4, 2)), torch.rand(4, 2), experts.gate_up_proj.detach(),
+            experts.down_proj.detach())
+    with FakeTensorMode() as mode:
+        out = spec.run_eager([mode.from_tensor(t) for t in real], {})
+    assert tuple(out.shape) == (4, 16) and out.dtype == torch.float32
+    assert calls == [], "the grouped product ran on fake tensors"

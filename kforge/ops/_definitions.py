@@ -649,7 +649,7 @@ def inplace_binder(spec: OpSpec, func) -> Any:
     twin binds as its function does."""
     entry = entry_of_twin(func)
     if entry is not None and func is entry.tensor_twin:
-        return lambda *inputs: Call(tuple(inputs), {})
+        return lambda *inputs: Call(tuple(inputs), dict(entry.target.fixed))
     if entry is not None:
         return entry.target.binder(spec)
     if func not in spec.inplace_targets:
@@ -697,7 +697,15 @@ def _bind_moe_experts(module, hidden_states=None, top_k_index=None, top_k_weight
     e, two_i, h = w_gu.shape if w_gu.dim() == 3 else (0, 0, 0)
     if h != hidden_states.shape[1] or two_i % 2 or tuple(w_down.shape) != (e, h, two_i // 2):
         raise Unsupported("moe_experts: gate_up_proj [E, 2I, H] and down_proj [E, H, I]")
-    return Call(tensors, {})
+    return Call(tensors, {"impl": "grouped_mm"})
+
+
+def _bind_moe_batched(*args, **kwargs) -> Call:
+    """transformers' ``batched_mm_experts_forward``: the same arguments and values as its grouped_mm experts
+    (``_bind_moe_experts``), another eager implementation (what its generate() decodes with on a GPU)."""
+    call = _bind_moe_experts(*args, **kwargs)
+    call.params["impl"] = "batched_mm"
+    return call
 
 
 def _moe_experts(x: list, p: dict) -> torch.Tensor:
@@ -777,13 +785,37 @@ def _moe_gathered(x: list) -> torch.Tensor:
     return prod.view(t, k, -1).sum(1).to(dt)
 
 
-def _moe_eager(x: list, p: dict) -> torch.Tensor:
-    """What transformers' grouped_mm experts run (its sort, gather, grouped products and unsort), from the tensors
-    alone, where this torch has the grouped product for them (on the CPU from torch 2.9, bf16 there only with
-    16-byte strides); the reference where it has not."""
+def _traced() -> bool:
+    """Whether torch is tracing this call rather than running it: dynamo inlining it, or running it on fake tensors
+    (dynamo working out a graph node's output, AOTAutograd tracing the graph), where ``is_compiling()`` is False on
+    torch 2.11 (found on the H200: the grouped product's float32 meta check failed there, and the node broke the
+    graph)."""
+    return torch.compiler.is_compiling() or torch._guards.detect_fake_mode() is not None
+
+
+def _moe_batched(x: list) -> torch.Tensor:
+    """What transformers' batched_mm experts run, from the tensors alone: each (token, expert) pair's weights
+    gathered (an index out of range clamped, as there), two batched matrix-vector products, the gate, the routing
+    weights and the sum over the K experts."""
     h, idx, w, w_gu, w_down = x
+    t, k = idx.shape
+    ids = idx.reshape(-1).clamp(0, w_gu.shape[0] - 1)
+    gu = torch.bmm(w_gu[ids], h.repeat_interleave(k, dim=0).unsqueeze(-1)).squeeze(-1)
+    gate, up = gu.chunk(2, dim=-1)
+    down = torch.bmm(w_down[ids], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)
+    return (down * w.reshape(-1).unsqueeze(-1)).view(t, k, -1).sum(1).to(h.dtype)
+
+
+def _moe_eager(x: list, p: dict) -> torch.Tensor:
+    """What transformers' experts implementation that made the call runs, from the tensors alone: batched_mm's
+    gathered products (``_moe_batched``), or grouped_mm's sort, gather, grouped products and unsort where this
+    torch has the grouped product for them (on the CPU from torch 2.9, bf16 there only with 16-byte strides); the
+    reference where it has not."""
+    h, idx, w, w_gu, w_down = x
+    if p.get("impl") == "batched_mm":
+        return _moe_batched(x)
     mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-    if torch.compiler.is_compiling() and not (h.device.type == "cuda" and w_gu.dtype == torch.bfloat16):
+    if _traced() and not (h.device.type == "cuda" and w_gu.dtype == torch.bfloat16):
         # NB: traced (the graph twin where no kernel replaces it): torch compiles the grouped product for bf16 on
         # CUDA only (as transformers decides), and the reference's loop over the experts used is data-dependent
         return _moe_gathered(x)
@@ -819,8 +851,15 @@ def _moe_result(outs: Sequence[torch.Tensor], params: dict) -> Any:
 # interface at each call (``ALL_EXPERTS_FUNCTIONS``), so kforge hooks it there too. It takes the experts module
 # (self) as its first argument, which no graph node can hold: in a graph kforge compiles its twin takes the bound
 # tensors (the weights among them), graph="tensors".
-_MOE_FUNCTIONS = (FunctionTarget("transformers.integrations.moe", "grouped_mm_experts_forward", _moe_outputs,
-                                 _moe_result, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors"),)
+_MOE_FUNCTIONS = (
+    FunctionTarget("transformers.integrations.moe", "grouped_mm_experts_forward", _moe_outputs, _moe_result,
+                   mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors", fixed=(("impl", "grouped_mm"),)),
+    # NB: transformers' generate() decodes with batched_mm on a GPU (grouped_mm for the prompt): found on the H200,
+    # where a Qwen 3.5 decode captured no experts card for its one-token steps
+    FunctionTarget("transformers.integrations.moe", "batched_mm_experts_forward", _moe_outputs, _moe_result,
+                   bind=_bind_moe_batched, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors",
+                   fixed=(("impl", "batched_mm"),)),
+)
 
 
 def _moe_io_bytes(v: Variant) -> int:
@@ -838,7 +877,7 @@ def _moe_io_bytes(v: Variant) -> int:
 # the H200 is host-bound (65 tokens/s at 4 layers, 1.7 ms of GPU kernels in 15 ms a token, 2026-12-04q).
 register(OpSpec(
     name="moe_experts", kind="vendor", vendor="cublas", targets=(), functions=_MOE_FUNCTIONS, eager=_moe_eager,
-    inputs=("hidden_states", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj"), params=(),
+    inputs=("hidden_states", "top_k_index", "top_k_weights", "gate_up_proj", "down_proj"), params=("impl",),
     bind=_bind_moe_experts, reference=_moe_experts, sample=_sample_moe_experts, io_bytes=_moe_io_bytes,
     doc="a mixture of experts' experts: each token's K experts (SiLU-gated, weights [E, 2I, H] and [E, H, I]), "
         "summed with their routing weights: output [T, H]"))

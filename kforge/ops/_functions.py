@@ -45,6 +45,8 @@ class FunctionTarget:
     function's own arguments (tensors and constants); ``"tensors"``, the call is bound first and its twin takes
     the bound tensor inputs (a function taking a module, as an experts implementation takes ``self``, whose
     tensors are its weights; a call the binder refuses is traced as plain compile traces it).
+    ``fixed``: for graph "tensors", the params every call of this function binds to (which of a library's
+    implementations of the operator ran): its twin takes tensors only, and a graph node of it binds to these.
     """
 
     module: str
@@ -54,6 +56,7 @@ class FunctionTarget:
     bind: Callable | None = None
     mappings: tuple[str, ...] = ()
     graph: str = "call"
+    fixed: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.graph not in ("call", "tensors"):
@@ -184,7 +187,7 @@ def _entry(original: Callable, spec: "OpSpec", target: FunctionTarget) -> Functi
             def kforge_graph_tensors(*inputs: Any) -> Any:
                 # NB: what eager runs, from the bound tensors: where no kernel replaces the node, AOTAutograd traces
                 # this (the library's function itself needs what no node holds, e.g. its module)
-                return target.result(_as_list(spec.run_eager(list(inputs), {})), {})
+                return target.result(_as_list(spec.run_eager(list(inputs), dict(target.fixed))), dict(target.fixed))
 
             kforge_graph_tensors.__name__ = f"kforge_{getattr(original, '__name__', spec.name)}_tensors"
             kforge_graph_tensors.__qualname__ = kforge_graph_tensors.__name__
@@ -257,7 +260,8 @@ class FunctionHook:
                     call = entry.target.binder(entry.spec)(*args, **kwargs)
                 except Unsupported:
                     call = None
-                if call is not None and not call.params and all(isinstance(t, torch.Tensor) for t in call.inputs):
+                if call is not None and call.params == dict(entry.target.fixed) \
+                        and all(isinstance(t, torch.Tensor) for t in call.inputs):
                     return entry.tensor_twin(*call.inputs)
             return entry.original(*args, **kwargs)
         handlers = _HANDLERS.get(entry.spec.name)
