@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from kforge.kernels import CompileError, compile_source, device_info
-from kforge.ops import Variant, get_spec
+from kforge.ops import TensorSig, Variant, get_spec
 from kforge.proposers.builtin import strategies_for
 
 BF = torch.bfloat16
@@ -39,6 +39,17 @@ def _variant(op: str, *args, **kwargs) -> Variant:
     call = spec.bind(*args, **kwargs)
     out = spec.reference(list(call.inputs), call.params)
     return spec.variant(call, out if isinstance(out, (tuple, list)) else (out,))
+
+
+def _moe_decode() -> Variant:
+    """Qwen 3.5 35B-A3B's experts at a decode step, as transformers' generate() runs them on a GPU (batched_mm): one
+    token, 8 of 256 experts, hidden 2048, intermediate 512 (bf16 weights of 1.5 GB: signatures only here)."""
+    def sig(shape, dtype):
+        return TensorSig.of(torch.empty(shape, dtype=dtype, device="meta"))
+
+    h = sig((1, 2048), BF)
+    ins = (h, sig((1, 8), torch.long), sig((1, 8), BF), sig((256, 1024, 2048), BF), sig((256, 2048, 512), BF))
+    return Variant("moe_experts", ins, (("impl", "batched_mm"),), (h,)).on("cuda")
 
 
 def seeds() -> dict[str, Variant]:
@@ -75,6 +86,7 @@ def seeds() -> dict[str, Variant]:
         "add f32[1,512,1]+1e-6 (last dim 1)": _variant("add", e(1, 512, 1), 1e-6),
         "embedding i64[1,512] -> bf16[262144,1536]": _variant(
             "embedding", torch.zeros(1, 512, dtype=torch.long, device="cuda"), e(262144, 1536, dtype=BF)),
+        "moe_experts bf16[1,2048] 8 of 256 (Qwen 3.5 decode)": _moe_decode(),
     }
 
 

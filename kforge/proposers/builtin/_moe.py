@@ -7,8 +7,9 @@ experts: each token's K experts, SiLU-gated, summed with their routing weights).
 rounded where transformers rounds: each product to the hidden states' dtype, silu and its product with up too,
 the routing weight's product to the promoted dtype, the sum over k in float32. A decode step has one token and
 K (8 for Qwen 3.5) of E (256) experts: the work is reading those experts' weights once. The CUDA design is two
-launches of matrix-vector products, a warp an output row with 16-byte loads: the gate and up rows of every
-(token, expert) pair into a float32 workspace, then each output row over its token's K pairs. An expert index
+launches of matrix-vector products with 16-byte loads: a warp for the gate and up rows of each (token, expert) pair,
+into a float32 workspace; then a warp for each output row and expert, a row's K warps in one block, whose products
+are summed in order over k. An expert index
 outside [0, E) contributes nothing (transformers' expert-parallel sentinel).
 """
 from __future__ import annotations
@@ -115,22 +116,47 @@ def _moe_experts_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
 
 _CUDA = CUDA + "{{types}}" + _DIMS + r"""
 #define WARPS {{WARPS}}
+#define ROWS {{ROWS}}
 __device__ __forceinline__ float x_rd(float v) { return to_f(from_f<x_t>(v)); }
 __device__ __forceinline__ float p_rd(float v) { return to_f(from_f<p_t>(v)); }
 
-/* A warp's dot product of n elements of a and b (V-wide loads where the caller checked alignment). */
+/* A warp's dot products of x with rows a and b (H elements each: an expert's gate row and up row), x read once for
+   both. The trip count is a constant: unrolled UNROLL steps, a lane has that many steps' loads in flight. */
 template <int V>
-__device__ __forceinline__ float warp_dot(const x_t* __restrict__ a, const x_t* __restrict__ b, long n) {
-    const int lane = threadIdx.x & 31;
-    float s = 0.f;
-    for (long c = (long)lane * V; c < n; c += 32L * V) {
-        float av[V], bv[V];
+__device__ __forceinline__ void warp_dot2(const x_t* __restrict__ x, const x_t* __restrict__ a,
+                                          const x_t* __restrict__ b, float& sa, float& sb) {
+    constexpr long STEP = 32L * V, FULL = H / STEP;
+    const long lane = threadIdx.x & 31;
+    float s0 = 0.f, s1 = 0.f;
+    auto step = [&](long c) {
+        float xv[V], av[V], bv[V];
+        load_vec<V>(x + c, xv);
         load_vec<V>(a + c, av);
         load_vec<V>(b + c, bv);
 #pragma unroll
-        for (int i = 0; i < V; ++i) s += av[i] * bv[i];
+        for (int i = 0; i < V; ++i) {
+            s0 += xv[i] * av[i];
+            s1 += xv[i] * bv[i];
+        }
+    };
+#pragma unroll {{UNROLL}}
+    for (long it = 0; it < FULL; ++it) step(it * STEP + lane * V);
+    if (FULL * STEP + lane * V < H) step(FULL * STEP + lane * V);   /* the rest of the row (H: a multiple of V) */
+    sa = warp_sum(s0);
+    sb = warp_sum(s1);
+}
+
+/* V floats of the workspace (at a multiple of V: 16-byte loads where V allows). */
+template <int V>
+__device__ __forceinline__ void load_act(const float* __restrict__ p, float (&out)[V]) {
+    constexpr int W = V % 4 == 0 ? 4 : (V % 2 == 0 ? 2 : 1);
+#pragma unroll
+    for (int i = 0; i < V; i += W) {
+        float part[W];
+        load_vec<W>(p + i, part);
+#pragma unroll
+        for (int j = 0; j < W; ++j) out[i + j] = part[j];
     }
-    return warp_sum(s);
 }
 
 /* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
@@ -143,40 +169,55 @@ __global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict_
     const long e = (long)idx[p];
     float a = 0.f;
     if (e >= 0 && e < E) {
-        const x_t* xt = x + (p / K) * H;
         const x_t* wg = gu + e * 2 * I * H;
-        const float g = x_rd(warp_dot<V>(xt, wg + j * H, H));
-        const float u = x_rd(warp_dot<V>(xt, wg + (j + I) * H, H));
-        a = x_rd(x_rd(g / (1.f + expf(-g))) * u);
+        float g, u;
+        warp_dot2<V>(x + (p / K) * H, wg + j * H, wg + (j + I) * H, g, u);
+        g = x_rd(g);
+        a = x_rd(x_rd(g / (1.f + expf(-g))) * x_rd(u));
     }
     if ((threadIdx.x & 31) == 0) act[p * I + j] = a;
 }
 
-/* Pass 2: a warp an output row h of one token t: its K experts' down rows against their act, weighted, summed. */
+/* Pass 2: a warp one (output row h, expert slot k) pair of token t: the expert's down row against its act, times
+   the routing weight. A block holds ROWS rows' K warps; they leave their products in shared memory, and each row's
+   thread sums them over k in order (in float32, as the reference). */
 template <int V>
-__global__ void __launch_bounds__(WARPS * 32) moe_down(const i_t* __restrict__ idx, const w_t* __restrict__ rw,
-                                                       const x_t* __restrict__ dn, const float* __restrict__ act,
-                                                       x_t* __restrict__ y) {
+__global__ void __launch_bounds__(ROWS * K * 32) moe_down(const i_t* __restrict__ idx, const w_t* __restrict__ rw,
+                                                          const x_t* __restrict__ dn, const float* __restrict__ act,
+                                                          x_t* __restrict__ y) {
+    constexpr long STEP = 32L * V, FULL = I / STEP;
+    __shared__ float part[ROWS * K];
     const long t = blockIdx.y;
-    const long h = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (h >= H) return;
-    const int lane = threadIdx.x & 31;
-    float acc = 0.f;
-    for (long k = 0; k < K; ++k) {
-        const long e = (long)idx[t * K + k];
-        if (e < 0 || e >= E) continue;
+    const int warp = threadIdx.x >> 5;
+    const long h = (long)blockIdx.x * ROWS + warp / K;
+    const long k = warp % K;
+    const long lane = threadIdx.x & 31;
+    float r = 0.f;
+    const long e = h < H ? (long)idx[t * K + k] : -1L;
+    if (e >= 0 && e < E) {   /* the same for the whole warp */
         const x_t* row = dn + (e * H + h) * I;
         const float* a = act + (t * K + k) * I;
         float s = 0.f;
-        for (long c = (long)lane * V; c < I; c += 32L * V) {
-            float wv[V];
+        auto step = [&](long c) {
+            float wv[V], av[V];
             load_vec<V>(row + c, wv);
+            load_act<V>(a + c, av);
 #pragma unroll
-            for (int i = 0; i < V; ++i) s += wv[i] * a[c + i];
-        }
-        acc += p_rd(x_rd(warp_sum(s)) * to_f(rw[t * K + k]));
+            for (int i = 0; i < V; ++i) s += wv[i] * av[i];
+        };
+#pragma unroll {{UNROLL}}
+        for (long it = 0; it < FULL; ++it) step(it * STEP + lane * V);
+        if (FULL * STEP + lane * V < I) step(FULL * STEP + lane * V);
+        r = p_rd(x_rd(warp_sum(s)) * to_f(rw[t * K + k]));
     }
-    if (lane == 0) y[t * H + h] = from_f<x_t>(acc);
+    if (lane == 0) part[warp] = r;
+    __syncthreads();
+    const long mine = (long)blockIdx.x * ROWS + threadIdx.x;
+    if (threadIdx.x < ROWS && mine < H) {
+        float acc = 0.f;
+        for (long j = 0; j < K; ++j) acc += part[threadIdx.x * K + j];
+        y[t * H + mine] = from_f<x_t>(acc);
+    }
 }
 
 KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
@@ -184,13 +225,13 @@ KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K 
     cudaStream_t s = (cudaStream_t)stream;
     const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
     const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
-    const dim3 down((unsigned)((H + WARPS - 1) / WARPS), (unsigned)T);
+    const dim3 down((unsigned)((H + ROWS - 1) / ROWS), (unsigned)T);
     if ({{VEC}} > 1 && aligned) {
         moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<{{VEC}}><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+        moe_down<{{VEC}}><<<down, ROWS * K * 32, 0, s>>>(idx, rw, dn, act, y);
     } else {
         moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<1><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+        moe_down<1><<<down, ROWS * K * 32, 0, s>>>(idx, rw, dn, act, y);
     }
     return (int)cudaGetLastError();
 }
@@ -207,15 +248,23 @@ def _vmax(v: Variant) -> int:
 
 @strategy(_OP, "cuda", "gemv_two_pass", level=0,
           doc="two launches of warp-per-row matrix-vector products for the few tokens of a decode step: every "
-              "(token, expert) pair's gate and up rows into a float32 workspace, then each output row over its "
-              "token's experts, weighted and summed; each used expert's weights read once, 16-byte loads",
-          space={"warps": (4, 8, 2)},
+              "(token, expert) pair's gate and up rows into a float32 workspace, then a warp for each output row "
+              "and expert, the row's K warps in one block summing in order; each used expert's weights read once, "
+              "16-byte loads, several steps' loads in flight a lane (unroll)",
+          space={"warps": (4, 8, 2), "unroll": (4, 1, 8)},
           applies=lambda v, d: _applies(v) and v.inputs[1].shape[0] * v.inputs[1].shape[1] <= 256
-          and v.inputs[1].shape[0] <= 64,
-          default=lambda v, d: {"warps": 4},
+          and v.inputs[1].shape[0] <= 64 and v.inputs[1].shape[1] <= 32,
+          default=lambda v, d: {"warps": 4, "unroll": 4},
           fit=lambda v, d: 3.0,
-          explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads"))
+          explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads, "
+                                f"{c.get('unroll', 1)} steps in flight"))
 def _moe_experts_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
     h, idx, w, _, _ = v.inputs
     types = cuda_types({"x": h, "w": w}) + f"typedef {CUDA_TYPES[_promoted(v)]} p_t;\n"
-    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], VEC=_vmax(v), **_dims(v))
+    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], UNROLL=c.get("unroll", 1), VEC=_vmax(v),
+                ROWS=_rows(v), **_dims(v))
+
+
+def _rows(v: Variant) -> int:
+    """Output rows a block of the down pass: each row's K warps in one block, at most 8 warps unless K is more."""
+    return max(1, 8 // v.inputs[1].shape[1])
