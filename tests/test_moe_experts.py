@@ -225,9 +225,10 @@ def _qwen_decode_variant(device: str = "cpu") -> Variant:
     return Variant("moe_experts", ins, (), (h,))
 
 
-def test_the_cuda_design_reads_each_used_expert_once_with_16_byte_loads_and_passes_the_screen():
+@pytest.mark.parametrize("name", ["moe_experts.cuda.gemv_two_pass", "moe_experts.cuda.gemv_pairs"])
+def test_the_cuda_design_reads_each_used_expert_once_with_16_byte_loads_and_passes_the_screen(name):
     variant = _qwen_decode_variant("cuda")
-    (strategy,) = strategies_for("moe_experts", "cuda")
+    (strategy,) = [s for s in strategies_for("moe_experts", "cuda") if s.name == name]
     assert strategy.applies(variant, H200)
     src = strategy.render(variant, strategy.default(variant, H200), H200)
     assert screen(src, "cuda") == ()
@@ -242,11 +243,13 @@ def test_the_cuda_design_reads_each_used_expert_once_with_16_byte_loads_and_pass
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
-def test_the_cuda_design_builds_for_sm90():
+def test_the_cuda_designs_build_for_sm90():
     variant = _qwen_decode_variant("cuda")
-    (strategy,) = strategies_for("moe_experts", "cuda")
-    for config in list(strategy.configs(variant, H200))[:2]:
-        compile_source(strategy.render(variant, config, H200), "cuda", "sm_90")
+    strategies = strategies_for("moe_experts", "cuda")
+    assert {s.name for s in strategies} == {"moe_experts.cuda.gemv_two_pass", "moe_experts.cuda.gemv_pairs"}
+    for strategy in strategies:
+        for config in list(strategy.configs(variant, H200))[:2]:
+            compile_source(strategy.render(variant, config, H200), "cuda", "sm_90")
 
 
 @pytest.mark.gpu
@@ -264,14 +267,15 @@ def test_on_the_gpu_the_kernel_matches_the_reference_and_replays_in_a_cuda_graph
     ref = spec.reference(list(call.inputs), call.params)
     variant = spec.variant(call, [ref])
     info = device_info("cuda")
-    (strategy,) = strategies_for("moe_experts", "cuda")
-    assert strategy.applies(variant, info)
+    strategies = strategies_for("moe_experts", "cuda")
+    assert len(strategies) == 2 and all(s.applies(variant, info) for s in strategies)
     rtol, atol = spec.tolerance(str(dtype).split(".")[-1])
-    for config in strategy.configs(variant, info):
-        kernel = DeployedKernel(variant, Kernel(compile_source(strategy.render(variant, config, info), "cuda",
-                                                               info.arch).path))
-        (got,) = kernel(tuple(call.inputs))
-        torch.testing.assert_close(got, ref, rtol=rtol, atol=atol * ref.abs().max().item())
+    for strategy in strategies:
+        for config in strategy.configs(variant, info):
+            kernel = DeployedKernel(variant, Kernel(compile_source(strategy.render(variant, config, info), "cuda",
+                                                                   info.arch).path))
+            (got,) = kernel(tuple(call.inputs))
+            torch.testing.assert_close(got, ref, rtol=rtol, atol=atol * ref.abs().max().item())
     xg = x.clone()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     with torch.cuda.stream(stream):

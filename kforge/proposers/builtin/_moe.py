@@ -7,9 +7,8 @@ experts: each token's K experts, SiLU-gated, summed with their routing weights).
 rounded where transformers rounds: each product to the hidden states' dtype, silu and its product with up too,
 the routing weight's product to the promoted dtype, the sum over k in float32. A decode step has one token and
 K (8 for Qwen 3.5) of E (256) experts: the work is reading those experts' weights once. The CUDA design is two
-launches of matrix-vector products with 16-byte loads: a warp for the gate and up rows of each (token, expert) pair,
-into a float32 workspace; then a warp for each output row and expert, a row's K warps in one block, whose products
-are summed in order over k. An expert index
+launches of matrix-vector products, a warp an output row with 16-byte loads: the gate and up rows of every
+(token, expert) pair into a float32 workspace, then each output row over its token's K pairs. An expert index
 outside [0, E) contributes nothing (transformers' expert-parallel sentinel).
 """
 from __future__ import annotations
@@ -115,6 +114,94 @@ def _moe_experts_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
 # ----------------------------------------------------------------------------- CUDA
 
 _CUDA = CUDA + "{{types}}" + _DIMS + r"""
+#define WARPS {{WARPS}}
+__device__ __forceinline__ float x_rd(float v) { return to_f(from_f<x_t>(v)); }
+__device__ __forceinline__ float p_rd(float v) { return to_f(from_f<p_t>(v)); }
+
+/* A warp's dot product of n elements of a and b (V-wide loads where the caller checked alignment). */
+template <int V>
+__device__ __forceinline__ float warp_dot(const x_t* __restrict__ a, const x_t* __restrict__ b, long n) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.f;
+    for (long c = (long)lane * V; c < n; c += 32L * V) {
+        float av[V], bv[V];
+        load_vec<V>(a + c, av);
+        load_vec<V>(b + c, bv);
+#pragma unroll
+        for (int i = 0; i < V; ++i) s += av[i] * bv[i];
+    }
+    return warp_sum(s);
+}
+
+/* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
+template <int V>
+__global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict__ x, const i_t* __restrict__ idx,
+                                                          const x_t* __restrict__ gu, float* __restrict__ act) {
+    const long p = blockIdx.y;
+    const long j = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (j >= I) return;
+    const long e = (long)idx[p];
+    float a = 0.f;
+    if (e >= 0 && e < E) {
+        const x_t* xt = x + (p / K) * H;
+        const x_t* wg = gu + e * 2 * I * H;
+        const float g = x_rd(warp_dot<V>(xt, wg + j * H, H));
+        const float u = x_rd(warp_dot<V>(xt, wg + (j + I) * H, H));
+        a = x_rd(x_rd(g / (1.f + expf(-g))) * u);
+    }
+    if ((threadIdx.x & 31) == 0) act[p * I + j] = a;
+}
+
+/* Pass 2: a warp an output row h of one token t: its K experts' down rows against their act, weighted, summed. */
+template <int V>
+__global__ void __launch_bounds__(WARPS * 32) moe_down(const i_t* __restrict__ idx, const w_t* __restrict__ rw,
+                                                       const x_t* __restrict__ dn, const float* __restrict__ act,
+                                                       x_t* __restrict__ y) {
+    const long t = blockIdx.y;
+    const long h = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (h >= H) return;
+    const int lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (long k = 0; k < K; ++k) {
+        const long e = (long)idx[t * K + k];
+        if (e < 0 || e >= E) continue;
+        const x_t* row = dn + (e * H + h) * I;
+        const float* a = act + (t * K + k) * I;
+        float s = 0.f;
+        for (long c = (long)lane * V; c < I; c += 32L * V) {
+            float wv[V];
+            load_vec<V>(row + c, wv);
+#pragma unroll
+            for (int i = 0; i < V; ++i) s += wv[i] * a[c + i];
+        }
+        acc += p_rd(x_rd(warp_sum(s)) * to_f(rw[t * K + k]));
+    }
+    if (lane == 0) y[t * H + h] = from_f<x_t>(acc);
+}
+
+KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
+""" + _ENTRY + r"""    float* act = (float*)workspace;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
+    const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
+    const dim3 down((unsigned)((H + WARPS - 1) / WARPS), (unsigned)T);
+    if ({{VEC}} > 1 && aligned) {
+        moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<{{VEC}}><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+    } else {
+        moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<1><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
+    }
+    return (int)cudaGetLastError();
+}
+"""
+
+
+# The second design: the same two passes, the gate and up rows in one pass over x with constant trip counts (several
+# steps' loads in flight a lane: unroll), and the down pass a warp for each (output row, expert) pair, a row's K
+# warps in one block summing in order (8x the warps of the first design's down pass at a decode step). Correct on
+# the H200 at Qwen 3.5's decode step (2026-12-04v); not yet timed against the first design in one run.
+_CUDA_PAIRS = CUDA + "{{types}}" + _DIMS + r"""
 #define WARPS {{WARPS}}
 #define ROWS {{ROWS}}
 __device__ __forceinline__ float x_rd(float v) { return to_f(from_f<x_t>(v)); }
@@ -248,20 +335,34 @@ def _vmax(v: Variant) -> int:
 
 @strategy(_OP, "cuda", "gemv_two_pass", level=0,
           doc="two launches of warp-per-row matrix-vector products for the few tokens of a decode step: every "
-              "(token, expert) pair's gate and up rows into a float32 workspace, then a warp for each output row "
-              "and expert, the row's K warps in one block summing in order; each used expert's weights read once, "
-              "16-byte loads, several steps' loads in flight a lane (unroll)",
+              "(token, expert) pair's gate and up rows into a float32 workspace, then each output row over its "
+              "token's experts, weighted and summed; each used expert's weights read once, 16-byte loads",
+          space={"warps": (4, 8, 2)},
+          applies=lambda v, d: _applies(v) and v.inputs[1].shape[0] * v.inputs[1].shape[1] <= 256
+          and v.inputs[1].shape[0] <= 64,
+          default=lambda v, d: {"warps": 4},
+          fit=lambda v, d: 3.0,
+          explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads"))
+def _moe_experts_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+    h, idx, w, _, _ = v.inputs
+    types = cuda_types({"x": h, "w": w}) + f"typedef {CUDA_TYPES[_promoted(v)]} p_t;\n"
+    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], VEC=_vmax(v), **_dims(v))
+
+
+@strategy(_OP, "cuda", "gemv_pairs", level=0,
+          doc="gemv_two_pass's two passes, their loads unrolled, and the down pass a warp for each output row "
+              "and expert, the row's K warps in one block summing in order (more warps in flight at one token)",
           space={"warps": (4, 8, 2), "unroll": (4, 1, 8)},
           applies=lambda v, d: _applies(v) and v.inputs[1].shape[0] * v.inputs[1].shape[1] <= 256
           and v.inputs[1].shape[0] <= 64 and v.inputs[1].shape[1] <= 32,
           default=lambda v, d: {"warps": 4, "unroll": 4},
-          fit=lambda v, d: 3.0,
+          fit=lambda v, d: 2.0,
           explain=lambda v, c: (f"a warp a row, {c['warps']} warps a block, {_vmax(v)}-element loads, "
                                 f"{c.get('unroll', 1)} steps in flight"))
-def _moe_experts_cuda(v: Variant, c: dict, d: DeviceInfo) -> str:
+def _moe_experts_cuda_pairs(v: Variant, c: dict, d: DeviceInfo) -> str:
     h, idx, w, _, _ = v.inputs
     types = cuda_types({"x": h, "w": w}) + f"typedef {CUDA_TYPES[_promoted(v)]} p_t;\n"
-    return fill(_CUDA, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], UNROLL=c.get("unroll", 1), VEC=_vmax(v),
+    return fill(_CUDA_PAIRS, types=types, IDX=_IDX[idx.dtype], WARPS=c["warps"], UNROLL=c.get("unroll", 1), VEC=_vmax(v),
                 ROWS=_rows(v), **_dims(v))
 
 
