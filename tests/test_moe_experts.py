@@ -27,7 +27,7 @@ H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4800.0, 50 << 20, 227 << 
 
 def _untouched() -> bool:
     return TABLE.get("grouped_mm") is ORIGINAL and MOE.grouped_mm_experts_forward is ORIGINAL \
-        and TABLE.get("batched_mm") is BATCHED and MOE.batched_mm_experts_forward is BATCHED
+        and TABLE.get("batched_mm") is BATCHED and getattr(MOE, "batched_mm_experts_forward", None) is BATCHED
 
 
 def _qwen(dtype=torch.float32, tokens: int = 12, impl: str = "grouped_mm"):
