@@ -2,7 +2,8 @@
 
 For every seed variant and every applicable CUDA strategy (default config plus a few from its
 space): compile (timed, in parallel), validate against the reference on fresh random inputs
-(outputs poisoned with NaN, inputs checked unchanged), and time against eager, interleaved, with
+(outputs poisoned with NaN, inputs checked unchanged), and time against eager (the operator's eager baseline,
+``spec.run_eager``: what a model runs, e.g. transformers' batched_mm experts), interleaved, with
 kforge.evaluate.timing.bench_pair (CUDA events, L2 flushed, median). Candidates run in a worker
 process; a crash (e.g. an illegal address, which poisons the CUDA context) costs only that
 candidate: the worker is restarted on the rest. Prints a table; writes $OUT/builtin_kernels.json.
@@ -188,7 +189,7 @@ def worker(jobs_path: str) -> None:
             frame = kernel.prepare(len(inputs), len(outs), param_vector(v))
             stream = torch.cuda.current_stream().cuda_stream
             cand, eager = bench_pair(lambda: frame.launch(inputs, outs, ws, stream),
-                                     lambda: spec.reference(inputs, v.param_dict), device="cuda")
+                                     lambda: spec.run_eager(inputs, v.param_dict), device="cuda")
             result.update(kernel_us=cand.median_us, eager_us=eager.median_us)
         except Exception as e:  # a launch error or a Python-side failure: report, keep going
             result.update(correct=False, error=f"{type(e).__name__}: {e}")

@@ -43,6 +43,8 @@
 #   device run: bash benchmarks/device_session.sh moe       Qwen 3.5's experts as one kernel for decode steps (moe_experts):
 #                                                            its GPU tests, then Qwen 3.5 (4 layers) decoding through kforge
 #                                                            with gated_delta_rule and moe_experts, decode tokens/s
+#   device run: bash benchmarks/device_session.sh moe_designs  moe_experts' two CUDA designs timed in one run at Qwen 3.5's
+#                                                            decode step against batched_mm, then the moe GPU tests
 #   device run: bash benchmarks/device_session.sh decode_profile  where Qwen 3.5's decode time goes, eager and compiled:
 #                                                            GPU kernels and the host's operators a token
 #   device run: bash benchmarks/device_session.sh twins     the GPU tests of the channels-last twins (test_fused.py -k gpu),
@@ -249,6 +251,13 @@ PY
     e2e_step "${KF_MOE_S:-420}" region_e2e_moe_decode qwen35_moe --layers 4 --experts grouped_mm \
         --ops gated_delta_rule,moe_experts --no-regions --decode "${KF_DECODE_TOKENS:-16}" --iterations "${KF_ITERATIONS:-3}" \
         --modes "${KF_MODES:-reduce-overhead}" --rounds "${KF_ROUNDS:-6}" ${KF_STORE:+--store "$KF_STORE"} ;;
+  moe_designs)
+    # both CUDA designs of moe_experts timed in one run at Qwen 3.5's decode step (gemv_two_pass and gemv_pairs,
+    # each default config plus KF_EXTRA sampled ones, against transformers' batched_mm), then the GPU cases of both
+    # at every shape (about 100 s: 2026-12-04v's 80 s limit cut them)
+    timeout 150 python3 benchmarks/builtin_kernels.py --only moe --extra "${KF_EXTRA:-5}" 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/moe_designs.txt" | tail -16
+    gpu_tests "${KF_MOE_TESTS_S:-200}" "tests/test_moe_experts.py" moe_experts_tests 12 ;;
   decode_profile)
     # where Qwen 3.5's decode time goes (4 layers, grouped_mm experts, 16 tokens, static cache): GPU kernels a token
     # and the host's top operators by self CPU time, eager and KF_MODES (compiled_profile.py --decode)
