@@ -222,7 +222,7 @@ def _qwen_decode_variant(device: str = "cpu") -> Variant:
     h = sig((1, 2048), "bfloat16")
     ins = (h, sig((1, 8), "int64"), sig((1, 8), "bfloat16"), sig((256, 1024, 2048), "bfloat16"),
            sig((256, 2048, 512), "bfloat16"))
-    return Variant("moe_experts", ins, (), (h,))
+    return Variant("moe_experts", ins, (("impl", "batched_mm"),), (h,))
 
 
 @pytest.mark.parametrize("name", ["moe_experts.cuda.gemv_two_pass", "moe_experts.cuda.gemv_pairs"])
@@ -237,7 +237,7 @@ def test_the_cuda_design_reads_each_used_expert_once_with_16_byte_loads_and_pass
     ins = list(variant.inputs)
     ins[0] = TensorSig((512, 2048), "bfloat16", (2048, 1), "cuda")
     ins[1] = ins[2] = TensorSig((512, 8), "int64", (8, 1), "cuda")
-    prompt = Variant("moe_experts", tuple(ins), (), (ins[0],))
+    prompt = Variant("moe_experts", tuple(ins), (("impl", "grouped_mm"),), (ins[0],))
     assert not strategy.applies(prompt, H200)
     assert get_spec("moe_experts").io_bytes(variant) < 8 * 3 * 1024 * 2048 * 2 + 2 ** 20, "8 experts, not 256"
 
