@@ -70,6 +70,23 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KFORGE_CACHE=${KFORGE_CACHE:-$PWD/.device-cache/kernels} \
        TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.device-cache/inductor}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Inductor's autotuning choices carried between calls: the machine is handed back 30 s after a call, and a
+# max-autotune first compile outruns one call. Its choices (select_algorithm's timings of every GEMM and convolution
+# choice, cache/<system hash>; Triton's *.best_config) are small JSON files, written as each is tuned. A call finds
+# them in .device-cache/autotune.tgz (carry [".device-cache/autotune.tgz"]) and leaves them, with what it tuned, in
+# $OUT/autotune.tgz, also when a step's timeout cut it. With every timing found, Inductor neither precompiles nor
+# benchmarks a GEMM's choices; it chooses as a fresh tune would, so the forwards' times are unchanged.
+if [ -f .device-cache/autotune.tgz ]; then
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar xzf .device-cache/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
+    && echo "autotune choices restored: $(tar tzf .device-cache/autotune.tgz | wc -l) files"
+fi
+save_autotune() {
+  [ -d "$TORCHINDUCTOR_CACHE_DIR" ] || return 0
+  (cd "$TORCHINDUCTOR_CACHE_DIR" && { [ -d cache ] && echo cache; find . -name "*.best_config" -not -path "./cache/*"; } \
+     | tar czf "$OUT/autotune.tgz" -T - 2>/dev/null) && [ -s "$OUT/autotune.tgz" ] \
+     && echo "autotune choices saved: $(tar tzf "$OUT/autotune.tgz" | wc -l) files in \$OUT/autotune.tgz"
+}
+trap save_autotune EXIT
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
 install_wheels() {   # diffusers for the SD3.5 models: carry [".whl"]
@@ -346,5 +363,5 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|region_e2e|maxautotune|sd35t|decode|accuracy|control|fused|owed|probe|cluster" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac
