@@ -92,12 +92,11 @@ def test_the_cpu_kernel_rounds_as_transformers_does_and_skips_an_expert_out_of_r
 def test_the_reference_and_the_eager_baseline_are_transformers_experts(impl):
     """Both of transformers' implementations compute the reference's values; the card's eager baseline runs the one
     that made the call (batched_mm: the same operators, so the same values exactly)."""
-    from kforge.ops._definitions import _bind_moe_batched
-
     model, ids = _qwen(torch.float32, impl=impl)
     spec = get_spec("moe_experts")
     original = TABLE[impl]
-    bind = _bind_moe_batched if impl == "batched_mm" else spec.bind
+    (target,) = [t for t in spec.functions if t.name == f"{impl}_experts_forward"]
+    bind = target.binder(spec)
     seen = []
 
     def spy(self, hidden, top_k_index, top_k_weights):

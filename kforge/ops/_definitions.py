@@ -700,13 +700,6 @@ def _bind_moe_experts(module, hidden_states=None, top_k_index=None, top_k_weight
     return Call(tensors, {"impl": "grouped_mm"})
 
 
-def _bind_moe_batched(*args, **kwargs) -> Call:
-    """transformers' ``batched_mm_experts_forward``: the same arguments and values as its grouped_mm experts
-    (``_bind_moe_experts``), another eager implementation (what its generate() decodes with on a GPU)."""
-    call = _bind_moe_experts(*args, **kwargs)
-    call.params["impl"] = "batched_mm"
-    return call
-
 
 def _moe_experts(x: list, p: dict) -> torch.Tensor:
     """Each token through its K experts, in float32, rounded where transformers' grouped_mm path rounds: each
@@ -855,9 +848,9 @@ _MOE_FUNCTIONS = (
     FunctionTarget("transformers.integrations.moe", "grouped_mm_experts_forward", _moe_outputs, _moe_result,
                    mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors", fixed=(("impl", "grouped_mm"),)),
     # NB: transformers' generate() decodes with batched_mm on a GPU (grouped_mm for the prompt): found on the H200,
-    # where a Qwen 3.5 decode captured no experts card for its one-token steps
+    # where a Qwen 3.5 decode captured no experts card for its one-token steps. The same arguments as grouped_mm's.
     FunctionTarget("transformers.integrations.moe", "batched_mm_experts_forward", _moe_outputs, _moe_result,
-                   bind=_bind_moe_batched, mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors",
+                   mappings=("ALL_EXPERTS_FUNCTIONS._global_mapping",), graph="tensors",
                    fixed=(("impl", "batched_mm"),)),
 )
 

@@ -19,6 +19,7 @@ When nothing uses a place any more, the original is put back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -45,8 +46,9 @@ class FunctionTarget:
     function's own arguments (tensors and constants); ``"tensors"``, the call is bound first and its twin takes
     the bound tensor inputs (a function taking a module, as an experts implementation takes ``self``, whose
     tensors are its weights; a call the binder refuses is traced as plain compile traces it).
-    ``fixed``: for graph "tensors", the params every call of this function binds to (which of a library's
-    implementations of the operator ran): its twin takes tensors only, and a graph node of it binds to these.
+    ``fixed``: params every call of this function binds to, set over what its binder gives (which of a library's
+    implementations of the operator ran); for graph "tensors" its twin takes tensors only, and a node of it binds
+    to these.
     """
 
     module: str
@@ -63,8 +65,9 @@ class FunctionTarget:
             raise ValueError(f"FunctionTarget.graph is 'call' or 'tensors', not {self.graph!r}")
 
     def binder(self, spec: "OpSpec") -> Callable:
-        """What binds a call of this function to ``spec``'s inputs and params."""
-        return self.bind if self.bind is not None else spec.bind
+        """What binds a call of this function to ``spec``'s inputs and params (``fixed`` among them)."""
+        bind = self.bind if self.bind is not None else spec.bind
+        return functools.partial(_bind_fixed, bind, self.fixed) if self.fixed else bind
 
     @property
     def path(self) -> str:
@@ -129,6 +132,13 @@ def graph_calls() -> Iterator[None]:
         yield
     finally:
         leave_graph_calls()
+
+
+def _bind_fixed(bind: Callable, fixed: tuple[tuple[str, Any], ...], *args: Any, **kwargs: Any) -> Any:
+    call = bind(*args, **kwargs)
+    for name, value in fixed:
+        call.params[name] = value
+    return call
 
 
 @dataclass

@@ -111,6 +111,39 @@ def _moe_experts_cpu(v: Variant, c: dict, d: DeviceInfo) -> str:
     return fill(_CPU, io=io, IDX=_IDX[idx.dtype], **_dims(v))
 
 
+# ----------------------------------------------------------------------------- CUDA: what both designs share
+
+# the first pass's kernel up to its dot products (each design's own)
+_GATE_UP_HEAD = r"""/* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
+template <int V>
+__global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict__ x, const i_t* __restrict__ idx,
+                                                          const x_t* __restrict__ gu, float* __restrict__ act) {
+    const long p = blockIdx.y;
+    const long j = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (j >= I) return;
+    const long e = (long)idx[p];
+    float a = 0.f;
+    if (e >= 0 && e < E) {
+"""
+
+# the workspace and the two launches (DOWN_ROWS output rows a block of the down pass, DOWN_THREADS its threads)
+_LAUNCH = r"""KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
+""" + _ENTRY + r"""    float* act = (float*)workspace;
+    cudaStream_t s = (cudaStream_t)stream;
+    const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
+    const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
+    const dim3 down((unsigned)((H + DOWN_ROWS - 1) / DOWN_ROWS), (unsigned)T);
+    if ({{VEC}} > 1 && aligned) {
+        moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<{{VEC}}><<<down, DOWN_THREADS, 0, s>>>(idx, rw, dn, act, y);
+    } else {
+        moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
+        moe_down<1><<<down, DOWN_THREADS, 0, s>>>(idx, rw, dn, act, y);
+    }
+    return (int)cudaGetLastError();
+}
+"""
+
 # ----------------------------------------------------------------------------- CUDA
 
 _CUDA = CUDA + "{{types}}" + _DIMS + r"""
@@ -133,17 +166,7 @@ __device__ __forceinline__ float warp_dot(const x_t* __restrict__ a, const x_t* 
     return warp_sum(s);
 }
 
-/* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
-template <int V>
-__global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict__ x, const i_t* __restrict__ idx,
-                                                          const x_t* __restrict__ gu, float* __restrict__ act) {
-    const long p = blockIdx.y;
-    const long j = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (j >= I) return;
-    const long e = (long)idx[p];
-    float a = 0.f;
-    if (e >= 0 && e < E) {
-        const x_t* xt = x + (p / K) * H;
+""" + _GATE_UP_HEAD + r"""        const x_t* xt = x + (p / K) * H;
         const x_t* wg = gu + e * 2 * I * H;
         const float g = x_rd(warp_dot<V>(xt, wg + j * H, H));
         const float u = x_rd(warp_dot<V>(xt, wg + (j + I) * H, H));
@@ -179,22 +202,7 @@ __global__ void __launch_bounds__(WARPS * 32) moe_down(const i_t* __restrict__ i
     if (lane == 0) y[t * H + h] = from_f<x_t>(acc);
 }
 
-KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
-""" + _ENTRY + r"""    float* act = (float*)workspace;
-    cudaStream_t s = (cudaStream_t)stream;
-    const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
-    const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
-    const dim3 down((unsigned)((H + WARPS - 1) / WARPS), (unsigned)T);
-    if ({{VEC}} > 1 && aligned) {
-        moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<{{VEC}}><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
-    } else {
-        moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<1><<<down, WARPS * 32, 0, s>>>(idx, rw, dn, act, y);
-    }
-    return (int)cudaGetLastError();
-}
-"""
+""" + _LAUNCH.replace("DOWN_ROWS", "WARPS").replace("DOWN_THREADS", "WARPS * 32")
 
 
 # The second design: the same two passes, the gate and up rows in one pass over x with constant trip counts (several
@@ -246,17 +254,7 @@ __device__ __forceinline__ void load_act(const float* __restrict__ p, float (&ou
     }
 }
 
-/* Pass 1: a warp a gate/up row pair j of one (token, expert) pair p: act[p][j] in the workspace. */
-template <int V>
-__global__ void __launch_bounds__(WARPS * 32) moe_gate_up(const x_t* __restrict__ x, const i_t* __restrict__ idx,
-                                                          const x_t* __restrict__ gu, float* __restrict__ act) {
-    const long p = blockIdx.y;
-    const long j = (long)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (j >= I) return;
-    const long e = (long)idx[p];
-    float a = 0.f;
-    if (e >= 0 && e < E) {
-        const x_t* wg = gu + e * 2 * I * H;
+""" + _GATE_UP_HEAD + r"""        const x_t* wg = gu + e * 2 * I * H;
         float g, u;
         warp_dot2<V>(x + (p / K) * H, wg + j * H, wg + (j + I) * H, g, u);
         g = x_rd(g);
@@ -307,22 +305,7 @@ __global__ void __launch_bounds__(ROWS * K * 32) moe_down(const i_t* __restrict_
     }
 }
 
-KF_ENTRY size_t kf_workspace_bytes(void) { return sizeof(float) * (size_t)T * K * I; }
-""" + _ENTRY + r"""    float* act = (float*)workspace;
-    cudaStream_t s = (cudaStream_t)stream;
-    const bool aligned = ((uintptr_t)x | (uintptr_t)gu | (uintptr_t)dn) % 16 == 0;
-    const dim3 up((unsigned)((I + WARPS - 1) / WARPS), (unsigned)(T * K));
-    const dim3 down((unsigned)((H + ROWS - 1) / ROWS), (unsigned)T);
-    if ({{VEC}} > 1 && aligned) {
-        moe_gate_up<{{VEC}}><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<{{VEC}}><<<down, ROWS * K * 32, 0, s>>>(idx, rw, dn, act, y);
-    } else {
-        moe_gate_up<1><<<up, WARPS * 32, 0, s>>>(x, idx, gu, act);
-        moe_down<1><<<down, ROWS * K * 32, 0, s>>>(idx, rw, dn, act, y);
-    }
-    return (int)cudaGetLastError();
-}
-"""
+""" + _LAUNCH.replace("DOWN_ROWS", "ROWS").replace("DOWN_THREADS", "ROWS * K * 32")
 
 
 def _vmax(v: Variant) -> int:
