@@ -408,3 +408,35 @@ def test_the_timing_pool_of_a_large_card_holds_two_samples_written_as_they_are_m
     assert sets.shape == (16, 32 * 256)
     starts = big.starts(0, 1000, gen)
     assert int(starts.min()) >= 0 and int(starts.max()) <= 32 * 256
+
+
+# ----------------------------------------------------------------------------- found by review 7, 2026-12-04
+
+def test_the_runner_is_stopped_while_the_judge_writes_a_timed_batchs_sets(monkeypatch):
+    """A thread of the runner that watched the timed sets computed each one's outputs while the judge wrote them
+    (the runner was resumed before the writes, and both clocks started after them); the timed calls then only
+    copied the outputs out: softmax f32[8,128] went from 0.74x to 1.3x-1.9x over eager with the screen off. Every
+    thread of the runner must be stopped while a batch's sets are written."""
+    from kforge.evaluate import _judge
+
+    states: list[dict] = []
+    real = _judge._Trial.fresh_batch
+
+    def spy(self, group, pool, batch):
+        states.append({tid: (f[0] if f else "?") for tid, f in self.runner._per_thread("stat").items()})
+        return real(self, group, pool, batch)
+
+    monkeypatch.setattr(_judge._Trial, "fresh_batch", spy)
+    monkeypatch.setattr(_judge, "_CARD_THREADS", type(_judge._CARD_THREADS)())
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads())))
+    card = Card.for_call("softmax", torch.randn(8, 128), -1)
+    job = _judge.Job(1, card.variant.to_json(), kernel_source("cpu", "softmax_rows"), "cpu", "cpu", "native")
+    before = torch.get_num_threads()
+    try:
+        ev = _judge.evaluate_job(job)
+    finally:
+        torch.set_num_threads(before)
+    assert ev.status.is_correct, ev.summary()
+    assert len(states) >= 3, "fewer timed batches than the judge's least"
+    running = [s for s in states if not s or any(state not in "TtZX" for state in s.values())]
+    assert not running, f"runner threads not stopped while the judge wrote a batch's sets: {running}"

@@ -288,6 +288,49 @@ def test_region_graphs_keep_the_models_parameters_as_static_inputs(session, monk
     assert kernels[0].calls > 0, "the graph ran the region's reference, not its kernel (no Deployment installed)"
 
 
+def test_a_warm_compile_through_kforges_path_loads_the_graph_with_its_static_inputs(session, monkeypatch, tmp_path):
+    """Inductor's second AOTAutograd pass keeps its cache (a restarted process compiles in half the time): on a hit
+    the inner compile, which hands Inductor the parameters' indices, does not run, so the graph the hit loads must be
+    the one the miss compiled, static inputs and all (else reduce-overhead's CUDA graphs copy every weight on each
+    replay)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import output_code
+
+    from kforge.deploy import DeployedKernel
+    from kforge.deploy._graph import compile_with
+
+    key = session.cards.by_op("region")[0].key
+    session.optimize(proposer="builtin", iterations=1, cards=[key], confirm=False)
+    correct = [c for c in session.store.candidates(key) if c.status is not None and c.status.is_correct]
+    kernels = [DeployedKernel(session.cards[key].variant, Kernel(compile_source(correct[0].source, "cpu", "native").path))]
+    loaded: list[tuple] = []
+    real = output_code.CompiledFxGraph.post_compile
+
+    def spy(self, *args, **kwargs):   # NB: runs on a miss and on a hit, after the graph is compiled or loaded
+        loaded.append(tuple(self.fx_kwargs.get("static_input_idxs") or ()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(output_code.CompiledFxGraph, "post_compile", spy)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, x = session.model, session.batches[0]
+    hits = []
+    outs = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        before = counters["aot_autograd"]["autograd_cache_hit"]
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=False, fx_graph_cache=True):
+            compiled = compile_with(model, kernels, dynamic=False)
+            outs.append(compiled(x))
+        hits.append(counters["aot_autograd"]["autograd_cache_hit"] - before)
+        assert compiled.kforge_backend.replaced
+    torch._dynamo.reset()
+    n_params = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+    assert hits == [0, 1], "the second compile did not load the first one's graph"
+    assert len(loaded) == 2 and loaded[0] == loaded[1] and len(loaded[1]) == n_params > 0, loaded
+    torch.testing.assert_close(outs[1], outs[0])
+    assert kernels[0].calls > 0
+
+
 class _WithCache(torch.nn.Module):
     """The model, and a buffer it writes in place each forward at a position it is given, as a
     static KV cache is written in decoding."""

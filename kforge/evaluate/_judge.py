@@ -517,7 +517,6 @@ class _Trial:
     def time_batches(self, timed: Group, rtt_us: float, floor_us: tuple[float, float], checks: list[str]) -> Evaluation:
         """Interleaved, checked batches of the candidate and eager; the verdict on their settled times."""
         job, arenas, phases, device = self.job, self.arenas, self.phases, self.device
-        val = arenas.plan.groups[0]
         least = _MIN_BATCHES[job.backend]
         k = max(2, min(timed.count, _batch_fit(job.backend, job.budget_ms, self.val_call_s, self.card.eager_s)))
         allocated = timed.count
@@ -530,23 +529,30 @@ class _Trial:
         budget_s = job.budget_ms / 1e3
         timed_s = 0.0     # NB: the budget counts the timed work only, not the checks around it
         batch = 0
-        while batch < _MAX_BATCHES[job.backend] and (batch < least + 1 or timed_s < budget_s):
-            with phases("timing: fresh sets"):
-                views, written = self.fresh_batch(timed, pool, batch)
-            cpu0 = self.runner.cpu_times()
-            t0 = time.perf_counter()
-            with phases("timing: candidate"):
-                _, wall = self.run_layouts(timed, f"timed batch {batch}")
-            # NB: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads a
-            # candidate left running would slow eager (and win), finish the work after the calls returned,
-            # or rewrite outputs and times behind the checks. An honest runner is asleep then anyway.
-            # NB: eager is never timed while a runner thread runs: a thread inside a system call that only
-            # a fatal signal interrupts (madvise populating 4 GiB: ~50 ms) kept running through what was a
-            # 50 ms wait and slowed eager up to 3.3x (found by review 4); an honest runner stops at once
-            if not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
-                raise self.fail(Status.TIMING_MISMATCH, f"timed batch {batch}: a thread of the runner was still "
-                                f"running {_PAUSE_S:.0f} s after the batch answered (it must be idle then)")
-            try:
+        # NB: the runner is stopped (SIGSTOP) from each batch's answer until the next batch's sets are written, and
+        # resumed on the clocks: a thread of it that watched the sets would else compute each one's outputs while
+        # the judge writes them, on neither clock, and the timed calls only copy them out (found by review 7)
+        if not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
+            raise self.fail(Status.TIMING_MISMATCH, "a thread of the runner was still running "
+                            f"{_PAUSE_S:.0f} s after validation answered (it must be idle then)")
+        try:
+            while batch < _MAX_BATCHES[job.backend] and (batch < least + 1 or timed_s < budget_s):
+                with phases("timing: fresh sets"):
+                    views, written = self.fresh_batch(timed, pool, batch)
+                cpu0 = self.runner.cpu_times()
+                t0 = time.perf_counter()
+                self.runner.resume()
+                with phases("timing: candidate"):
+                    _, wall = self.run_layouts(timed, f"timed batch {batch}")
+                # NB: the runner is stopped (SIGSTOP) while eager is timed and its outputs checked: threads a
+                # candidate left running would slow eager (and win), finish the work after the calls returned,
+                # or rewrite outputs and times behind the checks. An honest runner is asleep then anyway.
+                # NB: eager is never timed while a runner thread runs: a thread inside a system call that only
+                # a fatal signal interrupts (madvise populating 4 GiB: ~50 ms) kept running through what was a
+                # 50 ms wait and slowed eager up to 3.3x (found by review 4); an honest runner stops at once
+                if not self.runner.pause(_PAUSE_S, blocked_ok=self.cuda):
+                    raise self.fail(Status.TIMING_MISMATCH, f"timed batch {batch}: a thread of the runner was still "
+                                    f"running {_PAUSE_S:.0f} s after the batch answered (it must be idle then)")
                 with phases("timing: eager"):
                     eager_sum, eager_outs = self.eager_batch(timed, views)
                 timed_s += time.perf_counter() - t0
@@ -556,32 +562,32 @@ class _Trial:
                 # thread's schedstat lags, and the busiest thread must not be under-counted.
                 cpu = self.runner.cpu_times().since(cpu0)
                 reported = arenas.times[timed.first:timed.first + k].clone()
-            finally:
-                self.runner.resume()
-            # NB: a batch whose clocks disagree counts at the judge's time, never the runner's: lying
-            # costs the candidate (dropping such batches let lies in a quarter of them set the quartile).
-            cand_sum = max(wall - rtt_us, 0.0)
-            if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
-                mismatches.append("reported per-call times that are negative or not finite")
-            elif not self.clocks_agree(float(reported.sum()), wall, cpu, k, floor_us, rtt_us):
-                mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall; the runner's "
-                                  f"CPU time {cpu.total_us:.0f} us, its busiest thread {cpu.busiest_us:.0f} us, "
-                                  f"for {k} calls")
-            elif self.cuda or min(cand_sum, cpu.total_us) >= _CPU_CHECKED_BATCH_US:
-                cand_sum = float(reported.sum())
-            # NB: else (CPU) a batch too short for the clock check to tell (its fixed slack a fifth of it or
-            # more, by the judge's wall clock or by the runner's CPU time, whichever is less: the first
-            # grows when the judge is preempted, the second with threads that only burn) counts at the
-            # judge's time even when the clocks agree: a candidate slow in validation got 2-set batches
-            # whose real work hid in the slack (attack_tiny_batches, 350x; 530x on a loaded machine, where
-            # the judge's own preemption kept its batches from growing).
-            if batch > 0:   # NB: the first batch warms up both
-                cand_means.append(cand_sum / k)
-                eager_means.append(eager_sum / k)
-            batch += 1
-            if not self.cuda:
-                k = self._grown(k, allocated, max(wall - rtt_us, 0.0) / k, eager_sum / k)
-                timed = replace(timed, count=k)
+                # NB: a batch whose clocks disagree counts at the judge's time, never the runner's: lying
+                # costs the candidate (dropping such batches let lies in a quarter of them set the quartile).
+                cand_sum = max(wall - rtt_us, 0.0)
+                if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
+                    mismatches.append("reported per-call times that are negative or not finite")
+                elif not self.clocks_agree(float(reported.sum()), wall, cpu, k, floor_us, rtt_us):
+                    mismatches.append(f"runner {float(reported.sum()):.0f} us, judge {wall:.0f} us wall; the runner's "
+                                      f"CPU time {cpu.total_us:.0f} us, its busiest thread {cpu.busiest_us:.0f} us, "
+                                      f"for {k} calls")
+                elif self.cuda or min(cand_sum, cpu.total_us) >= _CPU_CHECKED_BATCH_US:
+                    cand_sum = float(reported.sum())
+                # NB: else (CPU) a batch too short for the clock check to tell (its fixed slack a fifth of it or
+                # more, by the judge's wall clock or by the runner's CPU time, whichever is less: the first
+                # grows when the judge is preempted, the second with threads that only burn) counts at the
+                # judge's time even when the clocks agree: a candidate slow in validation got 2-set batches
+                # whose real work hid in the slack (attack_tiny_batches, 350x; 530x on a loaded machine, where
+                # the judge's own preemption kept its batches from growing).
+                if batch > 0:   # NB: the first batch warms up both
+                    cand_means.append(cand_sum / k)
+                    eager_means.append(eager_sum / k)
+                batch += 1
+                if not self.cuda:
+                    k = self._grown(k, allocated, max(wall - rtt_us, 0.0) / k, eager_sum / k)
+                    timed = replace(timed, count=k)
+        finally:
+            self.runner.resume()
         # NB: one more round trip: a frame the candidate forged ahead of a real answer leaves that
         # answer queued, and it would arrive here instead of the ping's.
         self.ask(Op.PING, 0xC105E)
