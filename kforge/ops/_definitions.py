@@ -568,10 +568,19 @@ def _gated_delta_rule(x: list, p: dict):
 
 
 def _sample_gated_delta_rule(v: Variant, seed: int, gen: torch.Generator) -> list:
-    """Valid values: g (a log decay) at most 0, beta in (0, 1), a small initial state."""
+    """Valid values as the models make them: g (a log decay) at most 0, each head's about its own rate, from 1e-3 (a
+    step keeps 99.9% of the state: the long memory of a model's slow heads) to 1; beta in (0, 1); k of unit norm
+    where the call does not normalise it (a model normalises it itself: an unnormalised k makes the recurrence
+    overflow, and a check of inf against inf says little); a small initial state.
+
+    NB: a decay of 0.5 a step for every head (as this sampler drew before) forgot a token within 32 steps, and a kernel
+    that restarted its state every 32 tokens passed (review 7)."""
     q, k, val, g, beta, s0 = (None if s is None else random_tensor(s, gen) for s in v.inputs)
-    g.copy_(-(g.float().abs() * 0.5))
+    rate = 10.0 ** (torch.rand(g.shape[0], 1, *g.shape[2:], generator=gen) * 3.0 - 3.0)
+    g.copy_(-(rate * (0.25 + 0.5 * torch.rand(g.shape, generator=gen))))
     beta.copy_(torch.sigmoid(beta.float()))
+    if not v.param_dict.get("use_qk_l2norm", True):
+        k.copy_(k.float() / k.float().norm(dim=-1, keepdim=True).clamp_min(1e-6))
     if s0 is not None:
         s0.copy_(s0.float() * 0.1)
     return [q, k, val, g, beta, s0]
