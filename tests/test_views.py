@@ -286,7 +286,7 @@ def _post(url: str) -> tuple[int, str]:
 def test_a_dashboard_made_mid_run_is_live_and_has_everything_pushed(session):
     base = kernel_source("cpu", "softmax_rows")
     proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(4)], free=2)
-    run = session.optimize(proposer=proposer, iterations=4, ops=["softmax"], strategy="linear", background=True)
+    run = session.optimize(proposer=proposer, iterations=4, ops=["softmax"], policy="linear", background=True)
     key = _softmax_key(session)
     _until(lambda: sum(e.kind is EventKind.EVALUATED for e in list(run.events)) >= 2, "two evaluations")
     d = dashboard(session)
@@ -313,7 +313,7 @@ def test_a_dashboard_made_mid_run_is_live_and_has_everything_pushed(session):
 def test_progress_buttons_reach_the_run_over_its_control_channel_while_the_kernel_is_busy(session):
     base = kernel_source("cpu", "softmax_rows")
     proposer = GatedProposer([base + f"\n/* variant {i} */\n" for i in range(6)], free=1)
-    run = session.optimize(proposer=proposer, iterations=6, ops=["softmax"], strategy="linear", background=True)
+    run = session.optimize(proposer=proposer, iterations=6, ops=["softmax"], policy="linear", background=True)
     view = progress(run)
     url = view.control_url
     # the test's thread stands for the busy kernel: the server answers from its own thread
