@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlparse
 
 from . import __version__
@@ -89,6 +89,55 @@ def _session(args: argparse.Namespace):
     args.device = resolve_device(args.device)
     model, inputs = _load_model(args)
     return Session(model, inputs, device=args.device, workdir=args.workdir)
+
+
+# ----------------------------------------------------------------------------- a run's options
+
+# What `kforge optimize` searches with, and the defaults of a fresh run; a resumed run takes those not given on its
+# command line from the run it continues, which its store keeps (meta _RUN_META): resuming an LLM run with the
+# command kforge prints must not switch it to the built-in proposer, nor drop its dollar limit.
+_RUN_OPTIONS = {"proposer": "builtin", "policy": "mcts", "iterations": 50, "dollars": None, "ops": None,
+                "include_vendor": False, "max_cards": None}
+_RUN_META = "cli_optimize"
+
+
+def _flag(name: str, value) -> str:
+    flag = "--" + name.replace("_", "-")
+    return flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+def _run_options(args: argparse.Namespace, store) -> tuple[float | None, Callable]:
+    """Fill in the run's options left out on the command line (``store``: the resumed session's, else None).
+
+    Returns this run's dollar limit (a resumed run's: what is left of the limit it had) and a function of the store
+    giving what to keep of this run for the next resume."""
+    given = {k for k in _RUN_OPTIONS if getattr(args, k) is not None}
+    stored = store.get_meta(_RUN_META) if store is not None else None
+    for key, value in {**_RUN_OPTIONS, **((stored or {}).get("options") or {})}.items():
+        if key not in given:
+            setattr(args, key, value)
+    run_dollars, since = args.dollars, None
+    if stored is not None and "dollars" not in given and args.dollars is not None:
+        since = float(stored.get("dollars_before") or 0.0)
+        spent = store.dollars() - since
+        if spent >= args.dollars:
+            raise UsageError(f"the run in {args.workdir} had --dollars {args.dollars:g} and has spent ${spent:.2f} of "
+                             "it; pass --dollars to allow this run more")
+        run_dollars = args.dollars - spent
+    if store is not None:
+        kept = [_flag(k, getattr(args, k)) for k in _RUN_OPTIONS
+                if k not in given and getattr(args, k) not in (None, False)]
+        what = ("the options of the run it continues: " + " ".join(kept) if stored is not None and kept else
+                "no options of an earlier `kforge optimize` run are stored in this session: the defaults apply")
+        now = " ".join(_flag(k, getattr(args, k)) for k in _RUN_OPTIONS if k in given)
+        left = f"; ${run_dollars:.2f} of its dollar limit left" if since is not None else ""
+        print(f"kforge: resuming with {what}{left}" + (f"; given now: {now}" if now else ""), file=sys.stderr)
+
+    def record(st) -> dict:
+        return {"options": {k: getattr(args, k) for k in _RUN_OPTIONS},
+                "dollars_before": since if since is not None else st.dollars()}
+    return run_dollars, record
+
 
 
 # ----------------------------------------------------------------------------- checks before work
@@ -260,27 +309,34 @@ def _wait(run) -> bool:
     return True
 
 
-def cmd_optimize(args: argparse.Namespace) -> int:
-    from .kernels import device_info
-    from .search import plan
-
-    resume = getattr(args, "resume", False)
-    ops = _check_optimize_args(args)
-    proposer = _make_proposer(args.proposer)
-    cluster = _cluster(args.cluster)
-    _check_cache()
-    session = _session(args)
+def _writable(session):
     if session.store.readonly:
         raise UsageError(f"{session.workdir} is read-only here: optimize writes to its store; copy the folder "
                          f"somewhere writable and resume there (`kforge show --workdir {session.workdir}` prints it "
                          "as it is)")
+    return session
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from .search import plan
+
+    resume = getattr(args, "resume", False)
+    session = _writable(_session(args)) if resume else None   # NB: first: a resumed run's options are in its store
+    run_dollars, record = _run_options(args, session.store if session is not None else None)
+    ops = _check_optimize_args(args)
+    proposer = _make_proposer(args.proposer)
+    cluster = _cluster(args.cluster)
+    _check_cache()
+    if session is None:
+        session = _writable(_session(args))
+    session.store.set_meta(_RUN_META, record(session.store))
     out = _out(args)
     if not resume or session._cards is None:
         session.capture()
         print("\n".join(_capture_summary(session, session.cards)), file=out)
         print(session.cards.table(args.limit), file=out)
     cards = session.cards
-    chosen, skipped = plan(cards, device_info(session.device), ops=ops, include_vendor=args.include_vendor,
+    chosen, skipped = plan(cards, session.device_info(), ops=ops, include_vendor=args.include_vendor,
                            max_cards=args.max_cards)
     if not chosen:
         if ops:
@@ -295,7 +351,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     dollars_before = session.store.dollars()
     try:
         run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
-                               dollars=args.dollars, ops=ops, include_vendor=args.include_vendor,
+                               dollars=run_dollars, ops=ops, include_vendor=args.include_vendor,
                                max_cards=args.max_cards, background=True, on_event=progress, cluster=cluster)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -428,27 +484,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="capture, then search for faster kernels for the cards")
     model_args(p)
-    p.add_argument("--resume", action="store_true", help="continue the session in --workdir")
-    p.add_argument("--proposer", default="builtin", help="builtin (default), anthropic, openai, local:URL")
-    p.add_argument("--policy", "--strategy", dest="policy", default="mcts", choices=("mcts", "linear", "best_of_n"),
+    # NB: the run's options default to None here: a resumed run takes what is not given from the run it continues
+    # (_run_options), a fresh one from _RUN_OPTIONS
+    p.add_argument("--resume", action="store_true",
+                   help="continue the session in --workdir, with the options of the run it continues (those given "
+                        "here replace them; the dollar limit is what is left of it)")
+    p.add_argument("--proposer", default=None, help="builtin (default), anthropic, openai, local:URL")
+    p.add_argument("--policy", "--strategy", dest="policy", default=None, choices=("mcts", "linear", "best_of_n"),
                    help="search policy: which candidate to revise next (default mcts; --strategy is its old name)")
-    p.add_argument("--iterations", type=int, default=50, help="candidates per card (default 50)")
-    p.add_argument("--dollars", type=float, default=None, help="stop when LLM spending reaches this")
+    p.add_argument("--iterations", type=int, default=None, help="candidates per card, in all its runs (default 50)")
+    p.add_argument("--dollars", type=float, default=None, help="stop when this run's LLM spending reaches this")
     p.add_argument("--ops", default=None, help="comma-separated operators to optimize (default: all native)")
-    p.add_argument("--include-vendor", action="store_true", help="also search cuBLAS/cuDNN/flash-backed operators")
+    p.add_argument("--include-vendor", action="store_true", default=None,
+                   help="also search operators whose eager kernel is a vendor library's (cuBLAS, cuDNN, flash "
+                        "attention; oneDNN, BLAS on the CPU)")
     p.add_argument("--max-cards", type=int, default=None, help="optimize at most this many cards")
     p.add_argument("--cluster", default=None, metavar="ray[:ADDRESS]",
                    help="judge on a Ray cluster's GPUs (or CPU core groups): 'ray' finds or starts one, "
                         "'ray:ADDRESS' connects to that one; needs pip install \"kforge[ray]\"")
     p.add_argument("--export", default=None, help="write the winners to this artifact directory")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="print at most this many cards")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("show", help="print a session's cards and results (works on a read-only workdir)")
-    p.add_argument("--workdir", required=True)
+    p.add_argument("--workdir", required=True, help="the session's folder (the one a capture or optimize printed)")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None, help="print at most this many cards")
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("doctor", help="what this machine can do with kforge, and what to install for the rest")

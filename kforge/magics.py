@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 USAGE = """\
 %kforge capture <example | package.module:function> [--device cpu|cuda] [--workdir DIR] [--name VAR]
-%kforge optimize [--iterations N] [--proposer P] [--strategy S] [--ops a,b] [--cards KEY,KEY] [--max-cards N]
+%kforge optimize [--iterations N] [--proposer P] [--policy S] [--ops a,b] [--cards KEY,KEY] [--max-cards N]
                  [--dollars D] [--background] [--session VAR]
 %kforge dashboard [--session VAR]
 %kforge help | %kforge <command> --help
@@ -59,7 +59,8 @@ def _parsers() -> dict[str, _Parser]:
     optimize.add_argument("--iterations", type=int, default=50, help="candidates per card (default 50)")
     optimize.add_argument("--proposer", default="builtin",
                           help="builtin, anthropic[:model], openai[:model] or local:<url> (default builtin)")
-    optimize.add_argument("--strategy", default="mcts", help="mcts, linear or best_of_n (default mcts)")
+    optimize.add_argument("--policy", "--strategy", dest="policy", default="mcts",
+                          help="search policy: mcts, linear or best_of_n (default mcts; --strategy is its old name)")
     optimize.add_argument("--ops", default=None, help="only these operators, comma-separated (softmax,layer_norm)")
     optimize.add_argument("--cards", default=None, help="only these cards, by key or key prefix, comma-separated")
     optimize.add_argument("--max-cards", "--max_cards", dest="max_cards", type=int, default=None,
@@ -101,7 +102,7 @@ class KforgeMagics(Magics):
         """Capture a model and search faster kernels for its operators from a notebook.
 
         %kforge capture <example | package.module:function> [--device cpu|cuda] [--workdir DIR] [--name VAR]
-        %kforge optimize [--iterations N] [--proposer P] [--strategy S] [--ops a,b] [--cards KEY,KEY]
+        %kforge optimize [--iterations N] [--proposer P] [--policy S] [--ops a,b] [--cards KEY,KEY]
                          [--max-cards N] [--dollars D] [--background] [--session VAR]
         %kforge dashboard [--session VAR]
 
@@ -161,7 +162,7 @@ class KforgeMagics(Magics):
             raise UsageError("%kforge optimize: --iterations must be at least 1")
         split = (lambda s: [p.strip() for p in s.split(",") if p.strip()] if s else None)
         try:
-            run = session.optimize(proposer=args.proposer, policy=args.strategy, iterations=args.iterations,
+            run = session.optimize(proposer=args.proposer, policy=args.policy, iterations=args.iterations,
                                    dollars=args.dollars, ops=split(args.ops), cards=split(args.cards),
                                    max_cards=args.max_cards, background=args.background)
         except ValueError as exc:

@@ -13,6 +13,7 @@ from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
     from .evaluate import Evaluator
+    from .kernels import DeviceInfo
     from .deploy import Deployment, DispatchCost
     from .deploy._report import EndToEnd
     from .search import OptimizationRun, Results
@@ -129,6 +130,23 @@ class Session:
 
     # ------------------------------------------------------------------ optimize
 
+    def device_info(self) -> "DeviceInfo":
+        """The session's device as its first run measured it: the copy bandwidth the planner ranks cards by is kept in
+        the store, so a resumed run plans as the run it continues did (a CPU's bandwidth is measured in each process,
+        and it moved which of two cards of near expected gain a resumed run picked)."""
+        import dataclasses
+
+        from .kernels import device_info
+
+        info = device_info(self.device)
+        key = f"bandwidth_gbs:{info.backend}:{info.name}"
+        kept = self.store.get_meta(key)
+        if kept is not None:
+            return dataclasses.replace(info, bandwidth_gbs=float(kept))
+        if not self.store.readonly:
+            self.store.set_meta(key, info.bandwidth_gbs)
+        return info
+
     @property
     def evaluator(self) -> "Evaluator":
         """The session's evaluator (one worker process for its device, started on first use)."""
@@ -159,7 +177,6 @@ class Session:
         judges on a Ray cluster's actors (one per GPU, or per CPU core group) instead; proposals and
         the store stay in this process (needs ``pip install "kforge[ray]"``).
         """
-        from .kernels import device_info
         from .proposers import make_proposer
         from .search import Budget, OptimizationRun, make_policy, plan
 
@@ -174,7 +191,7 @@ class Session:
         if dollars is not None and dollars <= 0:
             raise ValueError("dollars must be positive (or None for no dollar budget)")
         prop = make_proposer(proposer)
-        info = device_info(self.device)
+        info = self.device_info()
         chosen, skipped = plan(self.cards, info, ops=ops, keys=cards, include_vendor=include_vendor,
                                max_cards=max_cards)
         if not chosen:

@@ -351,3 +351,69 @@ def test_repeated_resume_gives_identical_verdicts(tmp_path):
         assert res.returncode == 0, res.stderr
     verdicts = [_verdicts(json.loads(r.stdout)) for r in (first, *again)]
     assert verdicts[0] == verdicts[1] == verdicts[2]
+
+
+def test_resume_continues_with_the_runs_own_options_and_what_is_left_of_its_dollar_limit(tmp_path, capsys):
+    """The resume command kforge prints names only the folder: it must continue that run (its proposer, budget, dollar
+    limit, operators), not start the defaults' (the built-in proposer, 50 candidates a card, every card, no limit)."""
+    from kforge.proposers._base import Usage
+    from kforge.store import Store
+
+    wd = str(tmp_path / "wd")
+    rc, out, err = _main(capsys, "optimize", "--device", "cpu", "--workdir", wd, "--iterations", "2", "--ops", "relu",
+                         "--policy", "linear", "--dollars", "5", "--json")
+    assert rc == 0, err
+    first = json.loads(out)
+    relu = [r["key"] for r in first["results"] if r["op"] == "relu" and r["status"] != "not searched"]
+    assert relu and first["summary"]["searched"] == len(relu)
+    store = Store(Path(wd))
+    store.add_llm_call("anthropic", Usage(model="m", dollars=1.25), "p", "r")   # as an LLM run would have spent
+    store.close()
+
+    rc, out, err = _main(capsys, "optimize", "--resume", "--workdir", wd, "--json")
+    assert rc == 0, err
+    for flag in ("--iterations 2", "--ops relu", "--policy linear", "--dollars 5", "$3.75 of its dollar limit left"):
+        assert flag in err, (flag, err)
+    second = json.loads(out)
+    assert second["summary"]["evaluations"] == 0, "the first run's budget of 2 a card was used: nothing more to do"
+    assert second["summary"]["searched"] == len(relu)
+
+    rc, out, err = _main(capsys, "optimize", "--resume", "--workdir", wd, "--iterations", "3", "--json")
+    assert rc == 0, err
+    assert "given now: --iterations 3" in err and "--ops relu" in err
+    assert json.loads(out)["summary"]["searched"] == len(relu)
+    store = Store(Path(wd))
+    assert store.get_meta("cli_optimize")["options"]["iterations"] == 3, "the next resume continues with 3"
+    store.add_llm_call("anthropic", Usage(model="m", dollars=4.0), "p", "r")
+    store.close()
+    rc, out, err = _main(capsys, "optimize", "--resume", "--workdir", wd)
+    _one_line_error(rc, err, "--dollars 5", "$5.25", "pass --dollars")
+
+
+def test_resume_of_a_session_no_optimize_run_stored_says_the_defaults_apply(tmp_path, capsys):
+    wd = _session_dir(tmp_path)
+    rc, out, err = _main(capsys, "optimize", "--resume", "--workdir", str(wd), "--iterations", "1", "--max-cards", "1",
+                         "--json")
+    assert rc == 0, err
+    assert "no options of an earlier `kforge optimize` run" in err and "given now: --iterations 1 --max-cards 1" in err
+
+
+def test_a_resumed_run_plans_with_the_bandwidth_its_session_first_measured(tmp_path, monkeypatch):
+    """A CPU's copy bandwidth is measured in each process, and the planner ranks cards by their headroom to it: two
+    cards of near expected gain swapped places between a run and its resume (the resume searched another card)."""
+    import dataclasses
+
+    import kforge.kernels
+
+    wd = _session_dir(tmp_path)
+    first = kforge.Session.open(wd).device_info()
+    measured = kforge.kernels.device_info("cpu")
+    monkeypatch.setattr(kforge.kernels, "device_info",
+                        lambda device: dataclasses.replace(measured, bandwidth_gbs=measured.bandwidth_gbs * 3))
+    again = kforge.Session.open(wd).device_info()
+    assert again.bandwidth_gbs == first.bandwidth_gbs
+    other = tmp_path / "other"
+    shutil.copytree(wd, other)
+    fresh = kforge.Session.open(other)
+    fresh.store.set_meta(f"bandwidth_gbs:{first.backend}:{first.name}", None)
+    assert fresh.device_info().bandwidth_gbs == measured.bandwidth_gbs * 3, "a session without one measures it"

@@ -101,7 +101,7 @@ def test_errors_are_one_line_and_the_usage_is_complete(shell, capsys):
         assert "\n" not in message.strip() and "help" in message, message
     shell.run_line_magic("kforge", "help")
     usage = capsys.readouterr().out
-    for option in ("--strategy", "--cards", "--max-cards", "--dollars", "--background"):
+    for option in ("--policy", "--cards", "--max-cards", "--dollars", "--background"):
         assert option in usage
 
 
