@@ -83,15 +83,19 @@ class Session:
         self.store.set_meta("model_class", type(model).__qualname__)
 
     @classmethod
-    def open(cls, workdir: str | Path, model: Callable | None = None) -> "Session":
-        """Reopen a session from its workdir: cards, candidates and results come back from disk."""
+    def open(cls, workdir: str | Path, model: Callable | None = None, inputs: Any = None) -> "Session":
+        """Reopen a session from its workdir: cards, candidates and results come back from disk. ``model`` (and
+        ``inputs``, the example inputs as for ``Session(model, inputs)``) for what runs the model again: apply,
+        compile, end_to_end, a new capture."""
         path = Path(workdir)
         if not (path / "kforge.db").exists():
             raise WorkdirError(f"{path} holds no kforge session (no kforge.db); create one with kforge.Session(...)")
         store = Store(path)
         device = store.get_meta("device") or "cpu"
         store.close()
-        return cls(model, None, device=device, workdir=path)
+        if inputs is not None and model is None:
+            raise CaptureError("inputs= without model=: pass the model they are for, Session.open(workdir, model, inputs)")
+        return cls(model, inputs, device=device, workdir=path)
 
     # ------------------------------------------------------------------ capture
 
@@ -342,8 +346,8 @@ class Session:
         from .capture import split_batch
 
         if self.model is None or self.batches == [None]:
-            raise CaptureError("this needs the model and its inputs: Session(model, inputs) or "
-                               "Session.open(workdir, model=model) with inputs")
+            raise CaptureError("this needs the model and its inputs: Session(model, inputs), or for a stored "
+                               "session Session.open(workdir, model=model, inputs=inputs)")
         return split_batch(self.batches[0])
 
     def compile(self, model: Any = None, *, guard: bool = True, backend: str = "inductor",

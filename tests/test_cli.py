@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import kforge
 import kforge.store
@@ -417,3 +418,17 @@ def test_a_resumed_run_plans_with_the_bandwidth_its_session_first_measured(tmp_p
     fresh = kforge.Session.open(other)
     fresh.store.set_meta(f"bandwidth_gbs:{first.backend}:{first.name}", None)
     assert fresh.device_info().bandwidth_gbs == measured.bandwidth_gbs * 3, "a session without one measures it"
+
+
+def test_a_stored_session_reopens_with_its_model_and_inputs_for_what_runs_the_model(tmp_path):
+    wd = _session_dir(tmp_path)
+    model, x = kforge.example("tiny_cnn")
+    bare = kforge.Session.open(wd, model=model)
+    with pytest.raises(kforge.capture.CaptureError, match=r"Session.open\(workdir, model=model, inputs=inputs\)"):
+        bare.end_to_end(compile=False)
+    s = kforge.Session.open(wd, model=model, inputs=x)
+    assert len(s.cards) > 0, "the stored cards, not a new capture"
+    table = s.end_to_end(compile=False)
+    assert table.eager_us > 0
+    with pytest.raises(kforge.capture.CaptureError, match="without model="):
+        kforge.Session.open(wd, inputs=x)
