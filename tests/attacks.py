@@ -161,7 +161,6 @@ class Jail:
 
 def surviving_children() -> list[int]:
     """Processes named like attack_fork_survive's children."""
-    import os
 
     pids = []
     for d in Path("/proc").iterdir():

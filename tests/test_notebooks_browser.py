@@ -368,7 +368,7 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
         f"([el, n]) => {{ const top = ({newest})(el); const sel = el.querySelector('.kf-node-selected');"
         " return top > n && sel && +sel.dataset.id === top; }", arg=[tree.element_handle(), followed], timeout=120_000)
     shown = tree.locator(".kf-node-selected").get_attribute("data-id")
-    source.locator(".kf-title", has_text=re.compile(rf"Candidate #(\d+)")).wait_for(timeout=10_000)
+    source.locator(".kf-title", has_text=re.compile(r"Candidate #(\d+)")).wait_for(timeout=10_000)
     page.wait_for_function("([el, id]) => +el.querySelector('.kf-title').textContent.replace(/\\D/g, '') >= id",
                            arg=[source.element_handle(), int(shown)], timeout=30_000)
     _shots(page, panel.locator(".jp-Cell").nth(1), "dashboard-live")

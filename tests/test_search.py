@@ -338,3 +338,26 @@ def test_an_instant_proposer_sees_pending_candidates(tmp_path):
     s.optimize(proposer=prop, policy="best_of_n", iterations=4, confirm=False, parallel=4)
     assert [len(r.tried) for r in prop.requests] == [0, 1, 2, 3]   # pending ones included
     s.close()
+
+
+def test_a_built_in_library_with_nothing_left_ends_the_cards_search_once_and_is_no_failure(tmp_path):
+    """A new user's first run printed "proposer_failed" three times for most cards: the built-in library had tried
+    every strategy and config that fits, which is how such a card's search ends, not a failure."""
+    model, x = kforge.example("tiny_cnn")
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2.0)
+    (card,) = [c for c in s.cards if c.op == "max_pool2d"]
+    size = BuiltinProposer().space_size(card, device_info("cpu"))
+    assert 0 < size < 20
+    run = s.optimize(proposer="builtin", iterations=size + 20, ops=["max_pool2d"], confirm=False)
+    events = [e for e in run.events if e.card_key == card.key]
+    assert [e.kind for e in events].count(EventKind.EXHAUSTED) == 1
+    assert not any(e.kind is EventKind.PROPOSER_FAILED for e in events)
+    assert "proposer failure" not in repr(run), repr(run)
+    finished = next(e for e in events if e.kind is EventKind.CARD_FINISHED)
+    assert "nothing left to propose" in str(finished.data.get("search_ended")), finished.data
+    assert len(s.store.candidates(card.key)) == size
+    again = s.optimize(proposer="builtin", iterations=size + 20, ops=["max_pool2d"], confirm=False)
+    assert [e.kind for e in again.events if e.card_key == card.key].count(EventKind.EXHAUSTED) == 1
+    assert len(s.store.candidates(card.key)) == size, "a resumed search asks once and ends"
+    s.close()

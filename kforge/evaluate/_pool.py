@@ -10,7 +10,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..kernels import backend_of, device_info

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ._registry import Call, OpSpec, Unsupported, all_specs, get_spec, random_tensor, register, spec_for
 from ._signature import DTYPE_CODES, TensorSig, Variant, dtype_name, torch_dtype
-from . import _definitions
+from . import _definitions  # noqa: F401 - registers the operators
 from ._definitions import (FUSED_EPILOGUES, GRAPH_FUSED_OPS, LAYOUT_TWIN_OPS, PROLOGUE_OPS, channels_last_strides, inplace_binder,
                            is_channels_last_twin, placed_in_aten_graph, without_prologue)
 from ._card import Card, Cards

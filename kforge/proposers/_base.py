@@ -68,6 +68,11 @@ class ProposerError(RuntimeError):
         self.response = response
 
 
+class ProposerExhausted(ProposerError):
+    """The proposer has nothing new for this card (the built-in library: every strategy and config that fits was
+    tried). Not a failure: the card's search ends there, and it uses no budget."""
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """``name`` is recorded with every candidate. A proposer may set ``instant = True`` when it

@@ -51,7 +51,7 @@ def inductor_baseline_us(variant: Variant, device: str | None = None, *, budget_
                     compiled(*inputs)
                 fn = graph.replay
             else:
-                fn = lambda: compiled(*inputs)  # noqa: E731
+                fn = lambda: compiled(*inputs)  # noqa: E731, F821 - called before the finally deletes it
             return bench(fn, device=device, budget_ms=budget_ms, min_reps=10 if device == "cpu" else 50).median_us
     finally:
         del compiled

@@ -237,7 +237,7 @@ def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: s
                  max_tensor_bytes: int | None = None):
     """``op_cards`` plus one card per region variant of the model's graph, shares recomputed so that
     a region's card replaces the operator calls inside it (shares of one forward sum to at most 1)."""
-    from ..capture import Card, Cards
+    from ..capture import Card
     from ..capture._capture import time_variant
 
     found = capture_regions(model, batches, examples_per_variant=examples_per_variant, max_tensor_bytes=max_tensor_bytes)

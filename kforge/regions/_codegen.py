@@ -17,7 +17,7 @@ import math
 from typing import Any, Sequence
 
 from ..kernels._offsets import lin
-from ._ir import OPS, Node, Ref
+from ._ir import Node
 from ._plan import Plan
 
 Config = dict[str, Any]
@@ -234,7 +234,6 @@ def red_value(plan: Plan, p: str, exp: str = "expf") -> str:
         return f"({exp}({p} - st.a) / st.b)"
     if op == "log_softmax":
         return f"({p} - st.a - logf(st.b))"
-    eps = float(plan.ir.nodes[plan.red].attr["eps"])
     return f"(({p} - st.a) * rstd)"
 
 

@@ -8,7 +8,6 @@ with partial statistics merged through the workspace (a second kernel) when rows
 """
 from __future__ import annotations
 
-import math
 
 from ._codegen import (STAT_FIELDS, Config, _CU_TYPES, fast_reduction, finish_stats, flat_offset, inputs_of,
                        math_choices, node_lines, red_operand, red_value, row_out_offset, split_offsets, stats_code)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..ops import TensorSig, Unsupported
-from ._ir import OPS, REDUCTIONS, RegionIR
+from ._ir import OPS, RegionIR
 
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..evaluate import Evaluation, Evaluator
 from ..kernels import compile_source
 from ..ops import Card
-from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, ProposerError
+from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, ProposerError, ProposerExhausted
 from ..store import Candidate, is_infra_failure
 from ._decide import decide
 from ._events import EventKind
@@ -54,6 +54,7 @@ class CardSearch:
         self.best = max((n.score for n in self.tree.evaluated if n.candidate.status and n.candidate.status.is_win),
                         default=0.0)
         self.failures = 0           # proposer failures in a row
+        self.exhausted = False      # the proposer said it has nothing new for this card
         self.infra_failures = 0     # evaluations failed outside the candidate's control, in a row
         self.evaluated = 0          # evaluations made in this run that count
         self.repeats = 0            # proposals that repeated a source (not stored; they use budget)
@@ -124,6 +125,8 @@ class CardSearch:
         """
         try:
             proposal = self.proposer.propose(request)
+        except ProposerExhausted as exc:
+            return exc                 # NB: no call paid for, no budget used
         except ProposerError as exc:
             self._record_call(exc)
             with self.owner._lock:
@@ -164,6 +167,12 @@ class CardSearch:
 
     def adopt(self, parent: Node, outcome: Candidate | ProposerError | str) -> Candidate | None:
         """In the search thread: put a stored candidate into the tree, or report the failure."""
+        if isinstance(outcome, ProposerExhausted):
+            if not self.exhausted:     # NB: once: proposals in flight at once may each say so
+                self.exhausted = True
+                self.reason = f"nothing left to propose: {outcome}"
+                self.owner._emit(EventKind.EXHAUSTED, self.card.key, parent.id, str(outcome))
+            return None
         if not isinstance(outcome, Candidate):
             self.failures += 1
             self.owner._emit(EventKind.PROPOSER_FAILED, self.card.key, parent.id, str(outcome))
@@ -177,7 +186,7 @@ class CardSearch:
     def _can_propose(self, inflight: int, unstored: int) -> bool:
         """Room for another proposal: ``inflight`` in the pool, ``unstored`` of them not yet in the tree."""
         return (inflight < self.budget.parallel and self.attempts + unstored < self.budget.iterations
-                and self.failures < self.budget.max_proposer_failures)
+                and self.failures < self.budget.max_proposer_failures and not self.exhausted)
 
     # ------------------------------------------------------------------ the card from start to verdict
 

@@ -15,6 +15,7 @@ class EventKind(str, enum.Enum):
     EVALUATED = "evaluated"
     NEW_BEST = "new_best"
     PROPOSER_FAILED = "proposer_failed"
+    EXHAUSTED = "exhausted"          # the proposer has nothing new for the card: its search ends (not a failure)
     CARD_FINISHED = "card_finished"
     BUDGET_REACHED = "budget_reached"
     PAUSED = "paused"

@@ -14,7 +14,6 @@ from typing import Callable, Sequence
 
 from ..evaluate import Evaluator
 from ..kernels import DeviceInfo
-from ..ops import Card
 from ..proposers._base import Proposer
 from ..store import Store
 from ._card_search import InlineSearch, PooledSearch, proposes_inline

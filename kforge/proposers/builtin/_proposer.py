@@ -6,7 +6,7 @@ import json
 import random
 from typing import Any
 
-from .._base import Attempt, Proposal, ProposalRequest, ProposerError
+from .._base import Attempt, Proposal, ProposalRequest, ProposerError, ProposerExhausted
 from ...evaluate import Status
 from ...kernels import DeviceInfo
 from ...ops import Variant
@@ -78,7 +78,7 @@ class BuiltinProposer:
                         break
         choice = choice or self._any_untried(ranked, variant, device, tried, broken)
         if choice is None:
-            raise ProposerError(f"every built-in (strategy, config) for {variant.signature} was tried")
+            raise ProposerExhausted(f"the built-in library has nothing left to try ({len(tried)} tried)")
         strategy, config, why = choice
         return Proposal(source=strategy.render(variant, config, device),
                         intent=self._intent(strategy, variant, config, why, parent), strategy=strategy.name,
