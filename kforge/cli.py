@@ -409,14 +409,26 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _short(signature: str, width: int = 70) -> str:
+    """A signature cut at an argument's end, not inside a word, marked as cut."""
+    if len(signature) <= width:
+        return signature
+    cut = signature.rfind(", ", 0, width)
+    return signature[:cut if cut > 0 else width] + ", …)"
+
+
 def _optimize_summary(summary: dict, cards) -> list[str]:
     lines = []
     for s in summary["skipped"]:
-        lines.append(f"not searched: {s['signature'][:70]}: {s['reason']}")
+        # NB: the planner's words are the Python API's; here its flag
+        reason = s["reason"].replace("pass include_vendor=True", "pass --include-vendor")
+        lines.append(f"not searched: {_short(s['signature'])}: {reason}")
     for s in summary["out_of_reach"]:
         lines.append(f"out of reach: {s['reason']}")
     if summary["noisy"]:
-        lines.append(f"warning: {len(summary['noisy'])} card timing(s) at capture were too noisy to trust")
+        lines.append(f"warning: {len(summary['noisy'])} card timing(s) at capture were too noisy to trust "
+                     f"({', '.join(k[:8] for k in summary['noisy'])}); capture again on a quieter machine, or with "
+                     "a larger timing budget (Session.capture(timing_budget_ms=...))")
     if cards.outside:
         lines.append("outside kforge's operators (stay eager): "
                      + ", ".join(f"{n} x{k}" for n, k in cards.outside))

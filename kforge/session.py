@@ -89,7 +89,8 @@ class Session:
         compile, end_to_end, a new capture."""
         path = Path(workdir)
         if not (path / "kforge.db").exists():
-            raise WorkdirError(f"{path} holds no kforge session (no kforge.db); create one with kforge.Session(...)")
+            raise WorkdirError(f"{path} holds no kforge session (no kforge.db); create one with kforge.Session(model, "
+                               f"inputs, workdir=...) or `kforge capture --workdir {path}`")
         store = Store(path)
         device = store.get_meta("device") or "cpu"
         store.close()

@@ -431,3 +431,17 @@ def test_a_stored_session_reopens_with_its_model_and_inputs_for_what_runs_the_mo
     assert table.eager_us > 0
     with pytest.raises(kforge.capture.CaptureError, match="without model="):
         kforge.Session.open(wd, inputs=x)
+
+
+def test_the_summary_speaks_the_command_lines_flags_and_cuts_signatures_between_arguments():
+    from types import SimpleNamespace
+
+    sig = "conv2d(input: f32[2,16,16,16], weight: f32[16,16,3,3], stride=(1,1), padding=(1,1), dilation=(1,1))"
+    summary = {"skipped": [{"key": "k", "signature": sig, "reason": "eager uses onednn; pass include_vendor=True "
+                            "to search it"}], "out_of_reach": [], "noisy": ["0123456789abcdef"], "winners": [],
+               "evaluations": 0, "dollars": 0.0, "seconds": 1.0, "resume": "kforge optimize --resume --workdir w"}
+    lines = cli._optimize_summary(summary, SimpleNamespace(outside=()))
+    assert lines[0] == ("not searched: conv2d(input: f32[2,16,16,16], weight: f32[16,16,3,3], stride=(1,1), …): "
+                        "eager uses onednn; pass --include-vendor to search it")
+    assert "01234567" in lines[1] and "timing_budget_ms" in lines[1]
+    assert cli._short("relu(x: f32[4])") == "relu(x: f32[4])"
