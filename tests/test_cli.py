@@ -445,3 +445,11 @@ def test_the_summary_speaks_the_command_lines_flags_and_cuts_signatures_between_
                         "eager uses onednn; pass --include-vendor to search it")
     assert "01234567" in lines[1] and "timing_budget_ms" in lines[1]
     assert cli._short("relu(x: f32[4])") == "relu(x: f32[4])"
+
+
+def test_printing_an_end_to_end_table_prints_the_table():
+    from kforge.deploy._report import EndToEnd
+
+    table = EndToEnd(eager_us=1000.0, kforge_us=800.0, compile_us=None, compile_kforge_us=None, output_rel_diff=0.0,
+                     kernels_installed=1)
+    assert str(table) == table.table() and "1.250x" in str(table)

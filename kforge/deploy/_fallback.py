@@ -139,6 +139,9 @@ class FallbackReport:
     wrong_output: str | None = None     # why the set that was faster was dropped: it changed the model's output
     control: Comparison | None = None   # compile modes: a second plain compilation against the first (A/A)
 
+    def __str__(self) -> str:   # NB: print(compiled.kforge_fallback) prints what was kept and left out, and why
+        return "\n".join(self.lines())
+
     def lines(self) -> list[str]:
         out = [f"{self.mode}: kept {len(self.kept)} kernel(s), model {self.model.describe()}" if self.forwards_built
                else f"{self.mode}: no kernel this mode can run, nothing timed"]

@@ -84,6 +84,9 @@ class EndToEnd:
             lines.extend(report.lines())
         return "\n".join(lines)
 
+    def __str__(self) -> str:   # NB: print(session.end_to_end()) prints the table, not the dataclass
+        return self.table()
+
     def _repr_pretty_(self, p, cycle) -> None:
         p.text(self.table())
 
