@@ -82,11 +82,15 @@ def _load_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _session(args: argparse.Namespace):
-    from .session import Session, resolve_device
+    from .capture import CaptureError
+    from .session import Session, as_flags, resolve_device
 
     if getattr(args, "resume", False):
         return Session.open(args.workdir)
-    args.device = resolve_device(args.device)
+    try:
+        args.device = resolve_device(args.device)
+    except CaptureError as exc:
+        raise UsageError(as_flags(str(exc))) from None
     model, inputs = _load_model(args)
     return Session(model, inputs, device=args.device, workdir=args.workdir)
 

@@ -136,14 +136,14 @@ class KforgeMagics(Magics):
         from .session import Session
         from .store import WorkdirError
 
-        from .session import resolve_device
+        from .session import as_flags, resolve_device
 
         if not args.name.isidentifier():
             raise UsageError(f"%kforge capture: --name must be a Python identifier, got {args.name!r}")
         try:
             resolve_device(args.device)  # before building: a model on a missing GPU fails less clearly
         except CaptureError as exc:
-            raise UsageError(f"%kforge capture: {exc}") from None
+            raise UsageError(f"%kforge capture: {as_flags(str(exc))}") from None
         model, inputs = self._build(args.model, args.device)
         try:
             session = Session(model, inputs, device=args.device, workdir=args.workdir)

@@ -28,6 +28,12 @@ def model_fingerprint(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def as_flags(message: str) -> str:
+    """A message of the Python API in the command line's words (its ``--device`` flag, not the keyword)."""
+    return message.replace('device="cuda" was asked for', "--device cuda was asked for").replace(
+        'use device="cpu"', "use --device cpu")
+
+
 def resolve_device(device: str | torch.device | None) -> str:
     """The device a session runs on; a clear error for one kforge cannot use."""
     if device is None:

@@ -240,7 +240,7 @@ def test_unreachable_local_proposer_fails_fast_with_the_url(capsys):
 @pytest.mark.skipif(kforge.session.torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cuda_without_a_gpu(capsys):
     rc, _, err = _main(capsys, "capture", "--device", "cuda")
-    _one_line_error(rc, err, "no usable CUDA GPU", 'device="cpu"')
+    _one_line_error(rc, err, "no usable CUDA GPU", "--device cpu")
 
 
 # ----------------------------------------------------------------------------- what a run says
