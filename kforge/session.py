@@ -422,8 +422,15 @@ class Session:
 
         return export_artifact(path, self._compiled_winners(all_winners, dispatch_cost)[0], self.device)
 
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Stop the evaluator's worker process and close the store (the session is then done)."""
+        """Stop the evaluator's worker process and close the store (the session is then done). ``with
+        kforge.Session(...) as session:`` closes it at the block's end."""
         if getattr(self, "_evaluator", None) is not None:
             self._evaluator.close()
             self._evaluator = None

@@ -209,6 +209,12 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self.closed = True
+
+    def _open(self) -> None:
+        if getattr(self, "closed", False):
+            raise WorkdirError(f"the store in {self.workdir} was closed (Session.close(), or the end of its with "
+                               f"block): reopen the session with kforge.Session.open({str(self.workdir)!r})")
 
     def checkpoint(self, timeout_s: float = 5.0) -> None:
         """Move everything written so far from the write-ahead log into ``kforge.db`` itself, so that a copy
@@ -231,6 +237,7 @@ class Store:
                 f"{timeout_s:g} s. Close the other sessions or processes that have this workdir open, then try again")
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+        self._open()
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
@@ -243,6 +250,7 @@ class Store:
         if self.readonly:
             raise WorkdirError(f"{self.workdir} is opened read-only (this process cannot write there): copy the "
                                "workdir somewhere writable to continue the session")
+        self._open()
         with self._lock:
             cur = self._db.execute(sql, args)
             return cur.lastrowid or 0

@@ -453,3 +453,13 @@ def test_printing_an_end_to_end_table_prints_the_table():
     table = EndToEnd(eager_us=1000.0, kforge_us=800.0, compile_us=None, compile_kforge_us=None, output_rel_diff=0.0,
                      kernels_installed=1)
     assert str(table) == table.table() and "1.250x" in str(table)
+
+
+def test_a_session_closes_at_the_end_of_its_with_block_and_the_table_says_what_a_zero_share_is(tmp_path):
+    model, x = kforge.example("tiny_cnn")
+    with kforge.Session(model, x, device="cpu", workdir=tmp_path / "wd") as s:
+        cards = s.capture(timing_budget_ms=2.0)
+        assert any(c.op == "region" for c in cards) and any(c.op != "region" and c.share == 0 for c in cards)
+        assert "share 0.0%: calls that lie inside region cards" in cards.table()
+    with pytest.raises(kforge.store.WorkdirError, match=r"was closed .*Session.open"):
+        s.store.get_meta("device")

@@ -142,6 +142,9 @@ class Cards(Sequence[Card]):
             lines.append(f"captured operators: {self.coverage * 100:.0f}% of the model's {self.model_us:.0f} us "
                          "forward (share: measured inside the forward; eager us: one call replayed alone, "
                          "the baseline of speedups)")
+        if any(c.op == "region" for c in self.items) and any(c.op != "region" and c.share == 0 for c in self.items):
+            lines.append("share 0.0%: calls that lie inside region cards, whose time counts there; still searched, "
+                         "for eager mode, where region kernels do not run (they run in compiled graphs)")
         if self.noisy:
             lines.append(f"warning: {len(self.noisy)} timing(s) marked '?' were too noisy to trust (a busy "
                          "machine?): capture again when it is quieter")
