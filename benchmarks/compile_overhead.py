@@ -85,7 +85,8 @@ def main() -> None:
         for label in ("cold", "warm"):
             child = subprocess.run([sys.executable, __file__, "--layers", str(args.layers), "--caches-on"],
                                    env=env, capture_output=True, text=True, check=True)
-            runs.append({"process": label, **json.loads(child.stdout[child.stdout.index("{"):])})
+            out = child.stdout   # NB: the result is the last object printed at a line's start (logs come before)
+            runs.append({"process": label, **json.loads(out[out.rfind("\n{") + 1:])})
         print(json.dumps(runs, indent=1))
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], f"compile_overhead_warm_{args.layers}.json").write_text(json.dumps(runs, indent=1))

@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from . import __version__
@@ -110,11 +110,11 @@ def _flag(name: str, value) -> str:
     return flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
 
 
-def _run_options(args: argparse.Namespace, store) -> tuple[float | None, Callable]:
+def _run_options(args: argparse.Namespace, store) -> tuple[float | None, float | None]:
     """Fill in the run's options left out on the command line (``store``: the resumed session's, else None).
 
-    Returns this run's dollar limit (a resumed run's: what is left of the limit it had) and a function of the store
-    giving what to keep of this run for the next resume."""
+    Returns this run's dollar limit (a resumed run's: what is left of the limit it had) and the store's spending when
+    that limit began (None: from now)."""
     given = {k for k in _RUN_OPTIONS if getattr(args, k) is not None}
     stored = store.get_meta(_RUN_META) if store is not None else None
     for key, value in {**_RUN_OPTIONS, **((stored or {}).get("options") or {})}.items():
@@ -136,12 +136,7 @@ def _run_options(args: argparse.Namespace, store) -> tuple[float | None, Callabl
         now = " ".join(_flag(k, getattr(args, k)) for k in _RUN_OPTIONS if k in given)
         left = f"; ${run_dollars:.2f} of its dollar limit left" if since is not None else ""
         print(f"kforge: resuming with {what}{left}" + (f"; given now: {now}" if now else ""), file=sys.stderr)
-
-    def record(st) -> dict:
-        return {"options": {k: getattr(args, k) for k in _RUN_OPTIONS},
-                "dollars_before": since if since is not None else st.dollars()}
-    return run_dollars, record
-
+    return run_dollars, since
 
 
 # ----------------------------------------------------------------------------- checks before work
@@ -326,14 +321,15 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     resume = getattr(args, "resume", False)
     session = _writable(_session(args)) if resume else None   # NB: first: a resumed run's options are in its store
-    run_dollars, record = _run_options(args, session.store if session is not None else None)
+    run_dollars, since = _run_options(args, session.store if session is not None else None)
     ops = _check_optimize_args(args)
     proposer = _make_proposer(args.proposer)
     cluster = _cluster(args.cluster)
     _check_cache()
     if session is None:
         session = _writable(_session(args))
-    session.store.set_meta(_RUN_META, record(session.store))
+    session.store.set_meta(_RUN_META, {"options": {k: getattr(args, k) for k in _RUN_OPTIONS},
+                                       "dollars_before": session.store.dollars() if since is None else since})
     out = _out(args)
     if not resume or session._cards is None:
         session.capture()
@@ -422,11 +418,11 @@ def _short(signature: str, width: int = 70) -> str:
 
 
 def _optimize_summary(summary: dict, cards) -> list[str]:
+    from .session import as_flags
+
     lines = []
     for s in summary["skipped"]:
-        # NB: the planner's words are the Python API's; here its flag
-        reason = s["reason"].replace("pass include_vendor=True", "pass --include-vendor")
-        lines.append(f"not searched: {_short(s['signature'])}: {reason}")
+        lines.append(f"not searched: {_short(s['signature'])}: {as_flags(s['reason'])}")
     for s in summary["out_of_reach"]:
         lines.append(f"out of reach: {s['reason']}")
     if summary["noisy"]:

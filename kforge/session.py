@@ -28,10 +28,16 @@ def model_fingerprint(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
+# The Python API's words in kforge's messages, and the command line's (and magics') for the same thing
+_FLAGS = (('device="cuda" was asked for', "--device cuda was asked for"), ('use device="cpu"', "use --device cpu"),
+          ("pass include_vendor=True", "pass --include-vendor"))
+
+
 def as_flags(message: str) -> str:
-    """A message of the Python API in the command line's words (its ``--device`` flag, not the keyword)."""
-    return message.replace('device="cuda" was asked for', "--device cuda was asked for").replace(
-        'use device="cpu"', "use --device cpu")
+    """A message of the Python API in the command line's words: its flags, not the keywords."""
+    for keyword, flag in _FLAGS:
+        message = message.replace(keyword, flag)
+    return message
 
 
 def resolve_device(device: str | torch.device | None) -> str:
@@ -93,6 +99,8 @@ class Session:
         """Reopen a session from its workdir: cards, candidates and results come back from disk. ``model`` (and
         ``inputs``, the example inputs as for ``Session(model, inputs)``) for what runs the model again: apply,
         compile, end_to_end, a new capture."""
+        if inputs is not None and model is None:
+            raise CaptureError("inputs= without model=: pass the model they are for, Session.open(workdir, model, inputs)")
         path = Path(workdir)
         if not (path / "kforge.db").exists():
             raise WorkdirError(f"{path} holds no kforge session (no kforge.db); create one with kforge.Session(model, "
@@ -100,8 +108,6 @@ class Session:
         store = Store(path)
         device = store.get_meta("device") or "cpu"
         store.close()
-        if inputs is not None and model is None:
-            raise CaptureError("inputs= without model=: pass the model they are for, Session.open(workdir, model, inputs)")
         return cls(model, inputs, device=device, workdir=path)
 
     # ------------------------------------------------------------------ capture

@@ -168,6 +168,7 @@ class Store:
         if readonly is None:
             readonly = db.exists() and not (_writable(self.workdir) and os.access(db, os.W_OK))
         self.readonly = readonly
+        self.closed = False
         if not readonly:
             try:
                 self.workdir.mkdir(parents=True, exist_ok=True)
@@ -211,8 +212,8 @@ class Store:
             self._db.close()
             self.closed = True
 
-    def _open(self) -> None:
-        if getattr(self, "closed", False):
+    def _check_open(self) -> None:
+        if self.closed:
             raise WorkdirError(f"the store in {self.workdir} was closed (Session.close(), or the end of its with "
                                f"block): reopen the session with kforge.Session.open({str(self.workdir)!r})")
 
@@ -237,7 +238,7 @@ class Store:
                 f"{timeout_s:g} s. Close the other sessions or processes that have this workdir open, then try again")
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
-        self._open()
+        self._check_open()
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
@@ -250,7 +251,7 @@ class Store:
         if self.readonly:
             raise WorkdirError(f"{self.workdir} is opened read-only (this process cannot write there): copy the "
                                "workdir somewhere writable to continue the session")
-        self._open()
+        self._check_open()
         with self._lock:
             cur = self._db.execute(sql, args)
             return cur.lastrowid or 0
