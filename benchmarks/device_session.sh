@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh walls     the judge's GPU tests and CUDA attacks, the binary wall on nvcc
+#                                                            builds, eager region deployment's GPU tests, then the
+#                                                            evaluator's throughput before (.base/, carry [".base"]) and after
+#   device run: bash benchmarks/device_session.sh repeat    benchmarks/repeatability.py --device cuda (KF_RUNS runs,
+#                                                            KF_REPEAT_ARGS), then the experts' and recurrent GPU tests
 #   device run: bash benchmarks/device_session.sh tests     GPU tests (kernels, judge attacks, regions, compile,
 #                                                            deploy), the evaluator benchmark, a CLI capture
 #   device run: bash benchmarks/device_session.sh judge     GPU tests of the evaluator and the region kernels,
@@ -100,8 +105,8 @@ install_wheels() {   # diffusers for the SD3.5 models: carry [".whl"]
     echo "NB: no .whl/ in this call: the SD3.5 models need diffusers (here: pip download diffusers importlib_metadata --no-deps -d .whl; then carry [\".whl\"])"
   fi
 }
-gpu_tests() {   # gpu_tests SECONDS FILE NAME LINES: one test file's cases (-v), the log in $OUT/NAME.txt, its last LINES
-  timeout "$1" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" "$2" 2>&1 \
+gpu_tests() {   # gpu_tests SECONDS "FILE..." NAME LINES: the test files' cases (-v), the log in $OUT/NAME.txt, its last LINES
+  timeout "$1" python3 -m pytest -v -rfEs --tb=short -p no:cacheprovider -p no:logging -o addopts="" $2 2>&1 \
       | grep --line-buffered -v "^DEBUG" | tee "$OUT/$3.txt" \
       | grep -E "PASSED|SKIPPED|passed|failed|^E |FAILED|Error" | cut -c1-300 | tail -"$4"
 }
@@ -378,5 +383,25 @@ PY
         | tee "$OUT/gpu_attacks.txt" | grep -E "FAILED|ERROR|passed|failed|^E " | cut -c1-300 | tail -15
     timeout 120 python3 benchmarks/regions.py --iterations 3 --models "" --deadline 90 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/regions_hand.txt" | tail -14 ;;
-  *) echo "usage: bash benchmarks/device_session.sh tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
+  walls)
+    # issue 42's walls on the GPU: the judge's GPU tests and CUDA attacks (sealed inputs, re-checks, the binary's
+    # imports), the binary wall on real nvcc builds, eager region deployment's GPU tests; then the evaluator's
+    # throughput before (the tree of 873fb26 carried in .base/: carry [".base"]) and after, in this one call
+    gpu_tests "${KF_WALLS_TESTS_S:-300}" "${KF_WALLS_TESTS:-tests/test_gpu.py tests/test_gpu_attacks.py tests/test_binary_wall.py tests/test_linear_gelu.py tests/test_regions_gpu.py tests/test_eager_regions.py}" \
+        walls_gpu_tests 30
+    if [ -d .base/kforge ]; then
+      (cd .base && PYTHONPATH=$PWD KFORGE_CACHE=/tmp/kf-bench-before timeout 110 python3 benchmarks/evaluator.py --device cuda \
+          --json "$OUT/evaluator_cuda_before.json" 2>&1 | tail -14)
+    fi
+    KFORGE_CACHE=/tmp/kf-bench-after timeout 110 python3 benchmarks/evaluator.py --device cuda \
+        --json "$OUT/evaluator_cuda_after.json" 2>&1 | tail -14 ;;
+  repeat)
+    # issue 41 on the GPU: verdicts that repeat (benchmarks/repeatability.py, KF_RUNS fresh runs of the same session),
+    # then the owed GPU tests of the experts and recurrent kernels
+    timeout "${KF_REPEAT_S:-330}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
+        ${KF_REPEAT_ARGS:-} --json "$OUT/repeatability_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
+        | tee "$OUT/repeatability_cuda.txt" | tail -40
+    [ "${KF_REPEAT_TESTS:-1}" = 0 ] || gpu_tests "${KF_REPEAT_TESTS_S:-200}" "tests/test_moe_experts.py tests/test_recurrent_gpu.py" \
+        moe_recurrent_tests 12 ;;
+  *) echo "usage: bash benchmarks/device_session.sh walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac

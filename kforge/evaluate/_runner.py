@@ -77,7 +77,9 @@ def runner_binary(backend: str) -> tuple[Path, str]:
     with tempfile.TemporaryDirectory(prefix="kforge-runner-build-") as tmp:
         out = Path(tmp) / "runner"
         try:
-            proc = run_tool(_build_command(backend, RUNNER_SOURCE, out), 300.0)
+            # NB: the compiler's jail, as for candidates: it reads the runner's source folder and writes only here
+            proc = run_tool(_build_command(backend, RUNNER_SOURCE, out), 300.0, workdir=Path(tmp),
+                            readable=(RUNNER_SOURCE.parent,))
         except (subprocess.TimeoutExpired, OSError) as exc:
             raise RunnerBuildError(f"the {backend} runner could not be built ({exc}): check the compiler") from None
         if proc.returncode != 0:
@@ -165,6 +167,45 @@ class CpuUse:
     busiest_us: float
 
 
+@dataclass(frozen=True)
+class RunnerMemory:
+    """What a runner may hold: ``resident`` bytes (the judge kills it above), ``rlimit`` (its RLIMIT_AS on the
+    CPU, its RLIMIT_DATA beyond what it holds at start on CUDA) and ``arenas``, the shared bytes it maps."""
+
+    resident: int
+    rlimit: int
+    arenas: int
+
+    @property
+    def own(self) -> int:
+        """The resident bytes it may hold beyond the arenas (the candidate's own, and the runner's)."""
+        return self.resident - self.arenas
+
+
+def available_memory() -> int | None:
+    """The machine's available memory now (``MemAvailable``), None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def oom_kills() -> int:
+    """Processes the kernel's OOM killer has ended since boot (/proc/vmstat), 0 where it does not say."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
 class RunnerTimeout(Exception):
     """No answer within the deadline."""
 
@@ -173,12 +214,33 @@ class RunnerGone(Exception):
     """The channel closed: the runner died or closed it."""
 
 
+#: How often the judge reads a runner's resident memory while it waits for an answer.
+_MEMORY_POLL_S = 0.02
+
+
+def resident_bytes(pid: int) -> int | None:
+    """Process ``pid``'s resident memory now (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class RunnerProcess:
     """One runner for one candidate. Every method that waits takes an absolute deadline."""
 
     def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str,
-                 cublaslt: bool = False):
+                 cublaslt: bool = False, memory: RunnerMemory | None = None):
         self.private_dir = private_dir
+        #: what it may hold (None: not watched); over ``memory.resident``, the judge kills it while it waits
+        self.memory = memory
+        self.memory_limit = memory.resident if memory is not None else 0
+        self.over_memory = 0   # the resident bytes seen when the judge killed it for memory (0: never)
+        # NB: the most it was seen holding, by the judge's own reads while it waited; not wait4's ru_maxrss, which
+        # counts the judge's own memory, held by the child between fork and exec
+        self.peak_rss = 0
+        self.oom_kills_at_start = oom_kills()
         self.log_path = os.path.join(private_dir, "output.log")
         self.library_path = os.path.join(private_dir, LIBRARY_NAME)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -205,12 +267,24 @@ class RunnerProcess:
 
     # ---- frames
     def recv(self, deadline: float) -> Frame:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RunnerTimeout
-        ready, _, _ = select.select([self.sock], [], [], remaining)
-        if not ready:
-            raise RunnerTimeout
+        """The next frame; RunnerGone when the channel closes, or when the runner holds more resident memory
+        than ``memory_limit`` (it is killed then, and ``over_memory`` says how much it held)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RunnerTimeout
+            wait = min(remaining, _MEMORY_POLL_S) if self.memory_limit else remaining
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if ready:
+                break
+            # NB: RLIMIT_AS bounds a CPU runner's address space, but not what a CUDA runner maps shared, nor what
+            # the machine has left: past its limit the judge kills it, before the kernel's OOM killer picks a victim
+            rss = resident_bytes(self.pid) if self.memory_limit else None
+            self.peak_rss = max(self.peak_rss, rss or 0)
+            if rss is not None and rss > self.memory_limit:
+                self.over_memory = rss
+                self.kill()
+                raise RunnerGone(f"the runner held {rss} bytes, over its limit of {self.memory_limit}")
         try:
             data = self.sock.recv(FRAME_BYTES + 1)
         except OSError as exc:

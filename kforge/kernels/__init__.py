@@ -1,17 +1,17 @@
 """The kernel contract and its backends (CUDA through nvcc, C/OpenMP on the CPU)."""
 from __future__ import annotations
 
-from ._compile import (CONTRACT_VERSION, INCLUDE_DIR, CacheTamperedWarning, CompiledKernel, CompileError,
-                       KernelIntegrityError, SourceRejected, cache_dir, compile_source, find_nvcc, load_verified,
-                       verify_binary)
+from ._compile import (CONTRACT_VERSION, INCLUDE_DIR, BinaryRejected, CacheTamperedWarning, CompiledKernel,
+                       CompileError, KernelIntegrityError, SourceRejected, ToolLimits, cache_dir, check_binary,
+                       compile_source, find_nvcc, load_verified, verify_binary)
 from ._screen import Finding, screen
 from ._device import DeviceInfo, backend_of, device_info
 from ._library import Kernel, KfTensor, LaunchError, LaunchFrame
 from ._params import param_vector
 
 __all__ = [
-    "CONTRACT_VERSION", "INCLUDE_DIR", "CacheTamperedWarning", "CompiledKernel", "CompileError", "DeviceInfo",
+    "CONTRACT_VERSION", "INCLUDE_DIR", "BinaryRejected", "CacheTamperedWarning", "CompiledKernel", "CompileError", "DeviceInfo",
     "Finding", "Kernel", "KernelIntegrityError", "KfTensor", "LaunchError", "LaunchFrame", "SourceRejected",
-    "backend_of", "cache_dir", "compile_source", "device_info", "find_nvcc", "load_verified", "param_vector",
+    "ToolLimits", "backend_of", "cache_dir", "check_binary", "compile_source", "device_info", "find_nvcc", "load_verified", "param_vector",
     "screen", "verify_binary",
 ]

@@ -1,7 +1,11 @@
 """Compile a candidate's source into a shared library, in a content-addressed cache.
 
 Every source is screened first (kforge/kernels/_screen.py): a refused one never reaches the
-compiler. Built libraries are stored as ``objects/<sha256 of the binary>.so`` and found through
+compiler. The compiler runs in a jail of its own (``run_tool``: an environment allow-list, a private folder
+holding only the source, CPU-time, address-space, file-size and process limits, and Landlock where the kernel has
+it), and its log keeps no line quoted from a file other than the candidate's source and the toolchain's headers.
+Every built library passes the binary wall (kforge/kernels/_binary.py: what it imports, links and executes) before
+it is cached, and again, by its hash, whenever it is verified for loading. Built libraries are stored as ``objects/<sha256 of the binary>.so`` and found through
 ``index/<key>.json`` (key: hash of contract, header, target and source), which records that hash; both
 are written atomically by the builder. Before a library is returned or loaded its bytes are
 hashed again: a library changed after it was built is deleted, reported and rebuilt (or refused
@@ -20,17 +24,21 @@ import subprocess
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from ._screen import describe, screen, screen_disabled
+from ._binary import BinaryCheckUnavailable, check_library
+from ._screen import binary_check_disabled, describe, screen, screen_disabled
 
 if TYPE_CHECKING:
     from ._library import Kernel
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 CONTRACT_VERSION = 1
+# NB: how a source is built, in every cache key: 2 links the CUDA runtime shared (a library linked with the static one
+# fails the binary wall, and must not come back as a cache hit)
+_RECIPE = 2
 # NB: the header's bytes are part of every cache key: a changed helper in kforge.h rebuilds what used it.
 _HEADER_DIGEST = hashlib.sha256((INCLUDE_DIR / "kforge.h").read_bytes()).hexdigest()[:16]
 
@@ -43,6 +51,10 @@ class CompileError(RuntimeError):
 
 class SourceRejected(CompileError):
     """The static screen refused the source (``log`` lists every finding); it was not compiled."""
+
+
+class BinaryRejected(SourceRejected):
+    """The built library imports, links or executes what a kernel may not (``log`` lists why); it never loads."""
 
 
 class KernelIntegrityError(RuntimeError):
@@ -81,22 +93,47 @@ def file_sha256(path: Path | str) -> str:
     return h.hexdigest()
 
 
-def _check_digest(path: Path, expected: str) -> None:
+def _check_digest(path: Path, expected: str) -> bytes:
+    """The library's bytes, read once, after checking that they hash to ``expected``."""
     if len(expected) != 64:
         raise KernelIntegrityError(f"{path} has no recorded SHA-256 to check it against; build it with "
                                    "compile_source or pass the expected hash")
     try:
-        actual = file_sha256(path)
+        data = path.read_bytes()
+        actual = hashlib.sha256(data).hexdigest()
     except OSError as exc:
         raise KernelIntegrityError(f"{path} cannot be read to check its SHA-256 ({exc})") from None
     if actual != expected:
         raise KernelIntegrityError(f"{path} does not match the SHA-256 recorded when it was built (expected "
                                    f"{expected[:16]}..., found {actual[:16]}...): the library was modified after "
                                    "it was built; refusing to load it")
+    return data
 
 
 def _is_cache_object(path: Path) -> bool:
     return path.parent.name == "objects" and path.suffix == ".so" and len(path.stem) == 64
+
+
+# The binary wall's verdicts in this process, by the SHA-256 of the bytes checked. NB: kept in memory only: a record
+# on disk beside the cache could be written by whoever can write the cache, and would skip the check.
+_WALL_PASSED: set[str] = set()
+
+
+def check_binary(data: bytes, sha256: str) -> None:
+    """The binary wall (kforge/kernels/_binary.py) on a library's bytes, whose SHA-256 is ``sha256``: raises
+    BinaryRejected (a SourceRejected) naming what it imports, links or executes that a kernel may not, and
+    CompileError when the check cannot be made here (then nothing loads either)."""
+    if sha256 in _WALL_PASSED or binary_check_disabled():
+        return
+    try:
+        findings = check_library(data)
+    except BinaryCheckUnavailable as exc:
+        raise CompileError(f"the kernel library cannot be checked before loading: {exc}", "") from None
+    if findings:
+        raise BinaryRejected(f"the built library was refused before loading: {findings[0]}"
+                             + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""),
+                             "\n".join(str(f) for f in findings))
+    _WALL_PASSED.add(sha256)
 
 
 def verify_binary(path: Path | str, sha256: str | None = None) -> Path:
@@ -104,21 +141,24 @@ def verify_binary(path: Path | str, sha256: str | None = None) -> Path:
 
     ``sha256``: the expected hash (an exported artifact's manifest gives it). Without it the
     path must be a cache object, whose name is the hash of its bytes. A cache object that fails
-    is deleted (its index entry then rebuilds it). Raises KernelIntegrityError.
+    is deleted (its index entry then rebuilds it). Raises KernelIntegrityError when the bytes do
+    not match, BinaryRejected when they fail the binary wall (``check_binary``).
     """
     path = Path(path)
     expected = sha256 if sha256 is not None else (path.stem if _is_cache_object(path) else "")
     try:
-        _check_digest(path, expected)
+        data = _check_digest(path, expected)   # NB: the wall checks the very bytes that were hashed
     except KernelIntegrityError:
         if _is_cache_object(path) and sha256 is None:
             path.unlink(missing_ok=True)
         raise
+    check_binary(data, expected)
     return path
 
 
 def load_verified(path: Path | str, sha256: str | None = None) -> "Kernel":
-    """``Kernel(path)`` after ``verify_binary(path, sha256)``: what deploy and the judge load with."""
+    """``Kernel(path)`` after ``verify_binary(path, sha256)`` (its hash, then the binary wall): what deploy and the
+    judge load with. Raises KernelIntegrityError or BinaryRejected; nothing of the library runs then."""
     from ._library import Kernel
 
     return Kernel(verify_binary(path, sha256))
@@ -193,12 +233,30 @@ def _cublas_headers(inc: Path) -> Path:
     return folder
 
 
-def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
+def cudart_dir() -> Path | None:
+    """The folder of the CUDA toolkit's shared runtime (``libcudart.so.N``) that kernels link and name as their
+    rpath, or None."""
+    nvcc = find_nvcc()
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc:
+        roots.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    roots.append("/usr/local/cuda")
+    for root in filter(None, roots):
+        for sub in ("lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib", "lib"):
+            folder = Path(root) / sub
+            if folder.is_dir() and any(folder.glob("libcudart.so.*")):
+                return Path(os.path.realpath(folder))
+    return None
+
+
+def _command(backend: str, arch: str, src: Path, out: Path) -> tuple[list[str], tuple[Path, ...]]:
+    """The compiler's command line, and the folders beyond the toolchain's it must read (cuBLAS's)."""
     if backend == "cuda":
         nvcc = find_nvcc()
         if nvcc is None:
             raise CompileError("nvcc was not found: install the CUDA toolkit or set CUDA_HOME", "")
         libraries: list[str] = []
+        readable: list[Path] = []
         if uses_cublaslt(src.read_text()):
             found = cublaslt_paths()
             if found is None:
@@ -209,9 +267,18 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
             # the rpath, so the sandboxed runner's loader finds it without LD_LIBRARY_PATH; the headers through a
             # folder of cuBLAS's own (the wheel's include folder may hold a CUDA runtime's headers of another
             # version than nvcc's, which would come first)
-            libraries = [f"-I{_cublas_headers(inc)}", "-Xlinker", str(lib), "-Xlinker", f"-rpath={lib.parent}"]
-        return [nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
-                "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries]
+            headers = _cublas_headers(inc)
+            libraries = [f"-I{headers}", "-Xlinker", str(lib), "-Xlinker", f"-rpath={lib.parent}"]
+            readable += [headers, inc.resolve(), lib.resolve().parent]
+        # NB: the CUDA runtime linked shared (nvcc links it statically by default): the static runtime imports dlopen,
+        # files, sockets and threads, and the binary wall could then tell nothing a kernel calls from what it does.
+        # A torch process already holds libcudart.so.N, which the loader reuses by its soname; the rpath serves the
+        # runner (docs/security.md)
+        runtime = cudart_dir()
+        if runtime is not None:
+            libraries += ["-Xlinker", f"-rpath={runtime}"]
+        return [nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-cudart", "shared", "-Xcompiler", "-fPIC",
+                "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries], tuple(readable)
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise CompileError("no C compiler was found: install gcc or set CC", "")
@@ -223,25 +290,178 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> list[str]:
         raise CompileError("CC is set but empty: unset it or name a C compiler", "")
     march = [] if arch == "generic" else ["-march=native"]
     return [*cc_args, "-O3", *march, "-std=gnu11", "-fopenmp", "-shared", "-fPIC", f"-I{INCLUDE_DIR}",
-            "-o", str(out), str(src), "-lm"]
+            "-o", str(out), str(src), "-lm"], ()
 
 
-def run_tool(command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-    """Run a compiler to completion, its output captured as text, in its own session: on a timeout (or
-    any interruption) the whole process group is killed, the driver's children (cc1, cicc, ptxas) too.
-    Raises subprocess.TimeoutExpired after killing it, OSError when it cannot start."""
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except BaseException:
+# ----------------------------------------------------------------------------- the compiler's jail
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """What a compiler and each process it starts may use: CPU seconds (RLIMIT_CPU, per process), address space
+    and the size of any file it writes (RLIMIT_AS, RLIMIT_FSIZE, bytes), and processes beyond those its user
+    already runs (RLIMIT_NPROC; root is not held to it)."""
+
+    cpu_s: float = 120.0
+    address_space_bytes: int = 8 << 30
+    file_bytes: int = 512 << 20
+    processes: int = 512
+
+
+# NB: measured with gcc 12 and nvcc 13.0 (docs/security.md): every built-in CUDA kernel (cuBLASLt's included) builds
+# within 256 MiB of address space, one including cub/cub.cuh within 1 GiB, a CPU kernel within 64 MiB
+TOOL_LIMITS = {"cpu": ToolLimits(address_space_bytes=2 << 30), "cuda": ToolLimits(address_space_bytes=4 << 30)}
+
+# The compiler's whole environment: the toolchain's own variables and the locale, never a key, token or config path
+_TOOL_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "CUDA_HOME", "CUDA_PATH", "NVCC_PREPEND_FLAGS",
+                       "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "LD_LIBRARY_PATH", "COMPILER_PATH", "LIBRARY_PATH", "CPATH",
+                       "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "SOURCE_DATE_EPOCH"})
+_PATH_LISTS = ("LD_LIBRARY_PATH", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+# What every compiler reads: system headers and libraries, the dynamic loader's configuration
+_SYSTEM_READ = ("/usr/bin", "/usr/include", "/usr/local/include", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libexec",
+                "/usr/local/lib", "/bin", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache", "/etc/ld.so.conf",
+                "/etc/ld.so.conf.d", "/dev/urandom")
+_TOOLCHAIN_SUBDIRS = ("bin", "include", "lib", "lib64", "libexec", "nvvm", "targets")
+_JAIL = Path(__file__).with_name("_jail.py")
+
+
+def tool_env(workdir: Path | str) -> dict[str, str]:
+    """The environment a compiler gets: the allow-list ``_TOOL_ENV`` and LC_* from this process's (no name that looks
+    like a secret), TMPDIR and HOME pointed at its private folder."""
+    env = {k: v for k, v in os.environ.items() if (k in _TOOL_ENV or k.startswith("LC_")) and not _SECRET.search(k)}
+    env.update(TMPDIR=str(workdir), HOME=str(workdir), CCACHE_DISABLE="1")
+    return env
+
+
+def _toolchain_dirs(command: Sequence[str], env: dict[str, str]) -> list[str]:
+    """Folders of the programs the command runs (the compiler, nvcc's host compiler, a CUDA toolkit), each read
+    with its prefix's include, lib, libexec, nvvm and targets folders."""
+    programs = [command[0], "gcc", "cc"]
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    out: list[str] = []
+    for program in programs:
+        found = shutil.which(program, path=env.get("PATH"))
+        if found:
+            for path in {found, os.path.realpath(found)}:
+                roots.append(str(Path(path).parent.parent))
+    for root in filter(None, roots):
+        if os.path.isdir(root):
+            out += [os.path.join(os.path.realpath(root), sub) for sub in _TOOLCHAIN_SUBDIRS]
+    for name in _PATH_LISTS:
+        out += [p for p in env.get(name, "").split(":") if p]
+    return out
+
+
+def run_tool(command: list[str], timeout_s: float, *, workdir: Path, readable: Sequence[Path | str] = (),
+             limits: ToolLimits | None = None) -> subprocess.CompletedProcess:
+    """Run a compiler to completion in its jail (``_jail.py``) and its own session, in ``workdir`` (its private
+    folder: the only place it may write), with ``tool_env``'s environment and ``limits``; where the kernel has
+    Landlock it may read only ``workdir``, ``readable``, kforge's headers, the toolchain's and the system's
+    include and library folders. Its output (stdout and stderr together) comes back as ``stdout``, cut to its last
+    256 KiB. On a timeout (or any interruption) the whole process group is killed, the driver's children (cc1,
+    cicc, ptxas) too. Raises subprocess.TimeoutExpired after killing it, OSError when it cannot start."""
+    import sys
+
+    limits = limits or ToolLimits(cpu_s=timeout_s)
+    workdir = Path(workdir)
+    env = tool_env(workdir)
+    config = {
+        "limits": {"cpu_s": max(1, int(limits.cpu_s)), "address_space_bytes": int(limits.address_space_bytes),
+                   "file_bytes": int(limits.file_bytes), "processes": int(limits.processes)},
+        "read": [*_SYSTEM_READ, *_toolchain_dirs(command, env), str(INCLUDE_DIR), *(str(p) for p in readable)],
+        "write": [str(workdir)],
+        "devices": ["/dev/null"],
+    }
+    log_path = workdir / ".compiler-output"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(_JAIL), json.dumps(config), "--", *command],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
+                                start_new_session=True)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+            proc.wait(timeout=timeout_s)
+        except BaseException:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+            raise
+        finally:
+            try:   # NB: what the driver left running (a child it did not wait for) goes with it
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    with open(log_path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _LOG_READ_BYTES))
+        out = f.read().decode("utf-8", "replace")
+    log_path.unlink(missing_ok=True)
+    if proc.returncode == 127 and out.startswith(_JAIL_FAILED):
+        raise OSError(out[len(_JAIL_FAILED):].strip())
+    return subprocess.CompletedProcess(command, proc.returncode, out, "")
+
+
+_LOG_READ_BYTES = 256 << 10
+_JAIL_FAILED = "kforge: the compiler's jail could not start it:"
+_LIMIT_SIGNS = (
+    ("CPU-time", re.compile(r"CPU time limit exceeded|signal 24\b|SIGXCPU")),
+    ("file-size", re.compile(r"File size limit exceeded|signal 25\b|SIGXFSZ|File too large")),
+    ("address-space", re.compile(r"out of memory|memory exhausted|Cannot allocate memory|std::bad_alloc|"
+                                 r"Out of memory|cannot allocate|unable to allocate", re.IGNORECASE)),
+    ("process-count", re.compile(r"(?:fork|vfork|posix_spawn|cannot execute)[^\n]*Resource temporarily unavailable")),
+)
+
+
+def limit_hit(proc: subprocess.CompletedProcess, limits: ToolLimits) -> str | None:
+    """Which of ``limits`` stopped the compiler (from how it ended and what it printed), as a phrase, or None."""
+    values = {"CPU-time": f"{limits.cpu_s:.0f} s of CPU", "file-size": f"{limits.file_bytes >> 20} MiB a file",
+              "address-space": f"{limits.address_space_bytes >> 20} MiB",
+              "process-count": f"{limits.processes} processes"}
+    by_signal = {-int(signal.SIGXCPU): "CPU-time", -int(signal.SIGXFSZ): "file-size"}
+    which = by_signal.get(proc.returncode)
+    if which is None:
+        for name, sign in _LIMIT_SIGNS:
+            if sign.search(proc.stdout):
+                which = name
+                break
+    return f"its {which} limit ({values[which]})" if which else None
+
+
+# ----------------------------------------------------------------------------- the compile log
+
+
+_LOCATION = re.compile(r"^(?P<path>[^\s:()][^:()\n]*?)(?::\d+(?::\d+)?:|\(\d+\)(?::| ?:)|:\s+(?:In |At |Assembler ))")
+_LEFT_OUT = "[kforge: a message about another file than the candidate's source was left out]"
+
+
+def safe_log(log: str, source_name: str, public: Sequence[Path | str] = ()) -> str:
+    """The compiler's log with every message located in a file other than ``source_name`` (and the public headers
+    under ``public``, kforge's and the toolchain's) left out, with the lines it quotes: a directive that names a file
+    cannot bring that file's lines into feedback, the store or an LLM's prompt."""
+    roots = [os.path.normpath(str(p)) + os.sep for p in (INCLUDE_DIR, *public)]
+    out: list[str] = []
+    dropping = False
+    for line in log.splitlines():
+        m = _LOCATION.match(line)
+        if m is not None:
+            path = m.group("path").strip()
+            if path.startswith("In file included from"):
+                dropping = False
+            else:
+                norm = os.path.normpath(path)
+                dropping = not (path == source_name or norm == source_name
+                                or any(norm.startswith(r) for r in roots))
+            if dropping:
+                if not out or out[-1] != _LEFT_OUT:
+                    out.append(_LEFT_OUT)
+                continue
+        elif dropping and (not line.strip() or line[:1].isspace() or line.lstrip().startswith("|")):
+            continue
+        else:
+            dropping = False
+        out.append(line)
+    return "\n".join(out) + ("\n" if log.endswith("\n") else "")
 
 
 def _cached(entry: Path) -> tuple[CompiledKernel | None, str]:
@@ -259,8 +479,8 @@ def _cached(entry: Path) -> tuple[CompiledKernel | None, str]:
         return None, f"{obj.name} named by index entry {entry.name} is missing"
     try:
         verify_binary(obj)
-    except KernelIntegrityError as exc:
-        return None, str(exc)
+    except (KernelIntegrityError, BinaryRejected) as exc:   # NB: a cache entry never skips the binary wall
+        return None, str(exc) if isinstance(exc, KernelIntegrityError) else f"{obj.name} fails the binary wall: {exc}"
     return CompiledKernel(obj, "", 0.0, True, record["sha256"]), ""
 
 
@@ -273,10 +493,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(staged, path)
 
 
-def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 120.0) -> CompiledKernel:
-    """Build ``source`` for ``backend`` ("cuda": arch like "sm_90"; "cpu": "native").
+def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 120.0,
+                   limits: ToolLimits | None = None) -> CompiledKernel:
+    """Build ``source`` for ``backend`` ("cuda": arch like "sm_90"; "cpu": "native") in the compiler's jail
+    (``run_tool``), under ``limits`` (``TOOL_LIMITS[backend]``, its CPU time ``timeout_s``, by default).
 
-    Raises SourceRejected (a CompileError) when the static screen refuses the source. Returns the
+    Raises SourceRejected (a CompileError) when the static screen refuses the source, BinaryRejected (a
+    SourceRejected) when the built library fails the binary wall, CompileError when the compiler fails or is
+    stopped by a limit (the message names it). Returns the
     cached library when the same source was built for the same target before and its bytes still
     match the hash recorded then; otherwise the entry is deleted, a CacheTamperedWarning is
     issued, and the source is built again.
@@ -295,7 +519,8 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         if found is not None:
             st = found[1].resolve().stat()
             linked = f"{found[1].resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    key = hashlib.sha256(f"{CONTRACT_VERSION}|{_HEADER_DIGEST}|{backend}|{arch}|{linked}|{source}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{CONTRACT_VERSION}|{_RECIPE}|{_HEADER_DIGEST}|{backend}|{arch}|{linked}|{source}"
+                         .encode()).hexdigest()[:32]
     root = cache_dir()
     (root / "index").mkdir(exist_ok=True)
     (root / "objects").mkdir(exist_ok=True)
@@ -315,8 +540,10 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         src.write_text(source)
         tmp_out = Path(tmp) / "kernel.so"
         start = time.perf_counter()
+        command, readable = _command(backend, arch, src, tmp_out)
+        limits = limits or replace(TOOL_LIMITS.get(backend, ToolLimits()), cpu_s=timeout_s)
         try:
-            proc = run_tool(_command(backend, arch, src, tmp_out), timeout_s)
+            proc = run_tool(command, timeout_s, workdir=Path(tmp), readable=readable, limits=limits)
         except subprocess.TimeoutExpired:
             raise CompileError(f"compilation took longer than {timeout_s:.0f} s (the compiler and everything it "
                                "started were killed)", "") from None
@@ -329,14 +556,25 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
                 what = "install gcc or set CC"
             raise CompileError(f"could not run the compiler ({exc}): {what}", "") from None
         seconds = time.perf_counter() - start
-        log = (proc.stdout + proc.stderr).replace(str(src), suffix.lstrip(".") and f"kernel{suffix}")
+        public = [*readable, *(d for d in _toolchain_dirs(command, tool_env(tmp)) if d.endswith(("include", "targets"))),
+                  "/usr/include", "/usr/local/include", "/usr/lib/gcc", tmp]   # NB: tmp: the compiler's own files
+        log = safe_log(proc.stdout.replace(str(src), src.name), src.name, public)
         if proc.returncode != 0:
+            hit_limit = limit_hit(proc, limits)
+            if hit_limit is not None:
+                raise CompileError(f"the compiler was stopped by {hit_limit}: the source takes more to compile than "
+                                   "a kernel may", log[-20000:])
             raise CompileError(f"compilation failed (exit {proc.returncode})", log[-20000:])
         binary = tmp_out.read_bytes()
     # NB: the object is named by its own hash and written before the index entry that points to
     # it, both by rename: concurrent builders of one source never see a partial file, and the
     # last index entry written always names a complete object.
     sha = hashlib.sha256(binary).hexdigest()
+    try:
+        check_binary(binary, sha)   # NB: before it is cached: a refused library is never written where it could load
+    except BinaryRejected as exc:
+        exc.log = f"{exc.log}\n{log[-20000:]}" if log.strip() else exc.log
+        raise
     obj = root / "objects" / f"{sha}.so"
     if not obj.exists() or file_sha256(obj) != sha:
         _write_atomic(obj, binary)

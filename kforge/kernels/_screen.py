@@ -157,6 +157,10 @@ _REDUCED_PRECISION = re.compile(r"(?i:tf32)|^CUBLAS\w*(?:_FAST|EMULAT|COMPUTE_16
 _FORBIDDEN_PREFIX = re.compile(r"^(?:_?Py[A-Z_]|__libc_|__NR_|SYS_[a-z]|__sys_|__x64_sys|_dl_|__dl_)")
 _ASM = frozenset({"asm", "__asm__", "__asm"})
 _PRAGMA_OPERATORS = frozenset({"_Pragma", "__pragma"})
+# Preprocessor operators that look files up by name (their existence is a bit the compiler would tell)
+_FILE_OPERATORS = frozenset({"__has_include", "__has_include_next", "__has_embed"})
+# Assembler directives that read a file into the object (they only work inside assembly, refused anyway)
+_ASM_FILE = re.compile(r"\.(?:incbin|include)\b")
 _ATTRIBUTE_WORDS = frozenset({"__attribute__", "__attribute", "__declspec"})
 # Attributes that run code at load or unload, place code or data in chosen sections, or bind
 # a name to another symbol.
@@ -196,8 +200,14 @@ class Finding:
 
 
 def screen_disabled() -> bool:
-    """The screen is off only for kforge's own tests (KFORGE_SCREEN=off under pytest), so the
-    attack corpus can reach the sandbox behind it."""
+    """The screen is off only for kforge's own tests (KFORGE_SCREEN=off or =binary under pytest), so the
+    attack corpus can reach the walls behind it."""
+    return os.environ.get("KFORGE_SCREEN") in ("off", "binary") and "PYTEST_CURRENT_TEST" in os.environ
+
+
+def binary_check_disabled() -> bool:
+    """The binary wall (kforge/kernels/_binary.py) is off only with the screen, for kforge's own tests of the sandbox
+    behind both (KFORGE_SCREEN=off under pytest); KFORGE_SCREEN=binary turns off the source screen alone."""
     return os.environ.get("KFORGE_SCREEN") == "off" and "PYTEST_CURRENT_TEST" in os.environ
 
 
@@ -313,10 +323,17 @@ def _check_directives(clean: str) -> list[Finding]:
                                    "cooperative_groups and cuBLASLt headers (docs/security.md lists them)"))
         elif name in ("include_next", "import", "embed", "assert", "ident", "sccs"):
             out.append(Finding(line, "include", f"#{name} is not allowed in a kernel"))
+        elif name == "line" or name.isdigit():
+            # NB: a line marker names the file the compiler's messages quote lines from (`#line 1 "/etc/passwd"`)
+            out.append(Finding(line, "include", f"#{name} {rest[:40]}: line markers are not allowed in a kernel (they "
+                               "name the file whose lines the compiler quotes)"))
         elif name == "pragma":
             if not any(rest == p or rest.startswith(p + " ") or rest.startswith(p + "(") for p in ALLOWED_PRAGMAS):
                 out.append(Finding(line, "pragma", f"#pragma {rest}: only {', '.join(ALLOWED_PRAGMAS)} pragmas are "
                                    "allowed (others change linkage, sections or symbols)"))
+            elif rest.startswith("GCC optimize") and re.search(r"[=/]", rest):
+                out.append(Finding(line, "pragma", f"#pragma {rest}: GCC optimize takes optimisation flags without "
+                                   "values (an option with a value can name a file)"))
     return out
 
 
@@ -333,9 +350,15 @@ def _check_tokens(toks: list[_Tok], clean: str) -> list[Finding]:
                                    "(use intrinsics such as __shfl_xor_sync, __ldg, __nanosleep)"))
             elif name in _PRAGMA_OPERATORS:
                 out.append(Finding(t.line, "pragma", f"`{name}`: pragma operators are not allowed; write #pragma"))
+            elif name in _FILE_OPERATORS:
+                out.append(Finding(t.line, "include", f"`{name}` looks a file up by name: not allowed in a kernel"))
             elif name in FORBIDDEN:
                 out.append(Finding(t.line, "forbidden-call", f"`{name}` {FORBIDDEN[name]}: a kernel only computes on "
                                    "the tensors it is given"))
+            elif _alias_of(name) in FORBIDDEN:
+                bare = _alias_of(name)
+                out.append(Finding(t.line, "forbidden-call", f"`{name}` is libc's alias of `{bare}`, which "
+                                   f"{FORBIDDEN[bare]}: a kernel only computes on the tensors it is given"))
             elif _REDUCED_PRECISION.search(name):
                 out.append(Finding(t.line, "precision", f"`{name}` selects a matrix product of lower precision than "
                                    "eager's (TF32, half accumulation, fast accumulation, emulation): the judge compares "
@@ -363,11 +386,24 @@ def _check_tokens(toks: list[_Tok], clean: str) -> list[Finding]:
             out.append(Finding(t.line, "macro", "universal character names (\\u...) outside strings are not allowed"))
         elif t.kind == "str" and _SECTION_NAMES.search(t.text):
             out.append(Finding(t.line, "load-time-code", f"{t.text[:40]}: names a load-time section"))
+        elif t.kind == "str" and _ASM_FILE.search(t.text):
+            out.append(Finding(t.line, "include", f"{t.text[:40]}: an assembler directive that reads a file"))
         i += 1
     blanked = _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), clean)
     for m in _TRIGRAPH.finditer(blanked):
         out.append(Finding(clean.count("\n", 0, m.start()) + 1, "macro", f"trigraph `{m.group(0)}` is not allowed"))
     return out
+
+
+def _alias_of(name: str) -> str:
+    """The function a libc-internal spelling names: ``__open``, ``__open_nocancel``, ``__socket`` -> ``open``,
+    ``socket`` ("" for a name without leading underscores)."""
+    if not name.startswith("_"):
+        return ""
+    bare = name.lstrip("_")
+    for suffix in ("_nocancel", "_internal"):
+        bare = bare.removesuffix(suffix)
+    return bare
 
 
 def _group(toks: list[_Tok], i: int, open_: str, close: str) -> tuple[int, list[_Tok]]:
