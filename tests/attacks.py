@@ -218,3 +218,30 @@ def received(listener) -> bytes:
         except OSError:
             pass
         conn.close()
+
+
+# ----------------------------------------------------------------------------- issue 42: the judge wall
+# the input arena written behind the judge (its memfd reopened writable; on CUDA, device memory the runner can write),
+# a kernel right for more calls than the old re-check at apply made, memory asked for past the runner's limit
+CPU_ATTACKS.update({a.name: a for a in [
+    Attack("attack_reopen_input", "forbidden-call", statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+    Attack("attack_remap_input", "forbidden-call", statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+    Attack("attack_wrong_after_calls", None, statuses("WRONG_RESULT")),
+    Attack("attack_hold_memory", None, statuses("CRASHED", "LAUNCH_ERROR")),
+]})
+CUDA_ATTACKS.update({a.name: a for a in [
+    Attack("attack_reopen_input", None, statuses("WRONG_RESULT")),
+    Attack("attack_wrong_after_calls", None, statuses("WRONG_RESULT")),
+    Attack("attack_hold_memory", "forbidden-call", statuses("CRASHED", "LAUNCH_ERROR")),
+]})
+
+
+# ----------------------------------------------------------------------------- issue 42: the build wall
+# libc's double-underscore aliases of refused calls (the binary wall refuses their imports), a directive and an
+# assembler directive that name a file (the compiler's jail cannot read it; the kept log quotes none of its lines)
+for _table in (CPU_ATTACKS, CUDA_ATTACKS):
+    _table.update({a.name: a for a in [
+        Attack("attack_libc_alias", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
+        Attack("attack_include_file", "include", statuses("COMPILE_ERROR")),
+        Attack("attack_incbin", "inline-asm", statuses("COMPILE_ERROR", "WRONG_RESULT")),
+    ]})

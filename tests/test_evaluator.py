@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -308,25 +309,58 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 
 def test_a_compile_that_times_out_leaves_no_compiler_process(tmp_path, monkeypatch):
     """A compiler driver killed on a timeout used to leave its children (cc1, cicc, ptxas) running: here
-    a fake compiler starts a child that would run for minutes and waits for it."""
-    child_pid = tmp_path / "child.pid"
+    a fake compiler starts a child that would run for minutes and waits for it. NB: the compiler's jail lets it
+    write nowhere but its private folder, so the child is found by its unique command line."""
+    import threading
+
+    marker = f"300.{time.time_ns() % 10**6:06d}"
     fake = tmp_path / "slow-cc"
-    fake.write_text(f'#!/bin/sh\nsleep 300 &\necho $! > "{child_pid}"\nwait\n')
+    fake.write_text(f'#!/bin/sh\nsleep {marker} &\nwait\n')
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
     source = kernel_source("cpu", "softmax_rows") + f"\n/* {tmp_path.name} */\n"
-    with pytest.raises(CompileError, match="longer than"):
-        compile_source(source, "cpu", "native", timeout_s=3.0)
-    pid = int(child_pid.read_text())
-    try:
-        assert _gone(pid), "the compiler's child outlived the timeout"
-    finally:
-        if not _gone(pid, 0.0):
-            import os
-            import signal
+    raised: list[BaseException] = []
 
+    def build() -> None:
+        try:
+            compile_source(source, "cpu", "native", timeout_s=8.0)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            raised.append(exc)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    deadline = time.monotonic() + 15.0
+    while not _sleepers(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = _sleepers(marker)
+    worker.join(60.0)
+    try:
+        assert pids, "the fake compiler's child never started"
+        assert raised and isinstance(raised[0], CompileError) and "longer than" in str(raised[0])
+        assert all(_gone(pid) for pid in pids), "the compiler's child outlived the timeout"
+    finally:
+        import os
+        import signal
+
+        for pid in _sleepers(marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def _sleepers(marker: str) -> list[int]:
+    """The pids of live processes running ``sleep <marker>``."""
+    from pathlib import Path
+
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sleep", marker.encode()] and not _gone(int(proc.name), 0.0):
+                out.append(int(proc.name))
+    return out
 
 
 # ----------------------------------------------------------------------------- found by review 3, 2026-12-02

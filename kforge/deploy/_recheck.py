@@ -6,11 +6,18 @@ correctly only there. So before a winner is installed, the very launcher the mod
 here, on the card's captured examples and on fresh random inputs, and its outputs are compared with
 eager's; the inputs must be unchanged afterwards. A kernel that fails is refused and stays eager.
 
+The re-check is not predictable: its fresh inputs come from the OS's randomness, it makes a random
+number of calls, each followed by eager's own call of the operator (as a model interleaves them), and
+compares the outputs on every call of a stretch of consecutive calls placed at random (more than half
+of them) and on each set's first call, so a kernel right for its first N calls (N under 8 always), or
+wrong on its k-th, is caught with high probability; the inputs must be unchanged after every call.
+
 NB: this runs the kernel in the user's process by design (that is where it will run once installed);
 it cannot make a hostile kernel safe, only catch one that computes differently here.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,6 +27,11 @@ from ..ops import Variant, get_spec
 from ._launch import _non_overlapping
 
 
+#: calls of the kernel at apply, a number drawn between these; and fresh input sets beside the examples
+CALLS = (16, 48)
+FRESH_SETS = (2, 4)
+
+
 @dataclass(frozen=True)
 class Recheck:
     """The outcome of re-checking one kernel in this process."""
@@ -27,6 +39,8 @@ class Recheck:
     ok: bool
     message: str
     sets: int          # input sets checked (examples + fresh)
+    calls: int = 0     # calls of the kernel made
+    compared: int = 0  # calls whose outputs were compared with eager's
 
     def __bool__(self) -> bool:
         return self.ok
@@ -51,11 +65,18 @@ def _fresh_like(t: torch.Tensor, sig=None) -> torch.Tensor:
 
 def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
             examples: Sequence[tuple[Sequence[str | None], Sequence[str]]] = (), *,
-            random_sets: int = 2, seed: int = 0x4B46) -> Recheck:
-    """Run ``launch`` (the installed kernel's call) on ``examples`` (blob paths, as the store gives
-    them) and ``random_sets`` fresh input sets, and compare with eager's reference."""
+            random_sets: int | None = None, seed: int | None = None, calls: int | None = None) -> Recheck:
+    """Run ``launch`` (the installed kernel's call) on ``examples`` (blob paths, as the store gives them) and
+    fresh input sets, ``calls`` times in all, and compare with eager's reference.
+
+    Unless given, the number of fresh sets, their values, the number of calls, the order of the sets and the
+    stretch of calls whose outputs are compared are drawn from the OS's randomness (``seed``: from it instead,
+    for a reproducible test). Every set is called at least once; its reference is computed before the kernel
+    first runs, from inputs the kernel never sees (each call gets a copy at a new address)."""
+    from ..evaluate._arena import poison_value
     from ..evaluate._checks import compare, reference_outputs, same_bits
 
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
     spec = get_spec(variant.op)
     params = variant.param_dict
     device = variant.device
@@ -66,32 +87,61 @@ def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
         except (OSError, RuntimeError) as exc:
             return Recheck(False, f"example {i} could not be read ({exc}); capture again or pass "
                            "recheck=False to install without this check", 0)
-    for i in range(random_sets):
-        sets.append((f"fresh set {i}", spec.random_inputs(variant, seed=seed + i)))
-    for label, inputs in sets:
-        # NB: laid out as the variant has them (a stored example is dense), then copied for the kernel, so a
-        # write into an input is seen and the reference stays clean
-        inputs = [_fresh_like(t, sig) if t is not None else None for t, sig in zip(inputs, variant.inputs)]
-        refs = reference_outputs(spec, inputs, params)
+    for i in range(random_sets if random_sets is not None else rng.randint(*FRESH_SETS)):
+        sets.append((f"fresh set {i}", spec.random_inputs(variant, seed=rng.getrandbits(31))))
+    if not sets:
+        return Recheck(False, "nothing to re-check the kernel on (no examples and no fresh sets)", 0)
+    # NB: laid out as the variant has them (a stored example is dense); each call gets its own copy, so a write
+    # into an input is seen and the references, made here before any call, stay clean
+    sets = [(label, [_fresh_like(t, sig) if t is not None else None for t, sig in zip(inputs, variant.inputs)])
+            for label, inputs in sets]
+    refs = [reference_outputs(spec, inputs, params) for _, inputs in sets]
+    total = calls if calls is not None else rng.randint(max(CALLS[0], len(sets)), max(CALLS[1], 2 * len(sets)))
+    total = max(total, len(sets))
+    order = list(range(len(sets))) + [rng.randrange(len(sets)) for _ in range(total - len(sets))]
+    rng.shuffle(order)
+    length = rng.randint(total // 2 + 1, total) if total > 1 else 1
+    first = rng.randint(0, total - length)
+    stretch = range(first, first + length)
+    n_sets = len(sets)
+    seen: set[int] = set()
+    compared = 0
+    for n, s in enumerate(order):
+        label, inputs = sets[s]
+        where = f"{label}, call {n + 1} of {total}"
         copies = tuple(_fresh_like(t) if t is not None else None for t in inputs)
         with torch.no_grad():
             try:
                 outs = list(launch(copies))
             except Exception as exc:  # a launch error here is a refusal, not a crash of the user's code
-                return Recheck(False, f"{label}: the kernel failed in this process ({exc})", len(sets))
+                return Recheck(False, f"{where}: the kernel failed in this process ({exc})", n_sets, n + 1)
+            # NB: eager's own call of the operator after each of the kernel's, as a model interleaves them: the
+            # kernel cannot tell the re-check from the model by back-to-back calls
+            eager = spec.run_eager(list(inputs), params)
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
         for c, t in zip(copies, inputs):
             if c is not None and not same_bits(c, t):
-                return Recheck(False, f"{label}: the kernel modified an input in this process", len(sets))
-        if len(outs) != len(refs):
-            return Recheck(False, f"{label}: {len(outs)} outputs, eager gives {len(refs)}", len(sets))
-        for j, (o, r) in enumerate(zip(outs, refs)):
-            m = compare(spec, o, r, f"{label}, output {j}")
-            if not m.ok:
-                return Recheck(False, f"computes differently in this process than where it was judged: {m.message}",
-                               len(sets))
-    return Recheck(True, f"matched eager on {len(sets)} input sets in this process", len(sets))
+                return Recheck(False, f"{where}: the kernel modified an input in this process", n_sets, n + 1)
+        if n in stretch or s not in seen:   # NB: every set's first call is compared too, wherever it falls
+            seen.add(s)
+            compared += 1
+            if len(outs) != len(refs[s]):
+                return Recheck(False, f"{where}: {len(outs)} outputs, eager gives {len(refs[s])}", n_sets, n + 1)
+            for j, (o, r) in enumerate(zip(outs, refs[s])):
+                m = compare(spec, o, r, f"{where}, output {j}")
+                if not m.ok:
+                    return Recheck(False, "computes differently in this process than where it was judged: "
+                                   f"{m.message}", n_sets, n + 1, compared)
+        # NB: outputs poisoned before they are freed: a kernel that leaves its output unwritten finds poison in the
+        # block the allocator hands it next, never an earlier call's (or eager's) right answer for the same set
+        held = {t.untyped_storage().data_ptr() for t in (*inputs, *copies) if t is not None}
+        for t in [*outs, *(eager if isinstance(eager, (tuple, list)) else [eager])]:
+            # NB: never an input's memory (an operator whose eager result is a view of its input)
+            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in held:
+                t.fill_(poison_value(t.dtype, n))
+    return Recheck(True, f"matched eager on {n_sets} input sets in this process ({compared} of {total} calls compared)",
+                   n_sets, total, compared)
 
 
 def example_paths_of(store, key: str) -> list[tuple[list[str | None], list[str]]]:

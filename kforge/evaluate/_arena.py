@@ -1,8 +1,10 @@
 """Memory the judge shares with a runner: an input arena, an output arena, a descriptor table.
 
-CPU: memfd + mmap; the runner maps inputs read-only (a write faults) and the guard pages after
-each output PROT_NONE. CUDA: two device allocations shared by CUDA IPC. Either way the judge
-writes the inputs, poisons the outputs, and reads everything back itself.
+CPU: memfd + mmap; the runner maps inputs read-only (a write faults), the input memfd is sealed
+against writes through any descriptor (F_SEAL_FUTURE_WRITE), and the guard pages after each output
+are PROT_NONE. CUDA: two device allocations shared by CUDA IPC, in a memory pool of their own (an IPC
+handle opens a whole segment of torch's allocator: nothing else of the judge may live there).
+Either way the judge writes the inputs, poisons the outputs, and reads everything back itself.
 
 Layouts come in uniform groups: set ``j`` of a group holds every input and every output of one
 call at a constant stride, so a whole group is checked with a handful of tensor operations.
@@ -14,7 +16,7 @@ import fcntl
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -162,18 +164,39 @@ def _describe(slot: KfTensor, sig: TensorSig | None, offset: int | None) -> None
         slot.strides[d] = st
 
 
-class _Memfd:
-    """A memfd mapped into the judge, with a read-only fd to hand to a runner."""
+#: Linux >= 5.1: no write and no new writable shared mapping through any descriptor of the file from now on; the
+#: writable mappings that already exist (the judge's) keep working. Python 3.11's fcntl does not name it.
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 
-    def __init__(self, name: str, size: int):
+
+class _Memfd:
+    """A memfd mapped into the judge, with a read-only fd to hand to a runner.
+
+    ``runner_writes=False``: sealed against writes once the judge has mapped it (``sealed`` says whether the kernel
+    took the seal): a runner that reopens its read-only descriptor through ``/proc/self/fd`` with write access can
+    neither write through it nor map it writable.
+    """
+
+    def __init__(self, name: str, size: int, runner_writes: bool = True):
         self.size = max(_round_up(size), PAGE)
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, self.size)
         # NB: its size sealed before any runner sees it: a candidate that shrank its output arena with
         # ftruncate (the runner holds that fd writable) made the judge's next read of it a SIGBUS,
         # killing two judges an evaluation and never being judged (found by review 4, 2026-12-02)
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         self.map = mmap.mmap(self.fd, self.size)
+        self.sealed = False
+        if not runner_writes:
+            # NB: found by an attacker (issue 42): the read-only descriptor reopened O_RDWR through /proc/self/fd
+            # wrote the timed sets' inputs, and eager's reference was computed from them. Older kernels refuse the
+            # seal (EINVAL); the judge's re-check of every timed batch's inputs still catches a write there.
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+                self.sealed = bool(fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & F_SEAL_FUTURE_WRITE)
+            except OSError:
+                pass
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
 
     def read_only_fd(self) -> int:
@@ -197,7 +220,7 @@ class Arenas:
         self.cuda = device.startswith("cuda")
         out_total = plan.out_bytes + PAGE
         desc = plan.descriptor(params)
-        self._desc = _Memfd("kforge-desc", len(desc))
+        self._desc = _Memfd("kforge-desc", len(desc), runner_writes=False)
         self._desc.tensor[:len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
         self._times = _Memfd("kforge-times", 8 * max(plan.n_layouts, 1))
         self.times = self._times.tensor[:8 * plan.n_layouts].view(torch.float64)
@@ -207,8 +230,11 @@ class Arenas:
             self.inp = _cuda_arena(device, "inputs", plan.in_bytes)
             self.out = _cuda_arena(device, "outputs", out_total)
         else:
-            self._mem = [_Memfd("kforge-inputs", plan.in_bytes), _Memfd("kforge-outputs", out_total)]
+            self._mem = [_Memfd("kforge-inputs", plan.in_bytes, runner_writes=False),
+                         _Memfd("kforge-outputs", out_total)]
             self.inp, self.out = self._mem[0].tensor, self._mem[1].tensor
+        #: whether no runner can write the inputs however it reopens or maps them (CPU, where the kernel seals)
+        self.inputs_sealed = bool(self._mem) and self._mem[0].sealed
         self.pattern = self.pattern.to(device)
         self._expected: dict[int, torch.Tensor] = {}
         # NB: the pattern goes only where canaries_broken() looks (guard, canary page, canary zone);
@@ -330,9 +356,24 @@ def _cuda_arena(device: str, role: str, nbytes: int) -> torch.Tensor:
     have = _CUDA_ARENAS.get((device, role))
     if have is None or have.numel() < need:
         size = max(need, 2 * have.numel() if have is not None else 0)
-        have = torch.empty(size, dtype=torch.uint8, device=device)
+        # NB: a runner opens the whole segment of torch's allocator its arena lies in (cudaIpcOpenMemHandle maps
+        # the allocation, not the tensor): in the default pool the judge's own tensors (its private copy of the
+        # inputs, eager's references) could share that segment, and the runner could rewrite them. A pool of
+        # the arenas' own keeps every segment a runner can open free of anything else.
+        with torch.cuda.use_mem_pool(_arena_pool(device), device=torch.device(device)):
+            have = torch.empty(size, dtype=torch.uint8, device=device)
         _CUDA_ARENAS[(device, role)] = have
     return have[:need]
+
+
+_CUDA_POOLS: dict[str, Any] = {}
+
+
+def _arena_pool(device: str):
+    """The memory pool only the arenas of ``device`` are allocated from (kept for the process's lifetime)."""
+    if device not in _CUDA_POOLS:
+        _CUDA_POOLS[device] = torch.cuda.MemPool()
+    return _CUDA_POOLS[device]
 
 
 def poison_value(dtype: torch.dtype, round_: int) -> float | int | bool:

@@ -38,7 +38,7 @@ from ._checks import compare, reference_outputs, within_sets
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
 from ._result import Evaluation, Status
 from ._runner import (CORES, LIBRARY_NAME, CpuUse, RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout,
-                      runner_binary)
+                      RunnerMemory, available_memory, oom_kills, runner_binary, threads_allowed)
 
 _READY_TIMEOUT_S = 60.0
 _WIDE_SCALE = 30.0            # random set with large magnitudes (softmax logits of +-90)
@@ -341,10 +341,27 @@ class _Trial:
             return self.fail(Status.CRASHED, f"the runner closed its channel during {self.phase} and kept running")
         tail = self.runner.output_tail(1500).strip()
         said = f"; its last output:\n{tail}" if tail else ""
+        memory = self.runner.memory
+        if self.runner.over_memory and memory is not None:
+            return self.fail(Status.CRASHED, f"the runner held {_gib(self.runner.over_memory)} of memory during "
+                             f"{self.phase}, over its limit of {_gib(memory.resident)} for this card (its arenas "
+                             f"{_gib(memory.arenas)} and {_gib(memory.own)} of its own): the kernel asked for more "
+                             "memory than it may use; the judge killed it")
         if ex.signal == 9 and not ex.killed_by_judge:
             if ex.cpu_s >= max(self.job.timeout_s, 1.0):
                 return self.fail(Status.TIMED_OUT, f"the runner used its CPU time limit ({ex.cpu_s:.0f} s)")
-            # NB: the sandbox denies the runner SIGKILL, even to itself: this came from outside.
+            # NB: the sandbox denies the runner SIGKILL, even to itself: this came from outside. The kernel's OOM
+            # killer (the runner asks to be its first choice) is the candidate's doing only where the runner was seen
+            # holding a large share of its own allowance: else the machine ran short of memory for other reasons.
+            if oom_kills() > self.runner.oom_kills_at_start and memory is not None:
+                own = self.runner.peak_rss - memory.arenas
+                if own >= _OOM_BLAME_SHARE * memory.own:
+                    return self.fail(Status.CRASHED, f"the runner was ended by the kernel's OOM killer during "
+                                     f"{self.phase}, holding {_gib(own)} of its own (its limit for this card "
+                                     f"{_gib(memory.own)} beyond the arenas): the kernel asked for more memory "
+                                     "than the machine could give")
+                return _Infra(f"the machine ran out of memory during {self.phase} and the kernel's OOM killer ended "
+                              f"the runner, which held {_gib(max(own, 0))} of its own: not the candidate's doing")
             return _Infra(f"the runner {ex.describe()} from outside during {self.phase}")
         if ex.signal == 24:  # SIGXCPU
             return self.fail(Status.TIMED_OUT, f"the runner used its CPU time limit ({ex.cpu_s:.0f} s)")
@@ -465,6 +482,11 @@ class _Trial:
         self.phase = "load"
         with phases("load"):
             frame, _ = self.ask(Op.LOAD)
+        if frame.status == Code.LOAD and frame.c:
+            memory = self.runner.memory
+            limit = f" within its memory limit of {_gib(memory.own)} beyond the arenas" if memory is not None else ""
+            raise self.fail(Status.LAUNCH_ERROR, f"the kernel asks for a workspace of {_gib(frame.c)} "
+                            f"(kf_workspace_bytes), which the runner could not allocate{limit}")
         if frame.status in (Code.LOAD, Code.NO_ENTRY):
             what = ("the kernel does not export kf_launch; see docs/contract.md" if frame.status == Code.NO_ENTRY
                     else f"the library does not load: {self.runner.output_tail(2000).strip()[-2000:]}")
@@ -510,6 +532,8 @@ class _Trial:
         checks += ["poisoned outputs", "guard canaries", "inputs unchanged", "second run at new addresses"]
         if not self.cuda and Sandbox.RO_INPUTS in self.sandbox:
             checks.append("inputs read-only")
+        if arenas.inputs_sealed:
+            checks.append("inputs sealed against writes")
 
         self.worst = worst
         return checks
@@ -591,7 +615,8 @@ class _Trial:
         # NB: one more round trip: a frame the candidate forged ahead of a real answer leaves that
         # answer queued, and it would arrive here instead of the ping's.
         self.ask(Op.PING, 0xC105E)
-        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)", "runner clock cross-checked"]
+        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)", "timed inputs unchanged, eager on the "
+                   "judge's own copy", "runner clock cross-checked"]
         if len(mismatches) * 2 > batch or not cand_means:
             raise self.fail(Status.TIMING_MISMATCH, f"the runner's clock disagrees with the judge's in "
                             f"{len(mismatches)} of {batch} timed batches ({mismatches[0]}): a patched clock, or "
@@ -686,7 +711,8 @@ class _Trial:
         return rtt, (max(one - per, 0.0), per)
 
     def fresh_batch(self, group: Group, pool: _Pool, batch: int) -> tuple[list, list]:
-        """Fresh input values and fresh poison in every set of ``group``: (input views, values written)."""
+        """Fresh input values and fresh poison in every set of ``group``: (the judge's private copy of each
+        input, laid out as the variant has it, for eager; the values written, to compare the arena's with)."""
         arenas = self.arenas
         views: list[torch.Tensor | None] = []
         written: list[torch.Tensor | None] = []
@@ -696,22 +722,22 @@ class _Trial:
                 written.append(None)
                 continue
             flat = arenas.flat_inputs(group, i)
-            if self.cuda:
-                values = pool.draw(i, group.count, self.gen)[:, :flat.shape[1]]
-                flat.copy_(values)
-            else:  # NB: set by set from the pool, no gathered copy; read-only inputs need no copy to check
-                values = None
-                for j, start in enumerate(pool.starts(i, group.count, self.gen).tolist()):
-                    flat[j].copy_(pool.flats[i][start:start + flat.shape[1]])
-            views.append(arenas.inputs(group, i))
+            # NB: a gathered copy in the judge's own memory, made before the runner sees the set: eager's reference
+            # is computed from it, never from the arena (found by an attacker, issue 42: a runner that rewrote its
+            # inputs to zeros made eager's reference the one of zeros, and a kernel that wrote a constant won 2.1-2.9x)
+            values = pool.draw(i, group.count, self.gen)[:, :flat.shape[1]]
+            flat.copy_(values)
+            views.append(values.as_strided((group.count, *sig.shape), (values.stride(0), *sig.stride),
+                                           values.storage_offset()))
             written.append(values)
         arenas.poison(group, batch + 2)
         _sync(self.device)
         return views, written
 
     def eager_batch(self, group: Group, views: list) -> tuple[float, list[list[torch.Tensor]]]:
-        """Eager over the same sets, timed here: it is also the reference for the timed calls (what the model runs
-        eagerly: ``OpSpec.run_eager``, the reference itself but for an operator a library's function computes)."""
+        """Eager over the same sets (``views``: the judge's private copy of their inputs), timed here: it is also
+        the reference for the timed calls (what the model runs eagerly: ``OpSpec.run_eager``, the reference itself
+        but for an operator a library's function computes)."""
         outs: list[list[torch.Tensor]] = []
         total = 0.0
         spec, params = self.spec, self.params
@@ -737,8 +763,14 @@ class _Trial:
         return total, outs
 
     def check_batch(self, group: Group, written: list, eager_outs: list, batch: int) -> None:
+        """The batch's inputs unchanged (first: a kernel that rewrote them is told so, not that its outputs
+        differ), its canaries intact, every set's outputs within tolerance of eager's."""
         arenas = self.arenas
         label = f"timed batch {batch}"
+        for i, values in enumerate(written):
+            if values is not None and not torch.equal(_as_ints(arenas.flat_inputs(group, i)), _as_ints(values)):
+                raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel modified an input (input {i} differs "
+                                "from what the judge wrote after the timed calls)")
         bad = arenas.canaries_broken(group)
         if bad:
             row, o = next(iter(bad.items()))
@@ -753,14 +785,22 @@ class _Trial:
                 if not m.ok:
                     raise self.fail(Status.WRONG_RESULT, f"a timed call gave a wrong result: {m.message}",
                                     max_abs_error=m.max_abs, max_rel_error=m.max_rel, mismatch_fraction=m.fraction)
-        for i, values in enumerate(written):
-            if values is not None:
-                if not torch.equal(_bits(arenas.flat_inputs(group, i)), _bits(values)):
-                    raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel modified an input")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _as_ints(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as integers of its element size, without a copy (NaN equals itself; -0.0 is not 0.0)."""
+    return t.view(_INTS[t.element_size()]) if t.element_size() in _INTS else _bits(t)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -830,6 +870,35 @@ def sweep_runs() -> list[str]:
     return removed
 
 
+_LEAST_MARGIN = {"cpu": 1 << 30, "cuda": 8 << 30}   # memory a runner may use beyond its arenas, at least
+_TIGHTEST_MARGIN = 256 << 20      # ... and however little the machine has available, no less than this
+_CUDA_HOST_BASE = 2 << 30         # what a CUDA runner holds before the candidate (context, cudart, cuBLASLt)
+# NB: address space beyond the resident limit (CPU, RLIMIT_AS): libraries, each thread's stack and glibc's
+# per-thread malloc arena (64 MiB reserved); a resident candidate over its limit is killed by the judge first
+_AS_SLACK, _AS_PER_THREAD = 256 << 20, 72 << 20
+# a runner the OOM killer took is the candidate's doing when it held at least this share of its own allowance
+_OOM_BLAME_SHARE = 0.5
+
+
+def runner_memory(arena_bytes: int, cuda: bool, threads: int) -> RunnerMemory:
+    """The memory limit of a card's runner: its arenas (the inputs and outputs it maps, on the CPU) plus a margin
+    that grows with them (twice their size, 1 GiB at least; 8 GiB of host memory on CUDA), held to three quarters
+    of the machine's available memory; ``KFORGE_RUNNER_MEMORY`` (bytes) sets the margin instead.
+
+    NB: a fixed 4 GiB was too little for a large card and more than a small machine had: the OOM killer then
+    ended the runner, which read as trouble of the machine, never the candidate's."""
+    margin = int(os.environ.get("KFORGE_RUNNER_MEMORY", 0))
+    if not margin:
+        margin = max(_LEAST_MARGIN["cuda" if cuda else "cpu"], 2 * arena_bytes)
+        available = available_memory()
+        if available is not None:   # NB: the arenas are already allocated: not available any more
+            margin = min(margin, max(_TIGHTEST_MARGIN, available * 3 // 4))
+    if cuda:   # NB: the arenas are device memory there
+        return RunnerMemory(_CUDA_HOST_BASE + margin, margin, 0)
+    resident = arena_bytes + margin
+    return RunnerMemory(resident, resident + _AS_SLACK + _AS_PER_THREAD * max(threads, 1), arena_bytes)
+
+
 def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there.
 
@@ -843,14 +912,12 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
     cpu_s = int(job.timeout_s) + 5
-    mem = int(os.environ.get("KFORGE_RUNNER_MEMORY", 0)) or ((8 << 30) if cuda else (4 << 30))
-    if not cuda:
-        mem += arenas.plan.in_bytes + arenas.plan.out_bytes + (256 << 20)
-    args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(mem)]
+    memory = runner_memory(arenas.plan.in_bytes + arenas.plan.out_bytes, cuda, threads_allowed(os.environ))
+    args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(memory.rlimit)]
     try:
         if cuda:
             args += arenas.ipc_args()
-        runner = RunnerProcess(binary, args, fds, private, cublaslt=uses_cublaslt(job.source))
+        runner = RunnerProcess(binary, args, fds, private, cublaslt=uses_cublaslt(job.source), memory=memory)
     except (OSError, RuntimeError) as exc:
         raise _Infra(f"the runner could not be started: {exc}") from None
     finally:

@@ -345,6 +345,8 @@ def _toolchain_dirs(command: Sequence[str], env: dict[str, str]) -> list[str]:
         if found:
             for path in {found, os.path.realpath(found)}:
                 roots.append(str(Path(path).parent.parent))
+                if program == command[0]:   # NB: a compiler (or a launcher: CC="ccache gcc") outside any toolchain prefix
+                    out.append(str(Path(path).parent))
     for root in filter(None, roots):
         if os.path.isdir(root):
             out += [os.path.join(os.path.realpath(root), sub) for sub in _TOOLCHAIN_SUBDIRS]

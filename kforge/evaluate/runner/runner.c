@@ -457,9 +457,20 @@ int main(int argc, char** argv) {
         out_base = (unsigned char*)map_fd(out_fd, &out_bytes, PROT_READ | PROT_WRITE);
         if (!in_base || !out_base) { setup_error = 1; snprintf(why, sizeof why, "arenas do not map"); }
         else {
-            /* NB: the input fd is read-only: write access cannot be gained by mprotect either. */
-            if (mprotect(in_base, in_bytes, PROT_READ | PROT_WRITE) != 0) mask |= SB_RO_INPUTS;
-            else mprotect(in_base, in_bytes, PROT_READ);
+            /* NB: the input fd is read-only: write access cannot be gained by mprotect either; and the judge
+             * sealed the memfd (F_SEAL_FUTURE_WRITE): the same file reopened writable through /proc/self/fd
+             * cannot be mapped writable either (a candidate did that, issue 42). Both must hold. */
+            int ro = mprotect(in_base, in_bytes, PROT_READ | PROT_WRITE) != 0;
+            if (!ro) mprotect(in_base, in_bytes, PROT_READ);
+            char self_fd[64];
+            snprintf(self_fd, sizeof self_fd, "/proc/self/fd/%d", in_fd);
+            int again = open(self_fd, O_RDWR | O_CLOEXEC);
+            if (again >= 0) {
+                void* w = mmap(NULL, in_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, again, 0);
+                if (w != MAP_FAILED) { ro = 0; munmap(w, in_bytes); }
+                close(again);
+            }
+            if (ro) mask |= SB_RO_INPUTS;
             const uint64_t* guards = (const uint64_t*)(desc + sizeof *hdr + 8 * n_params);
             int ok = 1;
             for (uint64_t g = 0; g < n_guards; ++g)
@@ -515,6 +526,10 @@ int main(int argc, char** argv) {
     }
 
     /* ---- sandbox, in order, before anything of the candidate is loaded */
+    /* NB: the kernel's OOM killer takes this process first, before the judge or the user's: raising it needs no
+     * privilege, lowering it again does (and no capability is left after sandbox_caps). */
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) { if (write(oom, "1000", 4) != 4) fprintf(stderr, "kforge runner: oom_score_adj not set\n"); close(oom); }
     if (sandbox_env()) mask |= SB_ENV;
     if (getsid(0) == getpid() || setsid() >= 0) mask |= SB_SESSION;
     if (chdir(private_dir) == 0) mask |= SB_PRIVATE_DIR;
