@@ -12,7 +12,14 @@ if [ ! -x /usr/bin/chromium ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends chromium
 fi
 python -m pip install --quiet "playwright>=1.40"
+# the test imports these with the interpreter that runs pytest (this one), whatever PATH says
 python - <<'PY'
+import subprocess
+import sys
+
+import jupyterlab  # noqa: F401
 import playwright.sync_api  # noqa: F401
-print("browser test deps ready: /usr/bin/chromium and playwright")
+
+version = subprocess.run(["/usr/bin/chromium", "--version"], check=True, capture_output=True, text=True).stdout.strip()
+print(f"browser test deps ready for {sys.executable}: {version}, playwright, jupyterlab")
 PY

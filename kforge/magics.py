@@ -157,18 +157,29 @@ class KforgeMagics(Magics):
         return cards
 
     def _optimize(self, args: argparse.Namespace) -> Any:
+        from . import cli
+
         session = self._session(args.session)
-        if args.iterations < 1:
-            raise UsageError("%kforge optimize: --iterations must be at least 1")
         split = (lambda s: [p.strip() for p in s.split(",") if p.strip()] if s else None)
+        try:  # NB: the CLI's own checks, so that a mistake reads the same in both (one line, with the fix)
+            ops = cli.check_optimize_args(args)
+            proposer = cli.checked_proposer(args.proposer)
+        except cli.UsageError as exc:
+            raise UsageError(f"%kforge optimize: {' '.join(str(exc).split())}") from None
+        present = sorted({c.op for c in session.cards})
+        if ops and not set(ops) & set(present):
+            raise UsageError(f"%kforge optimize: --ops {args.ops}: the model runs no such operator "
+                             f"(it runs: {', '.join(present)})")
         try:
-            run = session.optimize(proposer=args.proposer, policy=args.policy, iterations=args.iterations,
-                                   dollars=args.dollars, ops=split(args.ops), cards=split(args.cards),
+            run = session.optimize(proposer=proposer, policy=args.policy, iterations=args.iterations,
+                                   dollars=args.dollars, ops=ops, cards=split(args.cards),
                                    max_cards=args.max_cards, background=args.background)
         except ValueError as exc:
-            raise UsageError(f"%kforge optimize: {exc}") from None
+            raise UsageError(f"%kforge optimize: {' '.join(str(exc).split())}") from None
         if args.background:
             return _progress_or_run(run)
+        if getattr(run, "shown_live", False):   # the live progress view above is the answer, as for optimize()
+            return run
         from .views._data import run_notes, short_label
 
         for note in run_notes(run, {p.card.key: short_label(p.card) for p in run.planned}):

@@ -79,6 +79,7 @@ class Session:
         self._cluster: Any = None        # a RayCluster this session started (cluster="ray..."), closed with it
         self._cluster_spec: Any = None
         self.run: OptimizationRun | None = None
+        self.last_end_to_end: EndToEnd | None = None   # the last end_to_end() table (its headline is shown)
         if model is not None:
             self._claim_workdir(model)
         if self.store.get_meta("device") is not None:
@@ -187,7 +188,8 @@ class Session:
         ``iterations`` candidates per card, ``dollars`` for the run, ``seconds_per_card``.
         ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
         unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
-        run's pause(), resume(), stop() and wait(). Re-running continues the same trees.
+        run's pause(), resume(), stop() and wait(). Without it, in a notebook, the search runs in a
+        thread while the cell waits and shows its live progress view (pause / resume / stop work). Re-running continues the same trees.
         ``parallel``: proposals (LLM calls) or compiles in flight at once. ``devices`` (e.g.
         ["cuda:0", "cuda:1"]) gives one evaluator per device; cards are then searched
         concurrently, one per device. ``cluster``: "ray", "ray:ADDRESS" or a ``kforge.cluster.RayCluster``
@@ -223,6 +225,11 @@ class Session:
                               policy=make_policy(policy), planned=chosen, device=info, budget=budget,
                               seed=seed, on_event=on_event)
         self.run = run
+        if not background:
+            from .views._live import run_live
+
+            if run_live(run):   # in a notebook: the search in a thread, its progress shown while the cell waits
+                return run
         return run.start(background)
 
     def _evaluators(self, devices: Sequence[str] | None) -> list["Evaluator"]:
@@ -268,7 +275,7 @@ class Session:
     def winners(self) -> list:
         """(card, winning candidate) for every card whose search found a winner.
 
-        The candidate's ``speedup`` is the verdict's (its confirmation's, when it was confirmed)."""
+        The candidate's ``speedup`` is the card's (``results``' ``winner_speedup``): its timings pooled."""
         out = []
         for r in self.results.winners:
             out.append((self.cards[r.key], self.store.candidate(r.winner_id)))
@@ -306,6 +313,12 @@ class Session:
     def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False,
               dispatch_cost: DispatchCost | None = None) -> "Deployment":
         """Make the model run the winners: exact-signature calls use the kernel, all else eager.
+
+        Region and fused-operator winners (several torch calls each) run in the model's forward captured
+        once as a graph (dynamo + AOTAutograd, no Inductor: the rest of the graph runs op by op), put on the
+        model instance while the deployment is installed; the plain forward runs where a kernel cannot (grad
+        needed, another shape's regions stay as traced, a forward dynamo cannot capture: ``Deployment.skipped``
+        says so). They need scope="model": a process-wide deployment lists them in ``skipped``.
 
         Returns a Deployment: ``remove()`` undoes it, and ``with session.apply(): ...`` scopes it.
         With scope="model" (default) the kernels are active only inside this model's forward;
@@ -403,22 +416,37 @@ class Session:
 
     def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
                    guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,
-                   compare: Callable | None = None, on_mode: Callable[["EndToEnd"], None] | None = None) -> "EndToEnd":
+                   compare: Callable | None = None, on_mode: Callable[["EndToEnd"], None] | None = None,
+                   progress: bool | Callable[[str], None] = True) -> "EndToEnd":
         """The model's forward on the first example batch, in one run: eager, torch.compile in each of
         ``modes``, and each of them with kforge, timed interleaved against its baseline, with outputs
         compared with eager's. With ``guard=True`` each mode keeps only the kernels that make the
         model measurably faster in that mode (the report's ``fallback`` says which were left out).
         ``compare`` replaces the timer (a ``deploy._fallback.Compare``). ``on_mode`` gets the table so far
-        after eager and after each compile mode (to save what a long run has before it is cut)."""
+        after eager and after each compile mode (to save what a long run has before it is cut).
+        ``progress``: a line on stderr as each mode is compiled and timed, and each mode's result as it ends
+        (True, the default: a run takes minutes on a CPU); False for none, or a callable to take the lines.
+        The table's ``headline()`` is the model-level result per mode; the session keeps the last table
+        (``last_end_to_end``), which its display shows beside the cards."""
+        import sys
+
         from .deploy._report import measure
 
+        if progress is True:
+            say = lambda line: print(f"kforge end_to_end: {line}", file=sys.stderr, flush=True)  # noqa: E731
+        else:
+            say = progress or None
         args, kwargs = self._inputs()
         kernels, gains, skipped = self._deployable(all_winners or guard)  # the check replaces the filter
-        return measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
-                       guard=guard, backend=compile_backend, compare=compare, skipped=skipped, on_mode=on_mode)
+        table = measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
+                        guard=guard, backend=compile_backend, compare=compare, skipped=skipped, on_mode=on_mode,
+                        progress=say)
+        self.last_end_to_end = table
+        return table
 
     def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None) -> Path:
-        """Write the winners to a self-contained artifact folder that kforge.load() installs.
+        """Write the winners to a self-contained artifact folder that kforge.load() installs (region and
+        fused-operator winners too: ``kforge.load(model, path)`` runs them as ``apply()`` does).
 
         Like ``apply()``, an operator's winners are left out when dispatching it costs the host
         more than they save (``dispatch_cost`` as in ``apply``); ``all_winners=True`` exports every

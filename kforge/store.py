@@ -20,6 +20,7 @@ import torch
 from ._redact import redact
 from .evaluate import Evaluation, Status
 from .ops import CardVerdict
+from .ops._verdict import SpeedupEstimate, pool_timings
 from .proposers._base import Usage
 
 if TYPE_CHECKING:
@@ -29,6 +30,20 @@ def is_infra_failure(evaluation: Evaluation | None) -> bool:
     """An evaluation that failed outside the candidate's control (``INFRA_ERROR``): it counts for
     nothing, and is done again."""
     return evaluation is not None and not evaluation.status.blames_candidate
+
+
+NOISE_CAP = 0.15  # the judge's largest noise margin (kforge/evaluate/_judge.py)
+
+
+def timing_noise(evaluation: Evaluation) -> float:
+    """The relative uncertainty of one timing's speedup: the judge's noise margin, the larger of the kernel's
+    and eager's robust spreads, at most NOISE_CAP (the least, 2%, is the verdict's own floor).
+
+    NB: the spreads are those of single timed batches; the settled time of many batches is known better,
+    and the judge caps its margin for that reason: per-batch spreads of 30-130% on the loaded 2-core CPU
+    (2026-12-06) would else put every interval across eager."""
+    return min(NOISE_CAP, max(evaluation.candidate_spread or 0.0, evaluation.eager_spread or 0.0))
+
 
 SCHEMA_VERSION = 1
 
@@ -80,9 +95,9 @@ CREATE TABLE IF NOT EXISTS llm_calls (
 class Candidate:
     """A candidate as recorded: the frozen row that views, exports and resumed searches read.
 
-    A candidate has one speedup: its confirmation's (a second timing, made for the best ones
-    before a card is decided) when it has one, else its evaluation's. The first timing stays
-    readable as ``first_speedup``.
+    A candidate has one speedup (``estimate``): its timings against the judge's eager time pooled,
+    the first one and, for the best candidates, the confirmation (a second timing, made before a
+    card is decided). The first timing alone stays readable as ``first_speedup``.
     """
 
     id: int
@@ -116,9 +131,21 @@ class Candidate:
         return self.measured is not None
 
     @property
-    def speedup(self) -> float:
+    def estimate(self) -> SpeedupEstimate | None:
+        """The speedup of its correct timings pooled, with their noise; None unless the standing
+        evaluation is correct."""
         ev = self.measured
-        return ev.score if ev else 0.0
+        if ev is None or not ev.status.is_correct:
+            return None
+        timed = [e for e in (self.evaluation, self.confirmation)
+                 if e is not None and not is_infra_failure(e) and e.status.is_correct]
+        return pool_timings([(e.speedup, timing_noise(e)) for e in timed])
+
+    @property
+    def speedup(self) -> float:
+        """The pooled speedup (``estimate``); 0 for failures and before evaluation (the search's value)."""
+        est = self.estimate
+        return est.speedup if est else 0.0
 
     @property
     def first_speedup(self) -> float:

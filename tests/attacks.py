@@ -23,6 +23,7 @@ class Attack:
     name: str
     rule: str | None                 # what the screen reports; None: passes the screen (validation/sandbox only)
     allowed: frozenset[Status]       # verdicts with the screen off
+    acts_in_process: str = ""        # a hole left open: what the attack still does at apply/load, in the user's process
 
 
 CPU_ATTACKS = {a.name: a for a in [
@@ -244,4 +245,15 @@ for _table in (CPU_ATTACKS, CUDA_ATTACKS):
         Attack("attack_libc_alias", "forbidden-call", statuses("CRASHED", *SLOW_BUT_CORRECT)),
         Attack("attack_include_file", "include", statuses("COMPILE_ERROR")),
         Attack("attack_incbin", "inline-asm", statuses("COMPILE_ERROR", "WRONG_RESULT")),
+    ]})
+
+
+# ----------------------------------------------------------------------------- issue 42 review (eighth pass)
+# an allowed import's address walked to libc's refused functions: nothing the screen or the binary wall sees; the
+# runner's sandbox stops it, the user's process at apply/load does not (docs/security.md, "eighth pass")
+_WALK_HOLE = ("reaches libc's getenv/open/socket from `&abort` with only allowed imports: no static wall closes this "
+              "in the user's process (docs/security.md, eighth pass)")
+for _table in (CPU_ATTACKS, CUDA_ATTACKS):
+    _table.update({a.name: a for a in [
+        Attack("attack_libc_walk", None, statuses(*SLOW_BUT_CORRECT), acts_in_process=_WALK_HOLE),
     ]})

@@ -304,6 +304,11 @@ def test_optimize_json_is_pure_and_says_what_is_out_of_reach(tmp_path):
     assert "f64" in reach["reason"] and "not covered" in reach["reason"]
     assert "captured on cpu" in res.stderr  # human text went to stderr
     assert "Traceback" not in res.stderr
+    # the progress line counts evaluations apart from the proposer's failures (the f64 card's)
+    failed = summary["proposer_failures"]
+    assert failed >= 1 and 1 <= summary["evaluations"] <= res.stderr.count("      evaluated  ")
+    last = [line for line in res.stderr.splitlines() if line.lstrip().startswith("progress  ")][-1]
+    assert last.split("progress  ")[1].startswith(f"{summary['evaluations']} evaluated, {failed} proposer failure"), last
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and resume
@@ -338,7 +343,7 @@ def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(tmp_path):
 
 
 def _verdicts(data: dict) -> list[tuple]:
-    return [(r["key"], r["status"], r["winner_id"], r["speedup"]) for r in data["results"]]
+    return [(r["key"], r["status"], r["winner_id"], r["winner_speedup"]) for r in data["results"]]
 
 
 def test_repeated_resume_gives_identical_verdicts(tmp_path):

@@ -40,7 +40,7 @@ def _winner_session(tmp_path, source_name="softmax_rows", eager_us=None):
     assert ev.status.is_correct, ev.summary()
     cid = s.store.add_candidate(card.key, None, "test", src, intent="hand-written")
     s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=1.5, kernel_us=1.0,
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, winner_speedup=1.5, kernel_us=1.0,
                                               eager_us=eager_us or card.eager_us, candidates=1))
     return s, model, card
 

@@ -86,7 +86,7 @@ def _judged_winner(s, card) -> None:
     assert ev.status.is_correct, ev.summary()
     cid = s.store.add_candidate(card.key, None, "test", src, intent="built-in")
     s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=5.0,
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, winner_speedup=5.0,
                                               kernel_us=card.eager_us / 5, eager_us=card.eager_us, candidates=1))
 
 

@@ -189,7 +189,7 @@ def _winner_session(tmp_path):
     assert ev.status.is_correct
     cid = s.store.add_candidate(card.key, None, "test", src)
     s.store.set_evaluation(cid, ev)
-    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, speedup=ev.speedup,
+    s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=cid, winner_speedup=ev.speedup,
                                               kernel_us=ev.candidate_us, eager_us=ev.eager_us, candidates=1))
     return s, model
 

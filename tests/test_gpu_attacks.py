@@ -74,3 +74,55 @@ def test_cuda_attack_gets_a_safe_verdict_and_nothing_escapes(evaluator, jail, ca
     assert honest.status.is_correct, honest.summary()
     wrong = evaluator.evaluate(card, kernel_source("cuda", "fault_oob_read"))
     assert wrong.status is Status.WRONG_RESULT, wrong.summary()
+
+
+# ----------------------------------------------------------------------------- the judge wall (issue 42)
+
+def test_cuda_arenas_share_no_allocator_segment_with_the_judges_tensors():
+    """An IPC handle opens the whole allocator segment its tensor lies in: the arenas come from a pool of their own,
+    so that the judge's copy of the inputs and eager's references (default pool) are never in a runner's reach."""
+    from kforge.evaluate import _arena
+
+    device = f"cuda:{torch.cuda.current_device()}"
+    arena = _arena._cuda_arena(device, "judge-wall-test", 3 << 20)
+    judge_own = [torch.empty(n, dtype=torch.uint8, device=device) for n in (4096, 1 << 20, 5 << 20, 12 << 20)]
+    segments = [(s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot()]
+    lo, hi = next((a, b) for a, b in segments if a <= arena.data_ptr() < b)
+    assert not [t.data_ptr() for t in judge_own if lo <= t.data_ptr() < hi]
+
+
+def test_cuda_recheck_refuses_a_kernel_wrong_after_its_eighth_call(card):
+    from kforge.deploy._recheck import recheck
+    from kforge.kernels import compile_source, device_info, load_verified, param_vector
+
+    arch = device_info(card.variant.device).arch
+    kernel = load_verified(compile_source(kernel_source("cuda", "attack_wrong_after_calls"), "cuda", arch).path)
+    params = param_vector(card.variant)
+
+    def launch(inputs):
+        y = torch.empty_like(inputs[0])
+        kernel.launch([inputs[0]], [y], params, stream=torch.cuda.current_stream().cuda_stream)
+        return [y]
+
+    result = recheck(launch, card.variant)
+    assert not result.ok and "differently in this process" in result.message, result.message
+    honest = load_verified(compile_source(kernel_source("cuda", "softmax_rows"), "cuda", arch).path)
+
+    def launch_honest(inputs):
+        y = torch.empty_like(inputs[0])
+        honest.launch([inputs[0]], [y], params, stream=torch.cuda.current_stream().cuda_stream)
+        return [y]
+
+    assert recheck(launch_honest, card.variant).ok
+
+
+def test_cuda_input_rewritten_in_timed_calls_is_caught_as_modified(evaluator, card):
+    """attack_reopen_input.cu zeros its input (device memory the runner can write) in the timed calls: eager's
+    reference comes from the judge's own copy, and the comparison of every batch's inputs names it."""
+    ev = evaluator.evaluate(card, kernel_source("cuda", "attack_reopen_input"))
+    assert ev.status is Status.WRONG_RESULT and "modified an input" in ev.message, ev.summary()
+
+
+def test_cuda_runner_holding_too_much_host_memory_is_blamed(evaluator, card):
+    ev = evaluator.evaluate(card, kernel_source("cuda", "attack_hold_memory"))
+    assert ev.status in (Status.CRASHED, Status.LAUNCH_ERROR) and ev.status.blames_candidate, ev.summary()

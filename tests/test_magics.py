@@ -74,9 +74,31 @@ def test_bad_input_is_a_usage_error_not_a_traceback(shell, line, message):
 
 def test_optimize_errors_from_the_session_read_as_usage(shell, tmp_path):
     shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'}")
-    assert "no card to optimize" in _fails(shell, "optimize --ops not_an_op")
+    assert "the model runs no such operator (it runs: " in _fails(shell, "optimize --ops softmax")
     shell.user_ns["x"] = 3
     assert "not a kforge.Session" in _fails(shell, "optimize --session x")
+
+
+@pytest.mark.parametrize("options, message", [
+    ("--ops sofmax", "kforge has no operator 'sofmax'; did you mean 'softmax'?"),
+    ("--proposer openai", "--proposer openai: "),
+    ("--proposer nosuch", "--proposer nosuch: "),
+    ("--proposer local:http://127.0.0.1:9/v1", "cannot reach the server at http://127.0.0.1:9/v1"),
+    ("--dollars 0", "--dollars must be a positive amount"),
+    ("--max-cards 0", "--max-cards must be at least 1"),
+    ("--iterations 0", "--iterations must be at least 1"),
+])
+def test_optimize_mistakes_read_as_the_clis_one_line(shell, tmp_path, monkeypatch, capsys, options, message):
+    """The CLI's checks, the CLI's words: one line naming the mistake, never a traceback."""
+    from kforge import cli
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'}")
+    said = _fails(shell, f"optimize {options}")
+    assert message in said and "\n" not in said.strip(), said
+    capsys.readouterr()
+    assert cli.main(["optimize", "--device", "cpu", "--workdir", str(tmp_path / "cli"), *options.split()]) == 2
+    assert said == "%kforge optimize: " + capsys.readouterr().err.strip().removeprefix("kforge: error: ")
 
 
 def test_help_and_cell_options(shell, capsys):

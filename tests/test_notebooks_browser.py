@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from browser.lab import chromium, jupyterlab, missing
+from browser.lab import REQUIRED, chromium, jupyterlab, missing, required
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,8 +27,7 @@ LIGHT, DARK = "JupyterLab Light", "JupyterLab Dark"
 
 # A search that never runs out on its own (the built-in proposer's first kernel, made unique each
 # time), so the test, not the budget, decides when it ends.
-CONTROLS = [
-    '''import dataclasses
+ENDLESS = '''import dataclasses
 import kforge
 from kforge.proposers import Proposal, make_proposer
 
@@ -41,16 +40,20 @@ class Endless:
         if key not in self.base:
             self.base[key] = self.inner.propose(dataclasses.replace(request, parent=None, lineage=(), siblings=(), tried=()))
         self.n += 1
-        return Proposal(self.base[key].source + f"\\n/* variant {self.n} */\\n", f"variant {self.n}", "endless")
+        return Proposal(self.base[key].source + f"\\n/* variant {self.n} */\\n", f"variant {self.n}", "endless")'''
+
+CONTROLS = [
+    ENDLESS + '''
 
 model, inputs = kforge.example("tiny_transformer")
 session = kforge.Session(model, inputs, device="cpu")
 cards = session.capture(timing_budget_ms=2)''',
     '''run = session.optimize(proposer=Endless(), ops=["softmax", "layer_norm", "gelu"], iterations=200,
                        policy="linear", background=True)
-session.dashboard()''',
+dash = session.dashboard()
+dash''',
     '''run.wait()
-evaluated = sum(e.kind.value in ("evaluated", "proposer_failed") for e in run.events)
+evaluated = run.progress.evaluated   # candidates judged: the count the view's header starts with
 print(f"RUN {run.state.value} {evaluated}")''',
 ]
 
@@ -60,7 +63,17 @@ MAGICS = [
     "%kforge capture tiny_cnn --device cpu",
     "%kforge optimize --iterations 2 --ops relu --background",
     "session.run.wait()\n%kforge dashboard",
+    # a blocking search, from Python and from the cell magic: the same live view while the cell waits
+    ENDLESS + '''
+
+session.optimize(proposer=Endless(), ops=["relu"], iterations=400, policy="linear")''',
+    "%%kforge optimize\nops relu\niterations 40\npolicy linear",
 ]
+# Run one by one after the rest: each ends in an error (which stops "run all").
+MAGIC_MISTAKES = {
+    "%kforge optimize --proposer openai": r"^%kforge optimize: --proposer openai: .*OPENAI_API_KEY",
+    "%kforge optimize --ops sofmax": r"^%kforge optimize: --ops: kforge has no operator 'sofmax'; did you mean 'softmax'\?",
+}
 
 
 def _notebook(path: Path, cells: list[str]) -> None:
@@ -98,6 +111,8 @@ class Watch:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     why = missing()
+    if why and required():
+        pytest.fail(f"{REQUIRED} is set and the browser test cannot run: {why}")
     if why:
         pytest.skip(why)
     base = tmp_path_factory.mktemp("lab")
@@ -106,7 +121,7 @@ def lab(tmp_path_factory):
     for name in ("01_quickstart.ipynb", "02_llm_proposer.ipynb"):
         shutil.copy(REPO / "notebooks" / name, root)
     _notebook(root / "controls.ipynb", CONTROLS)
-    _notebook(root / "magics.ipynb", MAGICS)
+    _notebook(root / "magics.ipynb", MAGICS + list(MAGIC_MISTAKES))
     SHOTS.mkdir(parents=True, exist_ok=True)
     with jupyterlab(root) as url, chromium(base / "chromium-profile") as page:
         watch = Watch(page)
@@ -173,9 +188,10 @@ def _close_dialog(page) -> None:
             dialog.first.locator(".jp-Dialog-button.jp-mod-accept, .jp-Dialog-button").last.click()
 
 
-def _run_all_cells(page) -> None:
-    """Every cell, through JupyterLab's own command (notebook:run-all-cells), again until the first
-    cell starts (the kernel may still be connecting).
+def _run_all_cells(page, above: int | None = None) -> None:
+    """Every cell (``above``: every cell above that one), through JupyterLab's own command
+    (notebook:run-all-cells / run-all-above), again until the first cell starts (the kernel may still be
+    connecting).
 
     NB: not through the Run menu: on a loaded machine a click on the menu while it laid out once
     ran the last cell alone (the first two never ran, and the test waited for a search never started).
@@ -185,7 +201,11 @@ def _run_all_cells(page) -> None:
     for _ in range(12):
         _close_dialog(page)
         # NB: not awaited: the command's promise settles when the last cell has run
-        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        page.evaluate("""above => { const nb = window.jupyterapp.shell.currentWidget.content;
+                                     if (above !== null) nb.activeCellIndex = above;
+                                     window.jupyterapp.commands.execute(above === null ? 'notebook:run-all-cells'
+                                                                                       : 'notebook:run-all-above'); }""",
+                      above)
         try:
             started.wait_for(state="attached", timeout=5_000)
             return
@@ -194,15 +214,37 @@ def _run_all_cells(page) -> None:
     raise AssertionError("JupyterLab never started running the notebook")
 
 
-def _wait_idle_after_run(lab, timeout: float = 300_000) -> None:
+def _run_cell(page, index: int) -> None:
+    """Run cell ``index`` alone (JupyterLab's notebook:run-cell on it)."""
+    page.evaluate("""i => { const nb = window.jupyterapp.shell.currentWidget.content;
+                           nb.activeCellIndex = i; window.jupyterapp.commands.execute('notebook:run-cell'); }""", index)
+
+
+def _kernel_says(page, code: str) -> str:
+    """What ``code`` prints when the notebook's kernel runs it (not in a cell). It queues behind every
+    message the page sent the kernel before, as a cell run then would."""
+    return page.evaluate("""async code => {
+      const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+      let out = "";
+      const future = kernel.requestExecute({ code, store_history: false });
+      future.onIOPub = (msg) => {
+        if (msg.header.msg_type === "stream") out += msg.content.text;
+        if (msg.header.msg_type === "error") out += `${msg.content.ename}: ${msg.content.evalue}`;
+      };
+      await future.done;
+      return out;
+    }""", code)
+
+
+def _wait_idle_after_run(lab, timeout: float = 300_000, cells: int | None = None) -> None:
     """Every code cell has run: each prompt shows its execution count (none is [*] or [ ]) and the
     kernel is idle. NB: not "no prompt shows [*]": between one cell's end and the next one's
     start there can be a moment with none, and a test once read its outputs there."""
     page = lab.page
     try:
         page.wait_for_function(
-            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
-            ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=timeout)
+            "n => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
+            ".slice(0, n === null ? undefined : n).every(p => /\\[\\d+\\]/.test(p.textContent))", arg=cells, timeout=timeout)
     except Exception:
         raise AssertionError(f"not every cell ran within {timeout / 1000:.0f} s; the notebook:\n"
                              + _notebook_state(lab)) from None
@@ -293,6 +335,46 @@ def _wait_explained(lab, locator, timeout: float, **kw) -> None:
                              + _notebook_state(lab)) from None
 
 
+def _layout_holds_at_1024(page, cell) -> None:
+    """A 1024 px window with the file browser open: card labels are not cut short, the source pane is
+    as wide as the dashboard (under the tree), its tabs hold on one line, and its code starts in sight."""
+    if page.evaluate("() => window.jupyterapp.shell.leftCollapsed"):
+        page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_function("() => !window.jupyterapp.shell.leftCollapsed")
+    page.set_viewport_size({"width": 1024, "height": 800})
+    page.wait_for_function("() => window.innerWidth === 1024")
+    table, source = cell.locator(".kf-card-table").first, cell.locator(".kf-source-view").first
+    page.wait_for_function("el => el.classList.contains('kf-narrow')", arg=table.element_handle())
+    cut = table.locator("tbody td.kf-card-col").evaluate_all(
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1 && e.clientWidth < 300)"
+        ".map(e => `${e.textContent} (${e.clientWidth} px)`)")
+    assert not cut, f"card labels cut short at 1024 px: {cut}"
+    dashboard = cell.locator(".kf-card-table").first.bounding_box()
+    pane = source.bounding_box()
+    assert pane["width"] >= 0.9 * dashboard["width"], f"the source pane is {pane['width']:.0f} px of {dashboard['width']:.0f}"
+    tops = source.locator(".kf-tab").evaluate_all("els => els.map(e => Math.round(e.getBoundingClientRect().top))")
+    assert tops and len(set(tops)) == 1, f"the source tabs wrap at 1024 px: {tops}"
+    source.evaluate("e => e.scrollIntoView({block: 'start'})")
+    code = source.locator(".kf-pane").first.bounding_box()
+    assert code and code["y"] < 800 - 40, "the source's code starts below the fold"
+    _shots_at(page, cell, "quickstart-dashboard-1024-files-open")
+    page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+    page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed")
+
+
+def _shots_at(page, target, name: str) -> None:
+    """One screenshot of ``target`` at the viewport's width and theme (the whole output, however tall)."""
+    size = page.viewport_size
+    tall = min(4000, int(target.bounding_box()["height"]) + 400)
+    if tall > size["height"]:
+        page.set_viewport_size({"width": size["width"], "height": tall})
+        page.wait_for_function(f"() => window.innerHeight === {tall}")
+    target.scroll_into_view_if_needed()
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    target.screenshot(path=str(SHOTS / f"{name}.png"))
+    page.set_viewport_size(size)
+
+
 def _count(progress) -> int:
     text = progress.locator(".kf-header .kf-muted").first.inner_text()
     return int(re.match(r"(\d+) evaluated", text).group(1))
@@ -373,10 +455,29 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
                            arg=[source.element_handle(), int(shown)], timeout=30_000)
     _shots(page, panel.locator(".jp-Cell").nth(1), "dashboard-live")
 
+    # a burst of clicks while the cell is still busy (rows, a node, rows, a node): they reach the kernel
+    # only when the cell ends, and are applied once, in order; the views agree all along
+    keys = rows.evaluate_all("els => els.map(e => e.dataset.key)")
+    others = [k for k in keys if k != searching]
+    for key in (others[0], searching, others[-1], searching):
+        table.locator(f"tbody tr[data-key='{key}']").click()
+        table.locator(f"tbody tr.kf-selected[data-key='{key}']").wait_for(timeout=10_000)
+    picked = tree.locator(".kf-node[data-id]").nth(1)
+    picked_id = picked.get_attribute("data-id")
+    picked.locator("circle").last.click()
+    tree.locator(f".kf-node-selected[data-id='{picked_id}']").wait_for(timeout=10_000)
+    source.locator(".kf-title", has_text=f"Candidate #{picked_id}").wait_for(timeout=10_000)
+    table.locator(f"tbody tr[data-key='{others[0]}']").click()
+    table.locator(f"tbody tr[data-key='{searching}']").click()
+    table.locator(f"tbody tr.kf-selected[data-key='{searching}']").wait_for(timeout=10_000)
+    picked.locator("circle").last.click()
+    tree.locator(f".kf-node-selected[data-id='{picked_id}']").wait_for(timeout=10_000)
+    assert "*" in waiting.inner_text(), "the clicks were made while the cell was busy"
+
     # Stop: the run ends, run.wait() returns, and the view's count is the run's evaluations
     progress.locator("button[data-action='stop']").click()
     progress.locator(".kf-pill[data-status='stopped']").wait_for(timeout=120_000)
-    out = panel.locator(".jp-CodeCell").nth(2).locator(".jp-OutputArea-output", has_text="RUN ")
+    out = panel.locator(".jp-CodeCell").nth(2).locator(".jp-OutputArea-output", has_text=re.compile(r"RUN \w+ \d+"))
     out.wait_for(timeout=60_000)
     state, evaluated = re.search(r"RUN (\w+) (\d+)", out.inner_text()).groups()
     assert state == "stopped" and _count(progress) == int(evaluated) > paused_at
@@ -386,6 +487,27 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
     assert _count(progress) == int(evaluated), "the view rendered anew shows the same count"
     progress.locator(".kf-bar[data-state='stopped']").wait_for(timeout=30_000)   # a stopped run's bar is its own
     assert panel.locator(".kf-error:visible").count() == 0
+
+    # once the kernel is idle it has applied the burst: the card, its candidate, the source and the
+    # kernel's own selection are the last click's, in every view
+    _wait_idle_after_run(lab)
+    said = _kernel_says(page, "print('SELECTED', dash.table.selected_key, dash.tree.card_key, dash.tree.selected_id, "
+                              "dash.source.candidate_id)")
+    assert said.split() == ["SELECTED", searching, searching, picked_id, picked_id], said
+    table.locator(f"tbody tr.kf-selected[data-key='{searching}']").wait_for(timeout=10_000)
+    tree.locator(f".kf-node-selected[data-id='{picked_id}']").wait_for(timeout=10_000)
+    source.locator(".kf-title", has_text=re.compile(rf"^Candidate #{picked_id}$")).wait_for(timeout=10_000)
+    assert tree.locator(f".kf-node[data-id='{picked_id}']").count() == 1, "the candidate is the card's"
+    lab.watch.check()
+
+    # a kernel restart (no reload): every view says its kernel is gone, keeps what it showed, and its
+    # buttons rest
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+    for view in (progress, table, tree, source):
+        view.locator(".kf-gone").filter(has_text="kernel").wait_for(timeout=60_000)
+    assert progress.locator("button[data-action]:enabled").count() == 0
+    assert tree.locator(f".kf-node-selected[data-id='{picked_id}']").count() == 1
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(state="attached", timeout=60_000)
     lab.watch.check()
 
 
@@ -409,7 +531,8 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
 
     # sorting, filtering and the keyboard
     table.locator("th[data-col='candidates']").click()
-    tried = [t.strip() for t in table.locator("tbody tr td:nth-child(7)").all_inner_texts()]
+    column = table.locator("thead th").evaluate_all("els => els.findIndex(e => e.dataset.col === 'candidates')") + 1
+    tried = [t.strip() for t in table.locator(f"tbody tr td:nth-child({column})").all_inner_texts()]
     counts = [0 if t == "–" else int(t) for t in tried]
     assert counts == sorted(counts, reverse=True) and counts[0] >= 2
     table.locator(".kf-filters select[title='status']").select_option("not searched")
@@ -485,15 +608,18 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     page.wait_for_function("() => window.innerWidth === 1024")
     table.scroll_into_view_if_needed()
     wrap = table.locator(".kf-table-wrap").bounding_box()
-    for col in ("share", "speedup", "status", "candidates", "dollars"):
+    important = table.locator("thead th:not(.kf-optional)")
+    assert important.count() >= 5
+    for col in important.evaluate_all("els => els.map(e => e.dataset.col)"):
         box = table.locator(f"th[data-col='{col}']").bounding_box()
         assert box and box["x"] + box["width"] <= wrap["x"] + wrap["width"] + 1, f"column {col} is clipped at 1024 px"
+    _layout_holds_at_1024(page, panel.locator(".jp-Cell").nth(6))
     page.set_viewport_size({"width": 1440, "height": 1500})
     chart = panel.locator(".jp-OutputArea-output", has=page.locator(".vega-embed svg, .vega-embed canvas")).first
     _shots(page, chart, "quickstart-chart")
     lab.watch.check()
 
-    # save, then reopen on another machine (another notebook secret: untrusted), with no kernel
+    # save (the state of the widgets shown goes with the notebook)
     page.keyboard.press("Control+s")
     page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
     saved = json.loads((lab.root / "01_quickstart.ipynb").read_text())
@@ -510,6 +636,39 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     chart = "".join(next(b["image/png"] for o in saved["cells"][8]["outputs"] for b in [o.get("data", {})]
                          if "image/png" in b))
     assert _png_height(chart) > 150, "the live chart's picture is the run's last drawing, not 'no data yet'"
+    # the same server, a fresh kernel, the notebook trusted ("open it tomorrow"): every view comes back
+    # from the state saved with the notebook, says that its kernel is gone, and shows how the run ended
+    _stop_kernels(lab)
+    page.goto(_fresh_workspace(lab.url, "01_quickstart.ipynb"))
+    out = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)").first
+    dashboard = out.locator(".jp-Cell").nth(6)
+    lost = out.get_by_text("model not found")
+    _wait_explained(lab, dashboard.locator(".kf-card-table tbody tr[data-key]").or_(lost).first, 90_000, state="attached")
+    assert lost.count() == 0, f"reopened with a fresh kernel: {lost.count()} views say 'model not found'"
+    for kind in ("run-progress", "card-table", "search-tree", "source-view"):
+        dashboard.locator(f".kf-{kind} .kf-gone").filter(has_text="kernel").wait_for(timeout=30_000)
+    assert out.get_by_text("model not found").count() == 0
+    kept = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    shown = {b["application/vnd.jupyter.widget-view+json"]["model_id"] for b in widgets}
+    assert shown <= set(kept), "the state of every view shown is saved with the notebook"
+    dashboard.locator(".kf-run-progress .kf-pill[data-status='finished']").wait_for(timeout=10_000)
+    assert _count(dashboard.locator(".kf-run-progress")) == evaluated
+    assert dashboard.locator(".kf-run-progress button[data-action]:enabled").count() == 0
+    # the saved views still move together (in the browser: there is no kernel to ask)
+    row = dashboard.locator("tbody tr[data-key]").filter(
+        has=page.locator(".kf-pill[data-status='winner'], .kf-pill[data-status='eager']")).last
+    key = row.get_attribute("data-key")
+    row.click()
+    dashboard.locator(f"tbody tr.kf-selected[data-key='{key}']").wait_for(timeout=10_000)
+    node = dashboard.locator(".kf-search-tree .kf-node[data-id]").last
+    node_id = node.get_attribute("data-id")
+    node.locator("circle").last.click()
+    dashboard.locator(".kf-source-view .kf-title", has_text=f"Candidate #{node_id}").wait_for(timeout=10_000)
+    assert out.locator(".vega-embed").count() >= 2, "the live charts come back too"
+    _shots_at(page, dashboard, "quickstart-reopened-fresh-kernel")
+    lab.watch.check()
+
+    # and reopened on another machine (another notebook secret: untrusted), with no kernel
     other = lab.base / "elsewhere"
     other.mkdir()
     nb = dict(saved)
@@ -552,6 +711,19 @@ def test_quickstart_runs_and_survives_without_its_kernel(lab):
     lab.watch.check()
 
 
+def _stop_kernels(lab) -> None:
+    """Shut down every kernel of the server (its REST API), as closing the notebook for the day does."""
+    parts = urlparse(lab.url)
+    token = re.search(r"token=(\w+)", parts.query).group(1)
+    base, auth = f"{parts.scheme}://{parts.netloc}", {"Authorization": f"token {token}"}
+    lab.page.goto("about:blank")   # NB: first, or the page reconnects and starts one again
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/sessions", headers=auth), timeout=60) as answer:
+        sessions = json.loads(answer.read())
+    for session in sessions:
+        req = urllib.request.Request(f"{base}/api/sessions/{session['id']}", method="DELETE", headers=auth)
+        urllib.request.urlopen(req, timeout=60).read()
+
+
 def test_notebook_02_runs_to_the_end_without_a_key(lab):
     page = lab.page
     panel = _open(lab, "02_llm_proposer.ipynb")
@@ -569,8 +741,51 @@ def test_notebook_02_runs_to_the_end_without_a_key(lab):
 def test_magics_in_the_browser(lab):
     page = lab.page
     panel = _open(lab, "magics.ipynb")
-    _run_all_cells(page)
-    _wait_idle_after_run(lab)
+    n = len(MAGICS)
+    # the two blocking searches (optimize() and %%kforge optimize): the highest count their cells showed
+    # while still running
+    page.evaluate("""cells => { window.kfLive = {}; setInterval(() => {
+      const all = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell');
+      for (const i of cells) {
+        const cell = all[i];
+        const counts = cell && cell.querySelector('.kf-run-progress .kf-header .kf-muted');
+        if (counts && cell.querySelector('.jp-InputArea-prompt').textContent.includes('*')) {
+          window.kfLive[i] = Math.max(window.kfLive[i] || 0, parseInt(counts.textContent) || 0);
+        }
+      } }, 100); }""", [n - 2, n - 1])
+    _run_all_cells(page, above=n)
+    blocking = panel.locator(".jp-CodeCell").nth(n - 2)
+    try:
+        page.wait_for_function("i => (window.kfLive[i] || 0) >= 2", arg=n - 2, timeout=240_000)
+    except Exception:
+        raise AssertionError("a blocking optimize() showed no live progress while its cell ran; the notebook:\n"
+                             + _notebook_state(lab)) from None
+    blocking.locator(".kf-run-progress button[data-action='stop']").click()   # it works while the cell waits
+    _wait_idle_after_run(lab, cells=n)
+    assert page.evaluate("i => window.kfLive[i] || 0", n - 1) >= 1, "%%kforge optimize showed no live progress"
+    # the same view in both: one progress view (the run's end) and the run's one line, nothing else
+    kinds = page.evaluate("""cells => cells.map(i => {
+      const outputs = window.jupyterapp.shell.currentWidget.content.model.cells.get(i).outputs;
+      return [...Array(outputs.length).keys()].map(k => Object.keys(outputs.get(k).data).sort().join(","));
+    })""", [n - 2, n - 1])
+    assert kinds[0] == kinds[1] and len(kinds[0]) == 2, kinds
+    for i in (n - 2, n - 1):
+        cell = panel.locator(".jp-CodeCell").nth(i)
+        assert cell.locator(".kf-run-progress").count() == 1
+        cell.locator(".kf-run-progress .kf-pill[data-status='stopped'], .kf-run-progress .kf-pill[data-status='finished']"
+                     ).wait_for(timeout=30_000)
+        assert cell.locator(".jp-OutputArea-output", has_text=re.compile(r"^<kforge run (stopped|finished)")).count() == 1
+    # the mistakes the CLI knows read as its one line, not a traceback
+    for i, (line, said) in enumerate(MAGIC_MISTAKES.items(), start=n):
+        _run_cell(page, i)
+        cell = panel.locator(".jp-CodeCell").nth(i)
+        page.wait_for_function("el => /\\[\\d+\\]/.test(el.textContent)",
+                               arg=cell.locator(".jp-InputArea-prompt").element_handle(), timeout=60_000)
+        error = cell.locator(".jp-OutputArea-output").first
+        error.wait_for(timeout=30_000)
+        text = error.inner_text().strip()
+        assert text.startswith("UsageError: ") and "\n" not in text, f"{line}: {text}"
+        assert re.search(said, text.removeprefix("UsageError: ")), f"{line}: {text}"
     assert panel.locator(".jp-OutputArea-output", has_text="--max-cards").count() >= 1, "per-command help"
     assert panel.locator(".jp-OutputArea-output", has_text="cards captured on cpu").count() == 1
     panel.locator(".kf-card-table tbody tr").first.wait_for(timeout=60_000)

@@ -86,40 +86,48 @@ def test_example_paths_name_the_stored_blobs(tmp_path):
 
 
 def test_a_verdict_is_a_frozen_record_with_an_enum_and_reads_old_stores():
-    v = CardVerdict(CardStatus.WINNER, "r", winner_id=3, speedup=1.5, confirmed=True, first_speedup=1.8)
+    v = CardVerdict(CardStatus.WINNER, "r", winner_id=3, winner_speedup=1.5, speedup_low=1.4, speedup_high=1.6,
+                    confirmed=True, first_speedup=1.8)
     with pytest.raises(Exception):
-        v.speedup = 2.0  # type: ignore[misc]
+        v.winner_speedup = 2.0  # type: ignore[misc]
     assert CardVerdict.from_json(json.loads(json.dumps(v.to_json()))) == v
     old = {"winner_id": None, "speedup": 1.0, "kernel_us": None, "eager_us": 3.0, "candidates": 4,
            "search_ended": "iteration budget used", "status": "eager", "reason": "no candidate was correct"}
-    assert CardVerdict.from_json(old).status is CardStatus.EAGER and v.speedup_label == "1.50x confirmed"
+    assert CardVerdict.from_json(old).status is CardStatus.EAGER and CardVerdict.from_json(old).winner_speedup is None
+    assert v.speedup_label == "1.50x confirmed (1.40-1.60)"
+    # a winner stored before the card's speedup had its own name keeps its figure
+    old_winner = {**old, "status": "winner", "winner_id": 7, "speedup": 2.5, "confirmed": True}
+    assert CardVerdict.from_json(old_winner).winner_speedup == 2.5 == CardVerdict.from_json(old_winner).speedup
     assert CardStatus.WINNER.has_winner and not CardStatus.NOT_SEARCHED.is_searched
+    assert CardStatus.NOISY.is_searched and not CardStatus.NOISY.has_winner
 
 
 # ----------------------------------------------------------------------------- one speedup per candidate
 
 
-def test_the_confirmed_speedup_is_the_one_everywhere(tmp_path):
+def test_the_pooled_speedup_is_the_one_everywhere(tmp_path):
     s = _session(tmp_path)
-    # first timing 2.0x, confirmation 1.5x: every reader must show 1.5x, labelled as confirmed
-    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    # first timing 2.0x, confirmation 1.8x: every reader shows both pooled (their geometric mean), confirmed
+    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.8)])
     run = s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
     (r,) = s.results.winners
-    assert r.speedup == 1.5 and r.confirmed and r.first_speedup == 2.0 and r.status is CardStatus.WINNER
-    assert r.eager_us == 10.0 and r.kernel_us == pytest.approx(10.0 / 1.5)
+    pooled = (2.0 * 1.8) ** 0.5
+    assert r.winner_speedup == pytest.approx(pooled) and r.confirmed and r.first_speedup == 2.0
+    assert (r.speedup_low, r.speedup_high) == (1.8, 2.0) and r.status is CardStatus.WINNER
+    assert r.judge_eager_us == pytest.approx(10.0) and r.kernel_us == pytest.approx(10.0 / pooled)
     table = s.results.table()
-    assert "1.50x confirmed" in table and "6.67" in table and "2.00" not in table
+    assert f"{pooled:.2f}x confirmed" in table and f"{10.0 / pooled:.2f}" in table and "2.00x" not in table
     (card, cand), = s.winners()
-    assert cand.speedup == 1.5 and cand.first_speedup == 2.0
+    assert cand.speedup == r.winner_speedup and cand.first_speedup == 2.0
     finished = [e for e in run.events if e.kind is EventKind.CARD_FINISHED][0]
-    assert finished.data["speedup"] == 1.5 and finished.data["confirmed"] is True
+    assert finished.data["winner_speedup"] == r.winner_speedup and finished.data["confirmed"] is True
     manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
-    assert [k["speedup"] for k in manifest["kernels"]] == [1.5]
+    assert [k["speedup"] for k in manifest["kernels"]] == [r.winner_speedup]
     from kforge.views._data import card_rows, tree_nodes
 
     row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
-    assert row["speedup"] == 1.5 and row["status"] == "winner"
-    assert [n["speedup"] for n in tree_nodes(s.store, r.key)] == [1.5]
+    assert row["winner_speedup"] == r.winner_speedup and row["status"] == "winner" and row["best_candidate"] is None
+    assert [(n["speedup"], n["winner"]) for n in tree_nodes(s.store, r.key)] == [(r.winner_speedup, True)]
     s.close()
 
 
@@ -128,7 +136,7 @@ def test_unconfirmed_winners_say_so(tmp_path):
     _with_evaluator(s, [(Status.FASTER, 2.0)])
     s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1, confirm=False)
     (r,) = s.results.winners
-    assert r.speedup == 2.0 and not r.confirmed and "single timing" in s.results.table()
+    assert r.winner_speedup == 2.0 and not r.confirmed and "2.00x single timing" in s.results.table()
     s.close()
 
 
@@ -150,16 +158,16 @@ def test_resuming_a_finished_session_keeps_its_verdicts(tmp_path):
 
 def test_a_confirmation_is_stored_and_not_timed_again(tmp_path):
     s = _session(tmp_path)
-    ev = _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    ev = _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.8)])
     s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
     (winner,) = s.store.candidates()
-    assert winner.confirmation is not None and winner.confirmation.speedup == 1.5
+    assert winner.confirmation is not None and winner.confirmation.speedup == 1.8
     # new evidence (a slower candidate) makes a new verdict, but the winner is not re-timed
     ev.answers = [(Status.SLOWER, 0.8)]
     s.optimize(proposer=ScriptedProposer(_sources(2)[1:]), iterations=2, parallel=1)
     assert len(ev.calls) == 3
     v = s.store.result(winner.card_key)
-    assert v.winner_id == winner.id and v.speedup == 1.5 and v.candidates == 2
+    assert v.winner_id == winner.id and v.winner_speedup == pytest.approx((2.0 * 1.8) ** 0.5) and v.candidates == 2
     s.close()
 
 
@@ -238,7 +246,7 @@ def test_search_policy_keyword_and_its_deprecated_name(tmp_path):
 
 def test_export_and_load_leave_out_winners_that_cost_more_than_they_save(tmp_path, monkeypatch):
     s = _session(tmp_path)
-    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.5)])
+    _with_evaluator(s, [(Status.FASTER, 2.0), (Status.FASTER, 1.8)])
     s.optimize(proposer=ScriptedProposer(_sources(1)), iterations=1, parallel=1)
     full = s.export(tmp_path / "all", all_winners=True)
     monkeypatch.setenv("KFORGE_DISPATCH_COST", "1e6,1e6")   # the environment's cost, as a deployment gives it
@@ -308,5 +316,5 @@ def test_the_verdict_takes_the_winner_the_cards_device_ranks_first(tmp_path, mon
     s._evaluator = _MovingEager([(Status.FASTER, 5.0, 10.0), (Status.FASTER, 8.0, 20.0)])
     s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=2, parallel=1, confirm=False)
     (r,) = s.results.winners
-    assert (r.speedup, r.kernel_us) == ((2.5, 8.0) if backend == "cpu" else (2.0, 5.0))
+    assert (r.winner_speedup, r.kernel_us) == pytest.approx((2.5, 8.0) if backend == "cpu" else (2.0, 5.0))
     s.close()

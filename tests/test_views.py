@@ -62,13 +62,40 @@ def test_card_table_rows_follow_capture_and_selection_drives_tree_and_source(ses
     d = dashboard(session)
     assert [r["key"] for r in d.table.rows] == [c.key for c in session.cards]
     row = next(r for r in d.table.rows if r["key"] == key)
-    assert row["candidates"] == 2 and row["speedup"] == 2.0 and row["status"] == "not searched"
+    assert row["candidates"] == 2 and row["status"] == "not searched"
+    assert row["winner_speedup"] is None and row["best_candidate"] == 2.0, "a candidate's timing is not the card's"
     assert d.table.selected_key == key, "the first searched card is selected by default"
     assert [n["id"] for n in d.tree.nodes] == [a, b] and d.tree.best_path == [a, b]
     assert d.source.candidate_id == b, "the best candidate is shown first"
     other = next(c.key for c in session.cards if c.key != key)
     d.table.selected_key = other               # what a click on a row does
     assert d.tree.card_key == other and d.tree.nodes == [] and d.source.candidate_id is None
+
+
+def _from_the_browser(widget, state: dict) -> None:
+    """A state change as the front end sends it (applied when the kernel is idle)."""
+    widget._handle_msg({"content": {"data": {"method": "update", "state": state, "buffer_paths": []}}, "buffers": []})
+
+
+def test_one_selection_takes_the_browsers_changes_in_order_and_never_answers_back(session):
+    key = _softmax_key(session)
+    a = _add(session.store, key, None, "int a;\n", Status.FASTER, 1.5)
+    b = _add(session.store, key, a, "int a;\nint b;\n", Status.FASTER, 2.0)
+    other = next(c.key for c in session.cards if c.key != key)
+    d = dashboard(session)
+    assert d.table.selection is d.tree.selection is d.source.selection is d.selection
+    sent = []
+    d.selection.send_state = lambda key=None: sent.append(key)
+    # clicks made while a cell ran reach the kernel together when it ends, each change whole, in order
+    _from_the_browser(d.selection, {"card_key": other, "candidate_id": None, "follow_search": False})
+    _from_the_browser(d.selection, {"card_key": key, "candidate_id": a})
+    _from_the_browser(d.selection, {"candidate_id": b, "follow_newest": False})
+    assert (d.table.selected_key, d.tree.card_key, d.tree.selected_id, d.source.candidate_id) == (key, key, b, b)
+    assert sent == [], "the kernel never corrects the browser: nothing crosses a later click on its way back"
+    assert f"Candidate #{b} " in d.to_html(), "the snapshot shows what the views show"
+    # kernel code picks a card whole: its best candidate comes with it, in one message
+    d.table.selected_key = other
+    assert (d.tree.card_key, d.source.candidate_id) == (other, None) and len(sent) == 1
 
 
 def test_snapshot_and_candidate_requests_answer_by_id(session):
@@ -112,7 +139,7 @@ def test_a_real_background_run_reaches_every_view_in_batches(session):
     assert d.progress.state == "finished" and d.progress.done == 6 and d.progress.cards_done == 1
     assert any("card_finished" in line for line in d.progress.log)
     row = next(r for r in d.table.rows if r["key"] == key)
-    assert row["status"] in ("winner", "eager") and row["candidates"] == len(stored) == 6
+    assert row["status"] in ("winner", "noisy", "eager") and row["candidates"] == len(stored) == 6
     # NB: the front end moves the selection to the card searched (the table was made following it);
     # the kernel side never moves it, so that a busy kernel cannot override a row the user picked.
     assert d.table.following, "a dashboard made as the run starts follows the card it searches"
@@ -372,7 +399,7 @@ def test_a_reopened_session_shows_the_finished_search_whole(session):
     try:
         d = again.dashboard()
         row = next(r for r in d.table.rows if r["key"] == key)
-        assert row["status"] in ("winner", "eager") and row["candidates"] == 3
+        assert row["status"] in ("winner", "noisy", "eager") and row["candidates"] == 3
         assert d.table.selected_key == key and len(d.tree.nodes) == 3 and d.progress is None
         assert d.source.candidate_id in {n["id"] for n in d.tree.nodes} and len(d.source.details) == 3
         assert not d.tree.live
@@ -387,6 +414,9 @@ def test_best_path_only_to_a_candidate_faster_than_eager():
     assert best_path(nodes) == [], "no bold path when nothing beat eager"
     nodes.append({"id": 3, "parent": 2, "speedup": 1.3, "status": "faster"})
     assert best_path(nodes) == [1, 2, 3]
+    # once the card has a winner the path ends there, even where another candidate's timing was higher
+    nodes += [{"id": 4, "parent": 1, "speedup": 1.2, "status": "faster", "winner": True}]
+    assert best_path(nodes) == [1, 4]
 
 
 def test_cards_read_as_short_signatures_not_keys(session):
@@ -524,3 +554,40 @@ def test_views_know_at_once_when_a_cell_holds_the_kernel(session):
     run.wait(120)
     shell.events.trigger("post_run_cell", SimpleNamespace(info=cell, success=True))
     assert d.progress.kernel_busy, "a finished run's views are no longer told"
+
+
+def test_a_blocking_optimize_in_a_notebook_runs_in_a_thread_behind_its_live_view(session, monkeypatch):
+    """In a notebook kernel, optimize() without background shows the progress view before the search
+    starts and feeds it while the cell waits; the cell's result is then the run's one line."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from kforge.views import _live, _session_display
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)   # what an ipykernel shell has
+    shown, threads = [], []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **_: shown.append(obj))
+    base = kernel_source("cpu", "softmax_rows")
+
+    class Watching(ScriptedProposer):
+        def propose(self, request):
+            threads.append((threading.current_thread().name, [type(v).__name__ for v in shown]))
+            return super().propose(request)
+
+    try:
+        run = session.optimize(proposer=Watching([base + f"\n/* v{i} */\n" for i in range(3)]), iterations=3,
+                               ops=["softmax"])
+        assert run.done and run.shown_live
+        assert threads and all(name != "MainThread" and views == ["RunProgress"] for name, views in threads), threads
+        view = shown[0]
+        assert view.state == "finished" and view.done == 3
+        _session_display.display_run(run)
+        assert repr(shown[-1]) == repr(run), "the cell's result: one line, not a second view"
+        shell.events.trigger("post_run_cell", None)
+        assert not run.shown_live, "a later cell showing the run gets its view"
+        monkeypatch.setattr(shell, "kernel", None)
+        assert _live.notebook_shell() is None
+        again = session.optimize(proposer=Watching([base + "\n/* w */\n"]), iterations=4, ops=["softmax"])
+        assert again.done and not getattr(again, "shown_live", False), "outside a kernel it runs in place"
+    finally:
+        InteractiveShell.clear_instance()

@@ -1,7 +1,7 @@
 // kforge notebook views: one plain ES module for every view; the Python side picks one with `_view`.
 // Everything a view shows is in its traits, pushed by the kernel as the run produces it, so clicks
-// never wait on a kernel that may be busy running a cell. Selection moves between views through
-// front-end links; the progress buttons post to the run's own control channel (127.0.0.1).
+// never wait on a kernel that may be busy running a cell. The views of a dashboard share one selection
+// model (a widget reference), moved here; the progress buttons post to the run's own control channel (127.0.0.1).
 // Requests over custom messages ({type: "request", id, method, params}) remain for an idle kernel.
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -81,7 +81,7 @@ const fmt = {
 const STATUS_COLORS = {
   faster: "#1a7f37", no_gain: "#6e7781", slower: "#bf8700", wrong_result: "#cf222e",
   compile_error: "#8250df", launch_error: "#bc4c00", crashed: "#a40e26", timed_out: "#953800",
-  pending: "#8c959f", winner: "#1a7f37", eager: "#6e7781", searching: "#0969da", "not searched": "#8c959f",
+  pending: "#8c959f", winner: "#1a7f37", noisy: "#bf8700", eager: "#6e7781", searching: "#0969da", "not searched": "#8c959f",
   running: "#0969da", paused: "#bf8700", pausing: "#bf8700", stopping: "#bc4c00", stopped: "#bc4c00",
   finished: "#1a7f37", failed: "#cf222e",
 };
@@ -97,8 +97,10 @@ const COLUMNS = [
   { key: "label", label: "card", cls: "kf-card-col" },
   { key: "calls", label: "calls", num: true, optional: true },
   { key: "share", label: "share", num: true },
-  { key: "eager_us", label: "eager", num: true, optional: true },
-  { key: "speedup", label: "best", num: true },
+  { key: "in_model_us", label: "in model", num: true, optional: true },
+  { key: "judge_eager_us", label: "eager (judge)", num: true, optional: true },
+  { key: "winner_speedup", label: "speedup", num: true },
+  { key: "best_candidate", label: "best cand. (unconfirmed)", num: true, optional: true },
   { key: "status", label: "status" },
   { key: "candidates", label: "tried", num: true },
   { key: "dollars", label: "cost", num: true },
@@ -117,7 +119,7 @@ function select(options, value, onchange, title) {
   return el;
 }
 
-function renderCardTable(model, root) {
+function renderCardTable(model, root, sel) {
   const head = h("thead");
   const body = h("tbody");
   const summary = h("span", { class: "kf-muted kf-ellipsis" });
@@ -127,7 +129,7 @@ function renderCardTable(model, root) {
     h("table", { class: "kf-table" }, head, body));
   root.append(h("div", { class: "kf-header" }, h("span", { class: "kf-title" }, "Operator cards"), summary, follow),
     filters, wrap);
-  watchWidth(root, 900);
+  watchWidth(root, 1000);
   const selects = h("span", { class: "kf-selects" });
   const input = h("input", { class: "kf-input", type: "search", placeholder: "filter: op, shape, key…",
     value: model.get("filter_text"), oninput: (ev) => { model.set("filter_text", ev.target.value); model.save_changes(); } });
@@ -135,10 +137,11 @@ function renderCardTable(model, root) {
   const setFilter = (name, v) => { model.set(name, v); model.save_changes(); };
   let visible = [];
 
+  // NB: the selection is the dashboard's one model: its changes go to the kernel whole and in order
   const choose = (key, byUser) => {
-    if (byUser && model.get("following")) model.set("following", false);
-    model.set("selected_key", key);
-    model.save_changes();
+    if (byUser && sel.get("follow_search")) sel.set("follow_search", false);
+    sel.set("card_key", key);
+    sel.save();
   };
   const drawFilters = () => {
     const rows = model.get("rows");
@@ -177,7 +180,7 @@ function renderCardTable(model, root) {
         model.save_changes();
       },
     }, col.label, col.key === sortBy ? (desc ? " ▾" : " ▴") : ""))));
-    const selected = model.get("selected_key");
+    const selected = sel.get("card_key");
     body.replaceChildren(...rows.map((r) => h("tr", {
       class: r.key === selected ? "kf-selected" : "",
       "data-key": r.key, "data-op": r.op, "data-vendor": r.vendor || "-",
@@ -187,8 +190,12 @@ function renderCardTable(model, root) {
       h("td", { class: "kf-num kf-optional" }, r.calls),
       h("td", { class: "kf-num" }, h("span", { class: "kf-share-track" },
         h("span", { class: "kf-share-bar", style: `width: ${Math.min(100, r.share * 100)}%` })), fmt.pct(r.share)),
-      h("td", { class: "kf-num kf-optional" }, fmt.us(r.eager_us)),
-      h("td", { class: `kf-num ${r.speedup > 1 ? "kf-good" : ""}` }, fmt.x(r.speedup)),
+      h("td", { class: "kf-num kf-optional" }, fmt.us(r.in_model_us || null)),
+      h("td", { class: "kf-num kf-optional" }, fmt.us(r.judge_eager_us)),
+      h("td", { class: `kf-num ${r.winner_speedup > 1 ? "kf-good" : ""}`,
+        title: r.winner_speedup && r.speedup_low ? `${r.speedup_low.toFixed(2)}–${r.speedup_high.toFixed(2)}×` : "" },
+        fmt.x(r.winner_speedup)),
+      h("td", { class: "kf-num kf-optional kf-muted" }, fmt.x(r.best_candidate)),
       h("td", {}, pill(r.status)),
       h("td", { class: "kf-num" }, r.candidates || "–"),
       h("td", { class: "kf-num" }, fmt.usd(r.dollars)),
@@ -200,22 +207,22 @@ function renderCardTable(model, root) {
       (rows.length < all.length ? ` · ${rows.length} shown` : "");
     const searching = model.get("searching");
     follow.replaceChildren();
-    if (model.get("following")) follow.append(h("span", { class: "kf-badge", "data-follow": "on" }, "following the search"));
+    if (sel.get("follow_search")) follow.append(h("span", { class: "kf-badge", "data-follow": "on" }, "following the search"));
     else if (searching) {
       follow.append(h("span", { class: "kf-badge", "data-follow": "off" }, "pinned"),
         h("button", { class: "kf-btn kf-small", "data-action": "follow", title: "show the card being searched",
-          onclick: () => { model.set("following", true); choose(searching, false); } }, "Follow search"));
+          onclick: () => { sel.set("follow_search", true); choose(searching, false); } }, "Follow search"));
     }
   };
   // the card being searched changes: follow it unless the user pinned a row
   model.on("change:searching", () => {
     const key = model.get("searching");
-    if (model.get("following") && key && key !== model.get("selected_key")) choose(key, false);
+    if (sel.get("follow_search") && key && key !== sel.get("card_key")) choose(key, false);
     draw();
   });
   wrap.addEventListener("keydown", (ev) => {
     if (!visible.length) return;
-    const at = visible.findIndex((r) => r.key === model.get("selected_key"));
+    const at = visible.findIndex((r) => r.key === sel.get("card_key"));
     const to = { ArrowDown: at + 1, ArrowUp: at - 1, Home: 0, End: visible.length - 1,
       PageDown: at + 10, PageUp: at - 10 }[ev.key];
     if (to === undefined) return;
@@ -224,10 +231,10 @@ function renderCardTable(model, root) {
     choose(row.key, true);
     requestAnimationFrame(() => body.querySelector(`tr[data-key="${row.key}"]`)?.scrollIntoView({ block: "nearest" }));
   });
-  for (const name of ["rows", "selected_key", "sort_by", "sort_desc", "following", "filter_status", "filter_op",
-    "filter_vendor", "filter_text"]) {
+  for (const name of ["rows", "sort_by", "sort_desc", "filter_status", "filter_op", "filter_vendor", "filter_text"]) {
     model.on(`change:${name}`, draw);
   }
+  sel.on("change:card_key change:follow_search", draw);
   for (const name of ["rows", "filter_status", "filter_op", "filter_vendor"]) model.on(`change:${name}`, drawFilters);
   drawFilters();
   draw();
@@ -263,7 +270,7 @@ function layoutTree(nodes) {
 
 const TREE_DX = 58, TREE_DY = 62, MIN_SCALE = 0.85;
 
-function renderSearchTree(model, root) {
+function renderSearchTree(model, root, sel) {
   const title = h("span", { class: "kf-title" }, "Search tree");
   const label = h("span", { class: "kf-muted kf-ellipsis" });
   const live = h("span", { class: "kf-live" }, "● live");
@@ -275,7 +282,8 @@ function renderSearchTree(model, root) {
   svg.append(gEdges, gNodes);
   const legend = h("div", { class: "kf-legend" }, ["faster", "no_gain", "slower", "wrong_result", "compile_error", "pending"]
     .map((st) => h("span", {}, h("i", { style: `background: ${STATUS_COLORS[st]}` }), st.replace("_", " "))),
-    h("span", {}, h("i", { class: "kf-best-swatch" }), "best path (faster than eager)"));
+    h("span", {}, h("i", { class: "kf-best-swatch" }), "path to the card's winner (else its fastest candidate)"),
+    h("span", { class: "kf-muted" }, "×: each candidate's own timings over the judge's eager"));
   const empty = h("div", { class: "kf-empty" }, "No candidates for this card yet.");
   const box = h("div", { class: "kf-tree-box" }, svg, empty);
   root.append(h("div", { class: "kf-header" }, title, label, live, follow, fitBtn), box, legend);
@@ -283,12 +291,12 @@ function renderSearchTree(model, root) {
   let view = null;      // current viewBox [x, y, w, h]; null: automatic
   let extent = [0, 0, 100, 100];
   let fitAll = false;   // the user asked to see everything, even small
-  let lastCard = model.get("card_key");
+  let lastCard = sel.get("card_key");
   const setView = (v) => { svg.setAttribute("viewBox", v.join(" ")); };
   const fit = () => { view = null; fitAll = true; draw(); };
   fitBtn.addEventListener("click", fit);
 
-  const nodesOf = () => (model.get("trees")[model.get("card_key")] || []).map((n) => ({ ...n }));
+  const nodesOf = () => (model.get("trees")[sel.get("card_key")] || []).map((n) => ({ ...n }));
   const newest = () => { const ns = nodesOf(); return ns.length ? ns[ns.length - 1].id : null; };
 
   // automatic view: the whole tree if it fits at MIN_SCALE or more, else a window around the selection
@@ -303,19 +311,19 @@ function renderSearchTree(model, root) {
   };
 
   const draw = () => {
-    if (model.get("card_key") !== lastCard) { lastCard = model.get("card_key"); view = null; fitAll = false; }
+    if (sel.get("card_key") !== lastCard) { lastCard = sel.get("card_key"); view = null; fitAll = false; }
     const nodes = nodesOf();
-    const best = new Set(model.get("best_paths")[model.get("card_key")] || []);
-    const selected = model.get("selected_id");
-    const text = model.get("labels")[model.get("card_key")] || model.get("card_key");
+    const best = new Set(model.get("best_paths")[sel.get("card_key")] || []);
+    const selected = sel.get("candidate_id");
+    const text = model.get("labels")[sel.get("card_key")] || sel.get("card_key");
     label.textContent = text;
     label.title = text;
     live.style.display = model.get("live") ? "" : "none";
     follow.replaceChildren();
     if (model.get("live")) {
-      follow.append(model.get("following") ? h("span", { class: "kf-badge", "data-follow": "on" }, "following newest")
+      follow.append(sel.get("follow_newest") ? h("span", { class: "kf-badge", "data-follow": "on" }, "following newest")
         : h("button", { class: "kf-btn kf-small", "data-action": "follow", title: "select each new candidate as it comes",
-          onclick: () => { model.set("following", true); model.set("selected_id", newest()); model.save_changes(); } },
+          onclick: () => { sel.set({ follow_newest: true, candidate_id: newest() }); sel.save(); } },
         "Follow newest"));
     }
     empty.style.display = nodes.length ? "none" : "";
@@ -362,13 +370,12 @@ function renderSearchTree(model, root) {
       t.textContent = n.speedup > 0 ? `${n.speedup.toFixed(2)}×` : `#${n.id}`;
       g.append(t);
       const tip = s("title");
-      tip.textContent = `#${n.id} ${n.status}${n.speedup > 0 ? ` ${n.speedup.toFixed(2)}×` : ""}\n${n.strategy}\n${n.intent}`;
+      tip.textContent = `#${n.id} ${n.status}${n.speedup > 0 ? ` ${n.speedup.toFixed(2)}× (candidate timing${n.winner ? "; the card's winner" : ""})` : ""}\n${n.strategy}\n${n.intent}`;
       g.append(tip);
       g.addEventListener("click", (ev) => {
         ev.stopPropagation();
-        model.set("following", false);
-        model.set("selected_id", n.id);
-        model.save_changes();
+        sel.set({ follow_newest: false, candidate_id: n.id });
+        sel.save();
       });
       gNodes.append(g);
     }
@@ -407,23 +414,26 @@ function renderSearchTree(model, root) {
   svg.addEventListener("pointercancel", endDrag);
   // new candidates of the card shown: select the newest while following
   model.on("change:trees", () => {
-    if (model.get("following")) {
+    if (sel.get("follow_newest")) {
       const id = newest();
-      if (id !== null && id !== model.get("selected_id")) { model.set("selected_id", id); model.save_changes(); }
+      if (id !== null && id !== sel.get("candidate_id")) { sel.set("candidate_id", id); sel.save(); }
     }
     draw();
   });
   // another card: its best candidate (or newest), unless the selection already belongs to it
-  model.on("change:card_key", () => {
+  // NB: in the same change as the card (this runs inside the table's set): the kernel never sees a
+  // card with another card's candidate, and never has to correct one
+  sel.on("change:card_key", () => {
     const nodes = nodesOf();
-    if (!nodes.some((n) => n.id === model.get("selected_id"))) {
-      const path = model.get("best_paths")[model.get("card_key")] || [];
-      model.set("selected_id", path.length ? path[path.length - 1] : newest());
-      model.save_changes();
+    if (!nodes.some((n) => n.id === sel.get("candidate_id"))) {
+      const path = model.get("best_paths")[sel.get("card_key")] || [];
+      sel.set("candidate_id", path.length ? path[path.length - 1] : newest());
+      sel.save();
     }
     draw();
   });
-  for (const name of ["best_paths", "selected_id", "labels", "live", "following"]) model.on(`change:${name}`, draw);
+  for (const name of ["best_paths", "labels", "live"]) model.on(`change:${name}`, draw);
+  sel.on("change:candidate_id change:follow_newest", draw);
   if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => { if (view === null) draw(); }).observe(box);
   draw();
 }
@@ -496,7 +506,7 @@ function evaluationBlock(ev) {
     h("table", { class: "kf-kv" }, h("tbody", {}, rows)));
 }
 
-function renderSourceView(model, root) {
+function renderSourceView(model, root, sel) {
   const title = h("span", { class: "kf-title" }, "Candidate");
   const meta = h("span", { class: "kf-muted kf-ellipsis" });
   const content = h("div", { class: "kf-source-body" });
@@ -533,7 +543,7 @@ function renderSourceView(model, root) {
 
   // everything comes pushed in `details`; a candidate missing there is asked for (idle kernel only)
   const draw = () => {
-    const id = model.get("candidate_id");
+    const id = sel.get("candidate_id");
     if (id === null || id === undefined) {
       if (shownKey !== null) { shownKey = null; show(null); }
       return;
@@ -556,10 +566,10 @@ function renderSourceView(model, root) {
     shownKey = `asking ${id}`;
     content.replaceChildren(h("div", { class: "kf-empty" }, "Loading…"));
     request(model, "candidate", { id }, 10000, `candidate #${id} is not in this view yet and the kernel did not answer within 10 s; it shows once the run reports it`)
-      .then((got) => { if (mine === latest && model.get("candidate_id") === id) { shownKey = `${id}:asked`; show(got); } },
+      .then((got) => { if (mine === latest && sel.get("candidate_id") === id) { shownKey = `${id}:asked`; show(got); } },
         (err) => { if (mine === latest) failed(err); });
   };
-  model.on("change:candidate_id", () => { latest++; draw(); });
+  sel.on("change:candidate_id", () => { latest++; draw(); });
   model.on("change:details", draw);
   model.on("change:kernel_busy", () => { if (String(shownKey).startsWith("waiting")) { shownKey = undefined; draw(); } });
   draw();
@@ -636,11 +646,12 @@ function renderRunProgress(model, root) {
     if (!started) { timing.textContent = ""; return; }
     const ended = model.get("ended_at");
     const elapsed = (ended || Date.now() / 1000) - started;
-    const done = model.get("done"), total = model.get("total");
+    const done = model.get("done"), etaAt = model.get("eta_at");
     const rate = elapsed > 0 ? done / elapsed : 0;
     const parts = [`${fmt.dur(elapsed)} elapsed`];
     if (done > 0) parts.push(rate >= 1 ? `${rate.toFixed(1)} / s` : `${(60 * rate).toFixed(1)} / min`);
-    if (!ended && rate > 0 && total > done) parts.push(`about ${fmt.dur((total - done) / rate)} left`);
+    // the ETA is the kernel's (kforge.search.Progress): none until enough of the run is done for a rate to mean something
+    if (!ended) parts.push(etaAt ? `about ${fmt.dur(Math.max(0, etaAt - Date.now() / 1000))} left` : "ETA —");
     timing.textContent = parts.join(" · ");
   };
   const draw = () => {
@@ -648,7 +659,9 @@ function renderRunProgress(model, root) {
     const done = model.get("done");
     const total = Math.max(1, model.get("total"));
     state.replaceChildren(pill(st === "running" ? "searching" : st));
-    counts.textContent = `${done} evaluated of ${model.get("total")} · ${model.get("cards_done")} / ${model.get("cards_total")} cards` +
+    const failures = model.get("failures");
+    counts.textContent = `${model.get("evaluated")} evaluated` + (failures ? `, ${failures} proposer failure${failures === 1 ? "" : "s"}` : "") +
+      ` · ${done} of ${model.get("total")} budget units · ${model.get("cards_done")} / ${model.get("cards_total")} cards` +
       (model.get("dollars") ? ` · ${fmt.usd(model.get("dollars"))}` : "");
     const over = ["stopped", "finished", "failed"].includes(st);
     // a finished run fills the bar; a stopped or failed one shows how far it got, in its own colour
@@ -657,7 +670,10 @@ function renderRunProgress(model, root) {
     bar.parentElement.dataset.state = st;
     current.textContent = over ? "" : model.get("current") ? `searching ${model.get("current")}` : "";
     const entries = Object.entries(model.get("best"));
-    best.replaceChildren(...entries.map(([key, v]) => h("span", { class: "kf-chip", title: key }, `${key} ${fmt.x(v)}`)));
+    const trying = Object.entries(model.get("best_candidates") || {});
+    best.replaceChildren(...entries.map(([key, v]) => h("span", { class: "kf-chip", title: `${key}: the card's speedup (winner)` }, `${key} ${fmt.x(v)}`)),
+      ...trying.map(([key, v]) => h("span", { class: "kf-chip kf-muted", title: `${key}: best candidate so far, one timing, unconfirmed` },
+        `${key} ${fmt.x(v)} (candidate)`)));
     notes.replaceChildren(...model.get("notes").map((n) => h("div", { class: "kf-note" }, n)));
     const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 4;
     log.textContent = model.get("log").join("\n");
@@ -665,12 +681,14 @@ function renderRunProgress(model, root) {
     buttons.pause.disabled = over || st === "paused" || st === "pausing" || st === "stopping";
     buttons.resume.disabled = over || !(st === "paused" || st === "pausing");
     buttons.stop.disabled = over || st === "stopping";
+    if (root.classList.contains("kf-gone")) Object.values(buttons).forEach((b) => { b.disabled = true; });
     drawTiming();
     if (!over && model.get("started_at") && ticker === null) ticker = setInterval(drawTiming, 1000);
     if ((over || !root.isConnected) && ticker !== null && model.get("ended_at")) { clearInterval(ticker); ticker = null; }
   };
   model.on("change:state", () => { expected = null; });
-  for (const name of ["state", "done", "total", "cards_done", "cards_total", "current", "best", "dollars", "log", "notes",
+  root.addEventListener("kf-gone", draw);
+  for (const name of ["state", "done", "total", "evaluated", "failures", "eta_at", "cards_done", "cards_total", "current", "best", "best_candidates", "dollars", "log", "notes",
     "started_at", "ended_at", "control_url"]) {
     model.on(`change:${name}`, draw);
   }
@@ -687,20 +705,135 @@ const VIEWS = {
   run_progress: renderRunProgress,
 };
 
-function render({ model, el }) {
+// The dashboard's one selection model (a widget reference): every view reads and writes it. Its
+// changes go to the kernel whole, in the order made; a saved view (no kernel) keeps them here.
+async function selectionOf(model, ctx) {
+  const ref = model.get("selection");
+  if (!ref) return null;
+  const raw = typeof ref === "string" ? await model.widget_manager.get_model(ref.replace(/^IPY_MODEL_/, "")) : ref;
+  return {
+    raw,
+    get: (name) => raw.get(name),
+    set: (...args) => raw.set(...args),
+    save: () => raw.save_changes(),   // NB: a no-op where the kernel is gone
+    on: (names, fn) => raw.on(names, fn, ctx),
+  };
+}
+
+// A view whose kernel is gone (restarted, shut down, or the notebook reopened with a new one) keeps
+// the state it had: it says so, and its buttons rest.
+function kernelBanner(model, root, sel, cleanups) {
+  const banner = h("div", { class: "kf-gone", role: "status" });
+  banner.style.display = "none";
+  const wm = model.widget_manager;
+  const mine = model.get("kernel_id");
+  let gone = false;
+  const mark = (why) => {
+    if (gone) return;
+    gone = true;
+    banner.textContent = `${why}: this view shows the state it had when it was saved or its kernel stopped; ` +
+      "run the cell again for a live view.";
+    banner.style.display = "";
+    root.classList.add("kf-gone");
+    root.dispatchEvent(new Event("kf-gone"));
+  };
+  const check = () => {
+    if (sel && sel.raw.comm_live === false) return mark("Its kernel is gone");
+    if (!wm || !("kernel" in wm) || !mine) return;   // a front end that cannot tell
+    const k = wm.kernel;
+    if (!k) return mark("No kernel");
+    if (k.id !== mine) return mark("Its kernel is gone (the notebook runs another one now)");
+    if (["restarting", "autorestarting", "dead"].includes(k.status)) return mark("Its kernel restarted");
+  };
+  if (sel) sel.on("comm_live_update", check);
+  const k = wm && "kernel" in wm ? wm.kernel : null;
+  if (k && k.statusChanged) {
+    k.statusChanged.connect(check);
+    cleanups.push(() => k.statusChanged.disconnect(check));
+  }
+  check();
+  return banner;
+}
+
+// JupyterLab saves no widget state by default: a trusted notebook reopened with a fresh kernel showed
+// "model not found" for every view. A notebook showing kforge views keeps, in its metadata, the state
+// of the widgets its outputs show (what Settings > Save Widget State Automatically does, for those
+// only); JupyterLab restores them from there on any reopen. NB: JupyterLab's document context, which
+// its widget manager exposes; other front ends keep the static snapshots.
+const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
+const STATE_MIME = "application/vnd.jupyter.widget-state+json";
+const keepers = new WeakMap();
+
+function shownModels(notebook) {
+  const ids = [];
+  const cells = notebook.cells;
+  for (let i = 0; cells && i < cells.length; i++) {
+    const outputs = cells.get(i).outputs;
+    for (let k = 0; outputs && k < outputs.length; k++) {
+      const view = (outputs.get(k).data || {})[VIEW_MIME];
+      if (view && view.model_id) ids.push(view.model_id);
+    }
+  }
+  return ids;
+}
+
+function stateKeeper(model) {
+  const wm = model.widget_manager;
+  const context = wm && wm.context;
+  if (!context || !context.saveState || !context.model || typeof wm.get_state !== "function") return () => {};
+  if (keepers.has(wm)) return keepers.get(wm);
+  let latest = null, timer = null;
+  // NB: saving is synchronous and the state is not: keep it current, a moment after each change
+  const refresh = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => wm.get_state({ drop_defaults: true }).then((st) => { latest = st; }, () => {}), 250);
+  };
+  context.saveState.connect((_, phase) => {
+    if (phase !== "started" || !latest) return;
+    const keep = {};
+    const visit = (id) => {
+      if (keep[id] || !latest.state[id]) return;
+      keep[id] = latest.state[id];
+      for (const m of JSON.stringify(keep[id].state).matchAll(/IPY_MODEL_([\w-]+)/g)) visit(m[1]);
+    };
+    shownModels(context.model).forEach(visit);
+    if (!Object.keys(keep).length) return;
+    const value = { [STATE_MIME]: { ...latest, state: keep } };
+    if (context.model.setMetadata) context.model.setMetadata("widgets", value);
+    else context.model.metadata.set("widgets", value);
+  });
+  context.model.contentChanged.connect(refresh);
+  setInterval(refresh, 3000);   // widgets that are not kforge's (charts) change too
+  keepers.set(wm, refresh);
+  refresh();
+  return refresh;
+}
+
+async function render({ model, el }) {
   const stop = listen(model);
   const kind = model.get("_view");
   const root = h("div", { class: `kf-view kf-${kind.replace("_", "-")}` });
   el.append(root);
   root.append(errorBanner(model));
-  let cleanup = null;
+  const ctx = {};
+  const cleanups = [];
+  let sel = null;
   try {
-    cleanup = (VIEWS[kind] || ((m, r) => r.append(`unknown kforge view ${kind}`)))(model, root);
+    sel = await selectionOf(model, ctx);
+    root.append(kernelBanner(model, root, sel, cleanups));
+    const keep = stateKeeper(model);
+    model.on("change", keep);
+    if (sel) sel.on("change", keep);
+    cleanups.push((VIEWS[kind] || ((m, r) => r.append(`unknown kforge view ${kind}`)))(model, root, sel));
   } catch (err) {
     model.set("error", `front end: ${err.message || err}`);
     model.save_changes();
   }
-  return () => { stop(); if (typeof cleanup === "function") cleanup(); };
+  return () => {
+    stop();
+    if (sel) sel.raw.off(null, null, ctx);
+    for (const fn of cleanups) if (typeof fn === "function") fn();
+  };
 }
 
 export default { render };

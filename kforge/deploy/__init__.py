@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from ._artifact import ArtifactError, ExportedKernel, export_artifact, load_artifact, read_manifest
 from ._deployment import Deployment
-from ._graph import register_aten_pass
+from ._graph import GraphForward, register_aten_pass
 from ._launch import DeployedKernel
 from ._select import DispatchCost, measure_dispatch_cost
 
-__all__ = ["ArtifactError", "DeployedKernel", "Deployment", "DispatchCost", "ExportedKernel", "export_artifact",
-           "load_artifact", "measure_dispatch_cost", "read_manifest", "register_aten_pass"]
+__all__ = ["ArtifactError", "DeployedKernel", "Deployment", "DispatchCost", "ExportedKernel", "GraphForward",
+           "export_artifact", "load_artifact", "measure_dispatch_cost", "read_manifest", "register_aten_pass"]

@@ -117,7 +117,8 @@ def read_manifest(path: str | Path) -> dict:
 def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
                   install: bool = True, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
                   ) -> Deployment:
-    """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store.
+    """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store. Region and
+    fused-operator kernels run in ``model``'s forward captured as a graph, as ``Session.apply`` runs them.
 
     ``revalidate``: None (default) re-validates only when the artifact was built for another
     target (architecture, backend or torch version); True always; False never. As in

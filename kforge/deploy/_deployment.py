@@ -1,5 +1,6 @@
-"""A set of kernels put into the process: eagerly (patched callables, scoped to a model or not)
-and into compiled graphs (``compile``)."""
+"""A set of kernels put into the process: eagerly (patched callables, scoped to a model or not; region and
+fused-operator kernels through the model's forward captured as a graph, ``GraphForward``) and into compiled
+graphs (``compile``)."""
 from __future__ import annotations
 
 import threading
@@ -8,9 +9,35 @@ from typing import Any
 
 import torch
 
+from ..ops import GRAPH_FUSED_OPS, LAYOUT_TWIN_OPS, Variant, is_channels_last_twin, placed_in_aten_graph
 from ._dispatch import DISPATCHER
+from ._graph import GraphForward
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
+
+
+def _layout_twin(variant: Variant) -> bool:
+    """An operator's or a fused operator's channels-last twin: the layout Inductor gives a compiled graph."""
+    return variant.op in LAYOUT_TWIN_OPS and is_channels_last_twin(variant)
+
+
+def in_graph(variant: Variant) -> bool:
+    """Whether an eager deployment runs ``variant``'s kernel in the model's forward captured as a graph (a region,
+    a fused operator), where the eager dispatcher, which sees one torch call at a time, cannot put it. Not a
+    channels-last twin: that graph keeps the traced layouts (an operator's twin is dispatched like any operator
+    kernel, a call of that layout taking it)."""
+    return placed_in_aten_graph(variant) and not _layout_twin(variant)
+
+
+def not_in_eager(variant: Variant, model: Any) -> str | None:
+    """Why an eager deployment for ``model`` cannot run ``variant``'s kernel (None: it can)."""
+    if variant.op in GRAPH_FUSED_OPS and _layout_twin(variant):
+        return ("laid out channels-last, as Inductor lays out the compiled graph; the eager model keeps the traced "
+                "layout, so it runs under torch.compile only (session.compile, Deployment.compile)")
+    if in_graph(variant) and not isinstance(model, torch.nn.Module):
+        return ("runs inside the model's forward captured as a graph: install it for an nn.Module "
+                "(apply(scope='model'), kforge.load(model, ...)), or compile the model (Deployment.compile)")
+    return None
 
 
 class _NoScope:
@@ -53,6 +80,8 @@ class Deployment:
     # NB: per thread: another thread's calls made while this model runs forward stay on eager.
     _scope: threading.local = field(default_factory=threading.local, repr=False)
     _backends: list = field(default_factory=list, repr=False)   # of the models compile() returned
+    # the model's forward as a graph holding the region and fused-operator kernels (None without any)
+    graph: GraphForward | None = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
@@ -68,13 +97,31 @@ class Deployment:
             self._hooks.append(self.model.register_forward_hook(_ScopeHook(self, -1), always_call=True))
         for dk in self.kernels:
             RUN_TABLE.register(dk)
+        for dk in self.kernels:
+            why = not_in_eager(dk.variant, self.model)
+            if why is not None and (dk.variant.signature, why) not in self.skipped:
+                self.skipped.append((dk.variant.signature, why))
+        if isinstance(self.model, torch.nn.Module) and self.graph_kernels:
+            if self.graph is None:
+                # NB: no twin: this graph keeps the traced layouts, and the calls a twin would take (a group_norm
+                # read by a SiLU) are left for it in dynamo's graph, where a plain kernel would have taken them
+                self.graph = GraphForward(self.model, [dk for dk in self.kernels if not _layout_twin(dk.variant)],
+                                          self._graph_failed)
+            self.graph.attach()
         self.installed = True
         return self
+
+    def _graph_failed(self, why: str) -> None:
+        for dk in self.kernels:
+            if in_graph(dk.variant) and (dk.variant.signature, why) not in self.skipped:
+                self.skipped.append((dk.variant.signature, why))
 
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
         run their operators eagerly from now on, unless another holder (a model compiled by the
         session, another deployment) still holds the same kernel: those graphs keep running it."""
+        if self.graph is not None:
+            self.graph.detach()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -112,8 +159,20 @@ class Deployment:
 
     @property
     def calls(self) -> dict[str, int]:
+        """Per kernel (by signature): the calls it ran, dispatched eagerly or from the model's graph."""
         return {dk.variant.signature: dk.calls for dk in self.kernels}
+
+    @property
+    def graph_kernels(self) -> list[DeployedKernel]:
+        """The region and fused-operator kernels, which run in the model's forward captured as a graph."""
+        return [dk for dk in self.kernels if in_graph(dk.variant)]
 
     def __repr__(self) -> str:
         state = "installed" if self.installed else "removed"
-        return f"<kforge Deployment {state}: {len(self.kernels)} kernels, {len(self.skipped)} kept on eager>"
+        graph = len(self.graph_kernels)
+        where = ""
+        if graph:
+            off = self.graph is None or self.graph.failure is not None
+            where = (f" ({len(self.kernels) - graph} operator, {graph} region/fused in the model's graph"
+                     + (": not running, see skipped" if off else "") + ")")
+        return f"<kforge Deployment {state}: {len(self.kernels)} kernels{where}, {len(self.skipped)} kept on eager>"

@@ -22,6 +22,7 @@ noise is never narrower than the timings' disagreement (the spread of their own 
 """
 from __future__ import annotations
 
+import enum
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ._launch import DeployedKernel
+
+
+class Outcome(str, enum.Enum):
+    """A comparison's reading of the difference between its two forwards, with its noise."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    WITHIN_NOISE = "within noise"
 
 
 # The least noise a comparison reports, as a fraction of the slower arm: smaller differences are not claimed.
@@ -94,20 +103,64 @@ class Comparison:
                        timings=meds)
 
     @property
+    def slower(self) -> bool:
+        """Measurably slower with the kernels than without (beyond the noise and the margin)."""
+        return self.saved_us < -(self.noise_us + self.margin_us)
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the difference says, read with its noise: the label every table prints beside the ratio."""
+        if self.faster:
+            return Outcome.FASTER
+        return Outcome.SLOWER if self.slower else Outcome.WITHIN_NOISE
+
+    @property
     def speedup(self) -> float:
         spent = self.with_paired_us
         return self.without_us / spent if spent > 0 else 1.0
 
+    @property
+    def speedup_range(self) -> tuple[float, float]:
+        """The ratios the saving's noise (and margin) allows: above 1 only when ``faster``, below 1 only when
+        ``slower``; the upper end is infinite where the noise exceeds the time with the kernels."""
+        bar, spent = self.noise_us + self.margin_us, self.with_paired_us
+        low = self.without_us / (spent + bar) if spent + bar > 0 else 0.0
+        high = self.without_us / (spent - bar) if spent - bar > 0 else float("inf")
+        return low, high
+
+    @property
+    def speedup_noise(self) -> float:
+        """The ratio's ``±``, read on the side its label rests on: ``speedup - speedup_noise`` is the range's
+        low end when faster, ``speedup + speedup_noise`` its high end when slower, and within noise the
+        ``±`` reaches both ends (so 1 lies inside it). Infinite where the noise exceeds the time itself."""
+        low, high = self.speedup_range
+        s = self.speedup
+        if self.faster:
+            return max(s - low, 0.0)
+        if self.slower:
+            return max(high - s, 0.0)
+        return max(s - low, high - s, 0.0)
+
+    def ratio(self) -> str:
+        """The ratio with its noise and its label, e.g. "1.092x ± 0.031, faster"."""
+        pm = self.speedup_noise
+        if pm == float("inf") or pm >= 10.0:
+            # NB: seen on this CPU: compile default 1.386x with +/-3818.5 us of noise on a 3.4 ms forward
+            noise = f"(from {self.speedup_range[0]:.2f}x up: the noise exceeds the time)"
+        else:
+            noise = f"± {pm:.3f}"
+        return f"{self.speedup:.3f}x {noise}, {self.outcome.value}"
+
     def describe(self) -> str:
         if self.within_noise:
             if self.margin_us:
-                return (f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us) and the {self.margin_us:.1f} us "
+                return (f"{self.ratio()} (+/-{self.noise_us:.1f} us) and the {self.margin_us:.1f} us "
                         "that two plain compilations differ by")
-            return f"{self.speedup:.3f}x, within noise (+/-{self.noise_us:.1f} us)"
+            return f"{self.ratio()} (+/-{self.noise_us:.1f} us)"
         if self.paired_us is None:
-            return f"{self.speedup:.3f}x ({self.with_us:.1f} us against {self.without_us:.1f} us)"
+            return f"{self.ratio()} ({self.with_us:.1f} us against {self.without_us:.1f} us)"
         verb = "saves" if self.paired_us > 0 else "costs"
-        return (f"{self.speedup:.3f}x ({verb} {abs(self.paired_us):.1f} us a forward, paired per round; "
+        return (f"{self.ratio()} ({verb} {abs(self.paired_us):.1f} us a forward, paired per round; "
                 f"medians {self.with_us:.1f} us against {self.without_us:.1f} us)")
 
 
@@ -264,7 +317,7 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
 
 
 def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, min_rounds: int = 24,
-                max_rounds: int = 60, max_s: float = 30.0) -> Compare:
+                max_rounds: int = 60, max_s: float = 30.0, warm_blocks: bool | None = None) -> Compare:
     """A Compare that times blocks of forwards of two arms alternately (ABBA order), wall clock
     with the device synchronised around each block, for ``budget_s`` and at least ``min_rounds``
     rounds (unless that takes over ``max_s``: then at least 6), at most ``max_rounds``.
@@ -275,9 +328,11 @@ def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, mi
     VAE (35 ms) got 15 rounds in 2 s and a saving that 14 of them showed was called noise; the
     rounds it is owed come from ``min_rounds``.
 
-    Where an arm installs kernels (eager mode), each block starts with an untimed forward (the
-    dispatch caches fill there after the install); arms that install nothing (compiled models) are
-    timed from their block's first forward, which halves a round's cost for a long forward."""
+    Where an arm installs kernels (eager mode), each block starts with an untimed forward (the dispatch
+    caches fill there after the install); so does every block where ``warm_blocks`` (default: on the CPU,
+    where the first forward after the other arm's block can stall). Elsewhere arms that install nothing
+    (compiled models) are timed from their block's first forward, which halves a round's cost for a long
+    forward."""
     def sync() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
@@ -299,7 +354,10 @@ def interleaved(device: str, *, budget_s: float = 2.0, block_s: float = 0.02, mi
 
     def compare(a: Arm, b: Arm) -> Comparison:
         first = max(block(a, 1, True), block(b, 1, True))
-        warm = a.installs or b.installs
+        # NB: on the CPU the first forward after the other arm's block can stall for tens of ms (measured here,
+        # tiny_chains: 10-45 ms against 0.25 ms; an eager forward alternating with compiled code read 3.2 ms
+        # against 0.27 ms alone), so every CPU block starts untimed
+        warm = a.installs or b.installs or (not device.startswith("cuda") if warm_blocks is None else warm_blocks)
         reps = max(1, int(block_s * 1e6 / max(first, 1.0)))
         ta: list[float] = []
         tb: list[float] = []

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 import operator
+import types
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -26,7 +29,7 @@ import torch.fx
 from ..ops import (FUSED_EPILOGUES, GRAPH_FUSED_OPS, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
                    without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
-from ._dispatch import _fast_key, _param_values, variant_key
+from ._dispatch import _eager_only, _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
 
@@ -46,6 +49,17 @@ def inductor_lowers() -> bool:
     """In an ATen pass: whether Inductor compiles the graph next (an Inductor-only prim, such as its layout
     request ``prims.inductor_force_stride_order``, is then lowered away rather than run as it is eagerly)."""
     return _INDUCTOR_LOWERS.get()
+
+
+# Whether the ATen graph the registered passes rewrite runs with the layouts it was traced with (an eager
+# deployment's graph: no Inductor lays its convolutions out channels-last).
+_TRACED_LAYOUT: contextvars.ContextVar[bool] = contextvars.ContextVar("kforge_traced_layout", default=False)
+
+
+def keeps_traced_layout() -> bool:
+    """In an ATen pass: whether the graph runs in the layouts it was traced with (``GraphForward``'s graph, run
+    op by op), so that no call is a channels-last twin of Inductor's layout."""
+    return _TRACED_LAYOUT.get()
 
 
 def register_aten_pass(maker: AtenPassMaker) -> AtenPassMaker:
@@ -259,6 +273,7 @@ class KforgeBackend:
     graphs: list[CompiledGraph] = field(default_factory=list)
     enabled: bool = True   # False: graphs compiled from now on (recompilations) get no kernels
     function_hooks: Any = field(default=None, repr=False)   # hooks of functions whose graph twins it places
+    traced_layout: bool = False   # the graph runs as traced (an eager deployment's): no channels-last twins
 
     def __post_init__(self):
         self._inductor = None
@@ -289,12 +304,14 @@ class KforgeBackend:
             # NB: under the mode's Inductor options, so that the passes' questions to Inductor (its layout
             # decision: regions._layout) get the answers the compile will (options={"layout_optimization": False})
             token = _INDUCTOR_LOWERS.set(compiler is self._inductor)
+            traced = _TRACED_LAYOUT.set(self.traced_layout)
             try:
                 with self._inductor_config():
                     for aten_pass in self.aten_passes:
                         record.replaced.extend(aten_pass(aten_gm))
                         record.missed.extend(getattr(aten_pass, "missed", ()))
             finally:
+                _TRACED_LAYOUT.reset(traced)
                 _INDUCTOR_LOWERS.reset(token)
             # NB: the rewritten ATen graph goes to the compiler as dynamo's graph would (Inductor runs
             # its own AOTAutograd over it again: a re-trace of a functional graph, apart from the copy_
@@ -423,3 +440,113 @@ def _with_graph_twins(compiled: Any, model: Any, specs: list, kb: KforgeBackend)
 
     weakref.finalize(run, hooks.release)
     return run
+
+
+_COMPILE_KEYWORDS = frozenset(inspect.signature(torch.compile).parameters)
+
+
+class GraphForward:
+    """A model's forward as an eager deployment runs it when it holds region or fused-operator kernels.
+
+    The eager dispatcher sees one torch call at a time; a region is several. So the forward is captured once
+    through dynamo and AOTAutograd (``torch.compile`` with ``KforgeBackend``, ``inner="eager"``: no Inductor,
+    the layouts as traced): each region and fused operator with a kernel becomes a ``kforge::run`` call, and
+    so does each call with an operator kernel (the dispatcher steps aside while dynamo traces); every other
+    node runs eagerly, op by op. Installed as the model instance's ``forward`` while its Deployment is.
+
+    The plain forward runs instead, as without kforge: while dynamo traces (a compile of the user's own) or
+    torch.jit traces; where the dispatcher runs calls eagerly (a torch function or dispatch mode, functorch
+    transforms, autocast, forward AD); with grad mode on and a parameter or input that needs gradients (a
+    kernel has no backward); and for good once the forward cannot be captured (``failure``). Dynamo's guards
+    decide the rest: another shape, dtype, stride or device recompiles, and a region whose key no longer
+    matches stays as traced; past dynamo's recompile limit the forward runs as it is.
+    """
+
+    def __init__(self, model: torch.nn.Module, kernels: Sequence[DeployedKernel],
+                 on_failure: Callable[[str], None] = lambda why: None):
+        self.model = model
+        self.kernels = list(kernels)
+        self.backend = KforgeBackend(self.kernels, inner="eager", traced_layout=True)
+        # NB: the library functions' hooks are the dispatcher's (held while the deployment is installed);
+        # graph_calls around the call makes dynamo trace their graph twins, which replace_calls takes
+        self.functions = any(get_spec(dk.variant.op).functions for dk in self.kernels)
+        self.failure: str | None = None
+        self.attached = False
+        self.prior: Any = None   # the instance's own forward before this one (accelerate's hooks set one)
+        self.plain: Callable | None = None
+        self.compiled: Callable | None = None
+        self._on_failure = on_failure
+
+    def attach(self) -> None:
+        """Make this the model's forward."""
+        current = self.model.__dict__.get("forward")
+        if current is self:
+            self.attached = True
+            return
+        plain = _own_forward(self.model, current)
+        if self.compiled is None or plain != self.plain:
+            # NB: its own recompilations, where this torch can keep them apart: each deployment (and the model-level
+            # check builds one per kernel set) would otherwise count against every compile of the model's forward
+            options = {"isolate_recompiles": True} if "isolate_recompiles" in _COMPILE_KEYWORDS else {}
+            self.compiled = torch.compile(plain, backend=self.backend, dynamic=False, **options)
+        self.prior, self.plain = current, plain
+        self.model.__dict__["forward"] = self
+        self.attached = True
+
+    def detach(self) -> None:
+        """Give the model its forward back (the one it had when this was attached)."""
+        self.attached = False
+        if self.model.__dict__.get("forward") is self:
+            prior = self.prior
+            while isinstance(prior, GraphForward) and not prior.attached:
+                prior = prior.prior
+            if prior is None:
+                del self.model.__dict__["forward"]
+            else:
+                self.model.__dict__["forward"] = prior
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # NB: first, so that dynamo tracing the model for a compile of the user's own traces the plain forward
+        if torch.compiler.is_compiling() or not self.attached or self.failure is not None or _eager_only() \
+                or torch._C._get_tracing_state() is not None \
+                or (torch.is_grad_enabled() and self._records_grad(args, kwargs)):
+            return self.plain(*args, **kwargs)
+        try:
+            if self.functions:
+                with graph_calls():
+                    return self.compiled(*args, **kwargs)
+            return self.compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            out = self.plain(*args, **kwargs)   # NB: the user's own error (a bad input) raises here, as in eager
+            self._fail(exc)
+            return out
+
+    def _records_grad(self, args: tuple, kwargs: dict) -> bool:
+        if any(p.requires_grad for p in self.model.parameters()):
+            return True
+        return any(isinstance(t, torch.Tensor) and t.requires_grad
+                   for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+
+    def _fail(self, exc: BaseException) -> None:
+        cause = getattr(exc, "inner_exception", None) or exc   # NB: a backend's own error, not dynamo's wrapper
+        first = (str(cause).strip().splitlines() or [""])[0][:200]
+        self.failure = (f"the model's forward could not be captured as a graph ({type(cause).__name__}: {first}); "
+                        "region and fused-operator kernels stay off, operator kernels still dispatch eagerly")
+        warnings.warn(f"kforge: {self.failure}", stacklevel=3)
+        self._on_failure(self.failure)
+
+    @property
+    def replaced(self) -> list[str]:
+        """The signatures of the kernels each captured graph calls, one per call site."""
+        return self.backend.replaced
+
+    def __reduce__(self) -> tuple:
+        # NB: a copy of the model (copy.deepcopy, torch.save) is a plain model: it gets the forward it had
+        return _own_forward, (self.model, self.prior)
+
+
+def _own_forward(model: Any, prior: Any) -> Callable:
+    """The forward ``model`` runs without kforge: ``prior`` (an instance's own forward) or its class's."""
+    while isinstance(prior, GraphForward):
+        prior = prior.prior
+    return prior if prior is not None else types.MethodType(type(model).forward, model)

@@ -9,9 +9,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..evaluate import bench
-from ._deployment import Deployment
-from ._fallback import Arm, Compare, Comparison, FallbackReport, interleaved, keep_faster
-from ._select import _patched_eagerly
+from ._deployment import Deployment, not_in_eager
+from ._fallback import Arm, Compare, Comparison, FallbackReport, Outcome, interleaved, keep_faster
 from ._graph import compile_with, nearest_miss
 from ._launch import DeployedKernel
 
@@ -24,25 +23,36 @@ class Row:
     """One line of the table: a way of running the model, its latency against its baseline."""
 
     label: str                       # "eager", "compile default", "compile default + kforge", ...
-    us: float | None                 # median forward latency (None: it failed, see error)
+    us: float | None                 # median forward latency (None: not timed: see error or no_kernel)
     baseline: str | None = None      # the row it is compared with
     comparison: Comparison | None = None
     output_rel_diff: float | None = None   # against eager's output
     kernels: int = 0
     error: str | None = None
     float64_rel_diff: float | None = None  # against the model's output computed in float64 (None: not computed)
+    no_kernel: str | None = None     # a "+ kforge" row whose mode kept no kernel: why (it runs as its baseline)
 
     def cell(self) -> str:
         if self.error:
             return f"failed: {self.error}"
+        if self.no_kernel is not None:
+            return f"no kernel kept ({self.no_kernel})"
         if self.comparison is None:
             return ""
-        return f"{self.comparison.describe()} over {self.baseline}"
+        # NB: the baseline's time from the same interleaved run: on this CPU eager read 0.27 ms in its own row
+        # and 0.73 ms while timed against compiled code, so a ratio read against the other row's time looked
+        # inverted (0.56 ms "1.29x over eager")
+        return (f"{self.comparison.describe()} over {self.baseline} "
+                f"({self.baseline} {self.comparison.without_us / 1e3:.3f} ms in the same run)")
 
 
 @dataclass(frozen=True)
 class EndToEnd:
-    """Forward latencies (median, us) of one batch, all measured in one run, and the output checks."""
+    """Forward latencies (median, us) of one batch, all measured in one run, and the output checks.
+
+    ``kforge_us`` and ``compile_kforge_us`` are what the model gets with kforge in eager and in the first
+    compile mode: the baseline's own time where that mode kept no kernel (its row then says so and shows
+    no time)."""
 
     eager_us: float
     kforge_us: float
@@ -59,8 +69,30 @@ class EndToEnd:
     def speedup(self) -> float:
         return self.eager_us / self.kforge_us
 
+    def headline(self) -> list[str]:
+        """The model-level result, one line per mode: the mode against eager, and kforge in it against the
+        mode alone (or why no kernel was kept), each ratio with its noise and label."""
+        rows = {r.label: r for r in self.rows}
+        read = lambda c: c.ratio() + (" against" if c.outcome is Outcome.WITHIN_NOISE else " than")  # noqa: E731
+        lines = []
+        for r in self.rows:
+            if r.label.endswith(" + kforge"):
+                continue
+            parts = []
+            if r.error:
+                parts.append(f"failed: {r.error}")
+            elif r.comparison is not None:
+                parts.append(f"{read(r.comparison)} {r.baseline}")
+            plus = rows.get(f"{r.label} + kforge")
+            if plus is not None and not r.error:
+                if plus.no_kernel is not None:
+                    parts.append(f"+ kforge: no kernel kept ({plus.no_kernel})")
+                elif plus.comparison is not None:
+                    parts.append(f"+ kforge ({plus.kernels} kernel(s)): {read(plus.comparison)} {plus.baseline}")
+            lines.append(f"{r.label}: " + "; ".join(parts) if parts else f"{r.label}: {ms(r.us).strip()}")
+        return lines
+
     def table(self) -> str:
-        ms = lambda us: "       -   " if us is None else f"{us / 1e3:8.3f} ms"  # noqa: E731
         if not self.rows:
             return "\n".join([f"eager              {ms(self.eager_us)}",
                               f"eager + kforge     {ms(self.kforge_us)}  ({self.speedup:.3f}x)"])
@@ -71,18 +103,35 @@ class EndToEnd:
             if r.kernels:
                 extra += f"; {r.kernels} kernel(s)" + (f", {self.dispatch} dispatch" if r.label == "eager + kforge"
                                                        and self.dispatch else "")
-            if r.output_rel_diff is not None:
+            if r.output_rel_diff is not None and r.no_kernel is None:
                 extra += f"; output rel. diff {r.output_rel_diff:.1e}"
-            if r.float64_rel_diff is not None:
+            if r.float64_rel_diff is not None and r.no_kernel is None:
                 extra += f"; from float64 {r.float64_rel_diff:.1e}"
             lines.append(f"{r.label:<{width}}{ms(r.us)}  {extra}".rstrip())
         if any(r.comparison is not None for r in self.rows):
             # NB: on the H200 the same compiled VAE read 34.75 ms in one run and 37.27 ms in the next
-            lines.append("(each ratio is from one interleaved run of the two forwards it compares; "
-                         "the times of different rows come from different runs)")
+            lines.append("(each ratio is from one interleaved run of the two forwards it compares, against the "
+                         "baseline's time in that run; the times of different rows come from different runs)")
+        drift = self.baseline_drift()
+        if drift:
+            lines.append(drift)
         for report in self.fallback:
             lines.extend(report.lines())
         return "\n".join(lines)
+
+    def baseline_drift(self) -> str | None:
+        """A note where eager's forward read very differently in the runs of this table (a busy machine, or
+        the compiled code's threads slowing eager's when the two alternate): compare each row with the
+        baseline time beside it, not with the eager row."""
+        eager = [("its own row", self.eager_us)] + [(f"the run against {r.label}", r.comparison.without_us)
+                                                    for r in self.rows if r.baseline == "eager" and r.comparison
+                                                    and r.label != "eager + kforge" and r.comparison.without_us > 0]
+        lo, hi = min(eager, key=lambda e: e[1]), max(eager, key=lambda e: e[1])
+        if lo[1] <= 0 or hi[1] / lo[1] < 1.5:
+            return None
+        return (f"note: eager read {lo[1] / 1e3:.3f} ms in {lo[0]} and {hi[1] / 1e3:.3f} ms in {hi[0]}: the machine's "
+                "load changed, or the forwards slowed each other while alternating; each ratio holds only for its "
+                "own run")
 
     def __str__(self) -> str:   # NB: print(session.end_to_end()) prints the table, not the dataclass
         return self.table()
@@ -93,13 +142,15 @@ class EndToEnd:
     def to_json(self) -> dict:
         def cmp(c: Comparison | None) -> dict | None:
             return None if c is None else {"with_us": c.with_us, "without_us": c.without_us, "noise_us": c.noise_us,
-                                           "speedup": c.speedup, "within_noise": c.within_noise,
+                                           "speedup": c.speedup, "speedup_noise": c.speedup_noise,
+                                           "outcome": c.outcome.value, "within_noise": c.within_noise,
                                            "paired_us": c.paired_us, "margin_us": c.margin_us,
                                            "rounds": [list(r) for r in c.rounds]}
         return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
                           "output_rel_diff": r.output_rel_diff, "float64_rel_diff": r.float64_rel_diff,
-                          "kernels": r.kernels, "error": r.error}
+                          "kernels": r.kernels, "error": r.error, "no_kernel_kept": r.no_kernel}
                          for r in self.rows],
+                "headline": self.headline(),
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
                               "model": cmp(f.model) if f.forwards_built else None,
                               "not_in_mode": list(f.not_in_mode), "not_placed": list(f.not_placed),
@@ -108,6 +159,27 @@ class EndToEnd:
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
                 "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
+
+
+def ms(us: float | None) -> str:
+    return "       -   " if us is None else f"{us / 1e3:8.3f} ms"
+
+
+def no_kernel_kept(offered: int, report: FallbackReport | None) -> str:
+    """Why a mode runs with no kernel of kforge's: the words of its "+ kforge" row."""
+    if not offered:
+        return "no winner to install"
+    if report is None:
+        return "none placed in this mode's graphs, or the output moved (guard=False: the log says which)"
+    if report.wrong_output:
+        return f"dropped: {report.wrong_output}"
+    if not report.forwards_built:
+        if report.not_in_mode:
+            return f"its {len(report.not_in_mode)} kernel(s) run in graph mode only"
+        if report.not_placed:
+            return f"no call in this mode's graphs has the signature of its {len(report.not_placed)} kernel(s)"
+        return "none of them runs in this mode"
+    return f"the model is not measurably faster with them: {report.model.ratio()}"
 
 
 def forward_us(fn: Callable[[], Any], device: str) -> float:
@@ -343,11 +415,24 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
 def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKernel], gains: Sequence[float], *,
             device: str, modes: Sequence[str] = MODES, compile: bool = True, guard: bool = True,
             backend: str = "inductor", compare: Compare | None = None, skipped: Sequence[tuple[str, str]] = (),
-            dynamic: bool | None = False, on_mode: Callable[[EndToEnd], None] | None = None) -> EndToEnd:
+            dynamic: bool | None = False, on_mode: Callable[[EndToEnd], None] | None = None,
+            progress: Callable[[str], None] | None = None) -> EndToEnd:
     """The end-to-end table in one run (see ``Session.end_to_end``). ``on_mode`` gets the table so far after
-    eager and after each compile mode (what a run cut later still has)."""
+    eager and after each compile mode (what a run cut later still has); ``progress`` gets a line as each step
+    starts (which mode is compiled or timed) and each mode's result as it ends."""
     compare = compare or interleaved(device)
     forward = lambda m: m(*args, **kwargs)  # noqa: E731
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        if progress is None:
+            return
+        try:
+            progress(f"[{time.perf_counter() - started:5.0f} s] {line}")
+        except Exception as exc:  # NB: like on_mode: a failing progress hook costs its line, not the run
+            log.warning("kforge: end_to_end's progress failed: %s: %s", type(exc).__name__, exc)
+
+    steps = 1 + (len(modes) if compile else 0)
     with torch.no_grad():
         reference = forward(model)
     reference64 = float64_output(model, args, kwargs)
@@ -367,13 +452,17 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
 
     build = eager_arms(model, forward)
     eager = build([])
-    # NB: region kernels run in graph mode only: timing the eager model "with" them times it without
-    # them (the check then reported them as no faster, within noise, which says nothing)
-    in_eager = [k for k in kernels if _patched_eagerly(k.variant.op)]
+    # NB: region and fused-operator kernels run in eager through the model's forward captured as a graph, as
+    # apply() installs them (``Deployment``); those an eager deployment cannot run (a model that is no nn.Module,
+    # a channels-last twin) are not timed: the eager model "with" them is the model without them
+    in_eager = [k for k in kernels if not_in_eager(k.variant, model) is None]
     graph_only = tuple(k.variant.signature for k in kernels if k not in in_eager)
+    say(f"eager (1 of {steps}): timing the model" + (f" with and without {len(in_eager)} kernel(s)" if in_eager
+                                                      else ""))
     kept, cmp = [], None
     if in_eager:
-        kept, cmp = check(in_eager, [g for k, g in zip(kernels, gains) if k in in_eager], build, "eager", eager)
+        with recompile_room(len(in_eager) + 5):   # NB: each kernel set's graph forward is a compile of its own
+            kept, cmp = check(in_eager, [g for k, g in zip(kernels, gains) if k in in_eager], build, "eager", eager)
     if guard and graph_only:
         if in_eager:
             reports[-1] = replace(reports[-1], not_in_mode=graph_only)
@@ -395,33 +484,44 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         diff, dispatch = 0.0, None
     eager_us = cmp.without_us if cmp is not None else compare(eager, eager).without_us
     kforge_us = cmp.with_paired_us if kept else eager_us
+    # NB: with nothing kept the row shows no time: eager's again would read as a measurement of kforge
+    if kept or not kernels or guard:
+        eager_none = None if kept else no_kernel_kept(len(kernels), reports[0] if reports else None)
+    else:
+        eager_none = ("their output moved from eager's (see the log)" if in_eager else
+                      f"its {len(graph_only)} kernel(s) run in graph mode only")
     rows.append(Row("eager", eager_us, float64_rel_diff=eager_err64))
     compile_us = compile_kforge_us = None
     compiled_rows: list[Row] = []
 
     def table() -> EndToEnd:
-        out = rows + [Row("eager + kforge", kforge_us, "eager", cmp if kept else None, diff, len(kept),
-                          float64_rel_diff=kforge_err64)] + compiled_rows
+        out = rows + [Row("eager + kforge", kforge_us if kept else None, "eager", cmp if kept else None, diff,
+                          len(kept), float64_rel_diff=kforge_err64, no_kernel=eager_none)] + compiled_rows
         return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
                         tuple(out), tuple(reports))
 
-    def report_so_far() -> None:
+    def report_so_far(mode: str) -> None:
+        so_far = table()
+        for line in so_far.headline():
+            if line.startswith(f"{mode}:"):
+                say(line)
         if on_mode is None:
             return
         try:
-            on_mode(table())
+            on_mode(so_far)
         except Exception as exc:  # NB: the caller's progress hook failing (a full disk) costs its call, not the run
             log.warning("kforge: end_to_end's on_mode failed: %s: %s", type(exc).__name__, exc)
 
-    report_so_far()
+    report_so_far("eager")
     if compile:
-        for mode in modes:
+        for step, mode in enumerate(modes, start=2):
             label = f"compile {mode}"
             torch._dynamo.reset()
             marks = (len(rows), len(reports), len(compiled_rows))
             try:
                 with recompile_room(len(kernels) + 5):
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
+                    say(f"{label} ({step} of {steps}): compiling the model, then timing it against eager")
                     plain = make([])
                     vs_eager = compare(plain, eager)
                     with torch.no_grad():
@@ -430,17 +530,21 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     del plain_out
                     rows.append(Row(label, vs_eager.with_paired_us, "eager", vs_eager, plain_diff,
                                     float64_rel_diff=plain_err64))
+                    if kernels:
+                        say(f"{label}: compiling the model with {len(kernels)} kernel(s), then timing it against "
+                            f"plain {label}" + (" (and an A/A control)" if guard else ""))
                     ckept, ccmp, creport, cdiff, cerr64 = ([], None, None, None, None) if not kernels else check_compiled(
                         kernels, gains, make, made, compare, mode, plain, forward, reference, plain_diff, guard,
                         reference64, plain_err64, model)
                     if creport is not None:
                         reports.append(creport)
-                    compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else vs_eager.with_paired_us,
+                    none = None if ckept else no_kernel_kept(len(kernels), creport)
+                    compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else None,
                                              label, ccmp if ckept else None, cdiff, len(ckept),
-                                             float64_rel_diff=cerr64 if ckept else plain_err64))
+                                             float64_rel_diff=cerr64 if ckept else plain_err64, no_kernel=none))
                     if compile_us is None:
                         compile_us = vs_eager.with_paired_us
-                        compile_kforge_us = compiled_rows[-1].us
+                        compile_kforge_us = ccmp.with_paired_us if ckept else compile_us
             except Exception as exc:  # one mode that does not compile here does not lose the others
                 # NB: what the mode got before it failed goes (its check's report, a plain row), else the
                 # report would show a kept set that never ran and two rows of one label
@@ -448,5 +552,6 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                 rows.append(Row(label, None, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             finally:
                 torch._dynamo.reset()
-            report_so_far()
+            report_so_far(label)
+    say(f"done in {time.perf_counter() - started:.0f} s")
     return table()

@@ -216,7 +216,7 @@ class Winner:
 
 def _patched_eagerly(op: str) -> bool:
     """Whether installing a winner of ``op`` patches torch callables or hooks a library's function (a region's
-    does neither: it runs in graph mode only, and costs no eager dispatch)."""
+    does neither: it runs in the model's graph, and costs no eager dispatch)."""
     try:
         spec = get_spec(op)
         return any(t is not None for t in spec.targets) or bool(spec.functions)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from ._registry import get_spec
 from ._signature import Variant
@@ -14,7 +14,8 @@ class Card:
 
     variant: Variant
     calls: int
-    eager_us: float            # one call, replayed in isolation the way candidates are timed (speedups' baseline)
+    eager_us: float            # one call replayed alone in the capturing process (not the judge's eager time,
+                               # which is the search's baseline and lives in the card's verdict)
     share: float               # forward_us over the model's forward: what the model spends here
     vendor: str | None
     examples: int = 0          # examples stored on disk
@@ -133,15 +134,28 @@ class Cards(Sequence[Card]):
                 "examples", "forward_us", "eager_spread", "noisy", "inductor_us"]
         return pd.DataFrame(rows, columns=cols)
 
-    def table(self, limit: int | None = None) -> str:
-        lines = [f"{'share':>6}  {'calls':>5}  {'eager us':>9}  {'vendor':<6}  signature"]
+    def table(self, limit: int | None = None, judge_eager_us: Mapping[str, float | None] | None = None) -> str:
+        """One line per card. ``judge_eager_us`` (card key -> us, from the verdicts) adds the judge's eager
+        time, the baseline the search timed speedups against."""
+        judged = judge_eager_us is not None
+
+        def us(x: float | None, width: int) -> str:
+            return f"{x:{width}.2f}" if x else f"{'-':>{width}}"
+
+        lines = [f"{'share':>6}  {'calls':>5}  {'in model us':>11}  {'replayed us':>11}  "
+                 + (f"{'eager us (judge)':>16}  " if judged else "") + f"{'vendor':<6}  signature"]
         for c in self.items[:limit]:
-            lines.append(f"{c.share * 100:5.1f}%  {c.calls:5d}  {c.eager_us:9.2f}{'?' if c.noisy else ' '} "
-                         f"{(c.vendor or '-'):<6}  {c.signature}")
+            in_model = c.forward_us / c.calls if c.calls and c.forward_us > 0 else None
+            judge = f"{us(judge_eager_us.get(c.key), 16)}  " if judged else ""
+            lines.append(f"{c.share * 100:5.1f}%  {c.calls:5d}  {us(in_model, 11)}  {c.eager_us:11.2f}"
+                         f"{'?' if c.noisy else ' '} {judge}{(c.vendor or '-'):<6}  {c.signature}")
         if self.coverage is not None:
             lines.append(f"captured operators: {self.coverage * 100:.0f}% of the model's {self.model_us:.0f} us "
-                         "forward (share: measured inside the forward; eager us: one call replayed alone, "
-                         "the baseline of speedups)")
+                         "forward (share and in model us: measured inside the forward; replayed us: one call "
+                         "replayed alone in this process)")
+        lines.append("speedups are taken against the judge's eager time (eager us (judge): timed beside each "
+                     "candidate in the evaluator), not against these capture figures"
+                     + ("" if judged else "; the results table shows it once a card is searched"))
         if any(c.op == "region" for c in self.items) and any(c.op != "region" and c.share == 0 for c in self.items):
             lines.append("share 0.0%: calls that lie inside region cards, whose time counts there; still searched, "
                          "for eager mode, where region kernels do not run (they run in compiled graphs)")

@@ -1,12 +1,14 @@
-"""Regions in graph mode: a region winner replaces its subgraph with one ``kforge::run`` call.
+"""Regions in the model's graph: a region winner replaces its subgraph with one ``kforge::run`` call.
 
-Eager mode cannot run a region kernel: the dispatcher sees one torch call at a time, and a region
-is several. Regions deploy inside torch.compile instead: ``replace_regions`` rewrites an ATen FX
-graph (the finder runs on it, and every region whose variant has a kernel becomes a call of the
+The eager dispatcher cannot run a region kernel: it sees one torch call at a time, and a region is
+several. Regions deploy in the model's graph instead: ``replace_regions`` rewrites an ATen FX graph
+(the finder runs on it, and every region whose variant has a kernel becomes a call of the
 ``kforge::run`` custom op, the same op the dispatcher puts into compiled graphs). ``region_pass``
 is registered with graph mode (``deploy.register_aten_pass``), so ``Session.compile``,
-``Deployment.compile`` and ``kforge.load(...).compile`` run region winners; ``regions_backend`` is
-the same pass as a torch.compile backend of its own.
+``Deployment.compile`` and ``kforge.load(...).compile`` run region winners, and so does an eager
+deployment (``Session.apply``, ``kforge.load``), whose model's forward is that graph run op by op
+(``deploy._graph.GraphForward``); ``regions_backend`` is the same pass as a torch.compile backend of
+its own.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
-from ..deploy._graph import inductor_lowers
+from ..deploy._graph import inductor_lowers, keeps_traced_layout
 from ..ops import placed_in_aten_graph
 from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
@@ -40,7 +42,9 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
     skip = frozenset(n for f in fused for n in f.nodes) | inside
     found = find_regions(gm.graph, skip=skip) + fused
     lone = [f for f in find_lone_group_norms(gm.graph) if not inside.intersection(f.nodes)]
-    channels_last = bool(found or lone) and inductor_lays_out_channels_last(gm)
+    # NB: an eager deployment's graph runs op by op in the layouts it was traced with: a twin would be handed
+    # contiguous buffers and copy them (``deploy._graph.keeps_traced_layout``)
+    channels_last = bool(found or lone) and not keeps_traced_layout() and inductor_lays_out_channels_last(gm)
 
     def twin_of(f: FoundRegion) -> FoundRegion | None:
         twin = channels_last_twin(f.variant, [n.op == "placeholder" for n in f.inputs]) if channels_last else None

@@ -17,7 +17,7 @@ from ..evaluate import Evaluation, Evaluator
 from ..kernels import compile_source
 from ..ops import Card
 from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, ProposerError, ProposerExhausted
-from ..store import Candidate, is_infra_failure
+from ..store import Candidate, Store, is_infra_failure
 from ._decide import decide
 from ._events import EventKind
 from ._tree import Node, Tree
@@ -35,6 +35,17 @@ def proposes_inline(proposer: Proposer) -> bool:
     NB: ``fast`` is the attribute's former name ("fast" also names the C dispatch path).
     """
     return bool(getattr(proposer, "instant", getattr(proposer, "fast", False)))
+
+
+def budget_units_left(store: Store, card_key: str, iterations: int) -> int:
+    """The budget units a card's search in a new run may use: what ``iterations`` leaves after the store's
+    candidates and proposer failures, plus the candidates stored but not yet evaluated for good (the same
+    count ``CardSearch.run`` announces in ``CARD_STARTED``)."""
+    candidates = store.candidates(card_key)
+    waiting = sum(1 for c in candidates if not c.is_evaluated)
+    redo = sum(1 for c in candidates if is_infra_failure(c.evaluation) and not c.is_evaluated)
+    failed = int(store.get_meta(f"proposer_failures:{card_key}") or 0)
+    return max(iterations - (len(candidates) - redo + failed), 0) + waiting
 
 
 def _attempt(node: Node) -> Attempt:
@@ -209,7 +220,7 @@ class CardSearch:
             self.reason = f"{self.failures} proposer failures in a row"
         verdict = decide(self)
         self.owner._emit(EventKind.CARD_FINISHED, card.key, verdict.winner_id, verdict.reason,
-                       **verdict.to_json(), evaluated=self.evaluated)
+                       **verdict.to_json(), evaluated=self.evaluated, ended=self.reason)
 
     def grow(self, pool: cf.ThreadPoolExecutor) -> None:
         raise NotImplementedError

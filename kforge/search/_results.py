@@ -5,40 +5,67 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..ops import Cards, CardStatus, CardVerdict
+from ..ops._verdict import speedup_label
 from ..store import Store
 
 
 @dataclass(frozen=True)
 class CardResult:
-    """A card with its verdict. ``eager_us`` and ``kernel_us`` come from one evaluation of the winner
-    (the evaluator's eager timing, not capture's ``captured_us``); both are None without a winner."""
+    """A card with its verdict.
+
+    ``winner_speedup`` is the card's speedup, the figure every view shows: the winner against the
+    judge's eager time (``judge_eager_us``, the search's baseline), both timings pooled, within
+    ``speedup_low`` .. ``speedup_high``; None without a winner. ``in_model_us`` and ``replayed_us`` are
+    capture's figures for one call: inside the model's forward, and replayed alone in the user's process.
+    """
 
     key: str
     op: str
     signature: str
     share: float
-    captured_us: float          # one call's eager time as capture measured it
     status: CardStatus
     reason: str
     winner_id: int | None
-    speedup: float              # the winner's speedup (its confirmation's when confirmed); 1.0 on eager
+    winner_speedup: float | None        # the card's speedup over the judge's eager; None without a winner
+    speedup_low: float | None
+    speedup_high: float | None
     confirmed: bool
-    first_speedup: float | None  # the winner's first timing during the search (history)
-    eager_us: float | None
-    kernel_us: float | None
+    first_speedup: float | None          # the winner's first timing during the search (history)
+    best_candidate_speedup: float | None  # no winner: the best correct candidate's speedup, unconfirmed
+    judge_eager_us: float | None         # the judge's eager time: the baseline the search timed against
+    kernel_us: float | None              # the winner's time, pooled like winner_speedup
+    in_model_us: float                   # capture: one call's time inside the model's forward
+    replayed_us: float                   # capture: one call replayed alone in the user's process
     candidates: int
     dollars: float
     roofline_fraction: float | None = None
 
     @property
+    def speedup(self) -> float:
+        """``winner_speedup``, 1.0 without a winner (what code written before the rename reads)."""
+        return self.winner_speedup if self.status.has_winner and self.winner_speedup else 1.0
+
+    @property
+    def eager_us(self) -> float | None:
+        """The judge's eager time (``judge_eager_us``)."""
+        return self.judge_eager_us
+
+    @property
     def speedup_label(self) -> str:
-        if not self.status.has_winner:
-            return "-"
-        return f"{self.speedup:.2f}x {'confirmed' if self.confirmed else 'single timing'}"
+        return speedup_label(self.status, self.winner_speedup, self.speedup_low, self.speedup_high, self.confirmed)
+
+
+def in_model_us(card) -> float:
+    """One call's time inside the model's forward (capture's), 0 where the forward was not timed."""
+    return card.forward_us / card.calls if card.calls and card.forward_us > 0 else 0.0
 
 
 class Results:
     """The search outcome of every card of a session, read from the store."""
+
+    COLUMNS = ("key", "op", "signature", "share", "status", "winner_speedup", "speedup_low", "speedup_high",
+               "confirmed", "first_speedup", "best_candidate_speedup", "judge_eager_us", "kernel_us", "in_model_us",
+               "replayed_us", "candidates", "dollars", "roofline_fraction", "winner_id", "reason")
 
     def __init__(self, cards: Cards, store: Store):
         verdicts = store.results()
@@ -48,11 +75,13 @@ class Results:
         self.items: list[CardResult] = []
         for card in cards:
             v = verdicts.get(card.key) or CardVerdict(CardStatus.NOT_SEARCHED, "")
+            won = v.status.has_winner
             self.items.append(CardResult(
-                card.key, card.op, card.signature, card.share, card.eager_us, v.status, v.reason, v.winner_id,
-                v.speedup, v.confirmed, v.first_speedup, v.eager_us if v.status.has_winner else None,
-                v.kernel_us if v.status.has_winner else None, counts.get(card.key, 0), store.dollars(card.key),
-                v.roofline_fraction))
+                card.key, card.op, card.signature, card.share, v.status, v.reason, v.winner_id,
+                v.winner_speedup if won else None, v.speedup_low if won else None, v.speedup_high if won else None,
+                v.confirmed, v.first_speedup, None if won else v.best_candidate_speedup, v.eager_us,
+                v.kernel_us if won else None, in_model_us(card), card.eager_us, counts.get(card.key, 0),
+                store.dollars(card.key), v.roofline_fraction))
 
     def __iter__(self) -> Iterator[CardResult]:
         return iter(self.items)
@@ -64,35 +93,44 @@ class Results:
     def winners(self) -> list[CardResult]:
         return [r for r in self.items if r.status.has_winner]
 
+    @property
+    def noisy(self) -> list[CardResult]:
+        """Cards whose timings could not support a verdict: they stay on eager."""
+        return [r for r in self.items if r.status is CardStatus.NOISY]
+
     def to_records(self) -> list[dict]:
-        out = []
-        for r in self.items:
-            d = r.__dict__.copy()
-            d["status"] = r.status.value
-            out.append(d)
-        return out
+        return [{c: (getattr(r, c).value if c == "status" else getattr(r, c)) for c in self.COLUMNS}
+                for r in self.items]
 
     def to_frame(self):
         import pandas as pd
 
-        cols = ["key", "op", "signature", "share", "captured_us", "status", "speedup", "confirmed", "first_speedup",
-                "eager_us", "kernel_us", "candidates", "dollars", "roofline_fraction", "winner_id", "reason"]
-        rows = [{c: (getattr(r, c).value if c == "status" else getattr(r, c)) for c in cols} for r in self.items]
-        return pd.DataFrame(rows, columns=cols)
+        return pd.DataFrame(self.to_records(), columns=list(self.COLUMNS))
 
     def table(self) -> str:
-        """Eager and kernel times come from the same evaluation of the winner; speedup says how it was timed."""
+        """The judge's eager time (the search's baseline) and the winner's time, the card's speedup, and
+        where eager stays the best candidate's unconfirmed speedup in a column of its own."""
         def us(x: float | None) -> str:
             return f"{x:9.2f}" if x else f"{'-':>9}"
 
-        lines = [f"{'share':>6}  {'eager us':>9}  {'kernel us':>9}  {'speedup':<19}  {'tried':>5}  {'status':<12}  "
-                 "signature"]
+        def cand(r: CardResult) -> str:
+            return f"{r.best_candidate_speedup:.2f}x" if r.best_candidate_speedup else "-"
+
+        lines = [f"{'share':>6}  {'eager us (judge)':>16}  {'kernel us':>9}  {'in model us':>11}  "
+                 f"{'speedup':<28}  {'best candidate (unconfirmed)':>28}  {'tried':>5}  {'status':<12}  signature"]
         for r in self.items:
-            lines.append(f"{r.share * 100:5.1f}%  {us(r.eager_us)}  {us(r.kernel_us)}  {r.speedup_label:<19}  "
-                         f"{r.candidates:5d}  {r.status.value:<12}  {r.signature}")
+            lines.append(f"{r.share * 100:5.1f}%  {us(r.judge_eager_us):>16}  {us(r.kernel_us)}  "
+                         f"{us(r.in_model_us):>11}  {r.speedup_label:<28}  {cand(r):>28}  {r.candidates:5d}  "
+                         f"{r.status.value:<12}  {r.signature}")
         total = sum(r.dollars for r in self.items)
         lines.append(f"{len(self.winners)} of {sum(r.status.is_searched for r in self.items)} searched cards "
                      f"have a winner; LLM cost ${total:.2f}")
+        lines.append("speedup: the winner over the judge's eager time (its timings pooled, with their range); "
+                     "eager us (judge): the baseline the search timed against; in model us: one call inside the "
+                     "model's forward")
+        if self.noisy:
+            lines.append(f"noisy: {len(self.noisy)} card(s) whose timings could not support a verdict stay on eager "
+                         "(search them again on a quieter machine)")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:

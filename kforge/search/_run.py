@@ -16,8 +16,8 @@ from ..evaluate import Evaluator
 from ..kernels import DeviceInfo
 from ..proposers._base import Proposer
 from ..store import Store
-from ._card_search import InlineSearch, PooledSearch, proposes_inline
-from ._events import Event, EventKind
+from ._card_search import InlineSearch, PooledSearch, budget_units_left, proposes_inline
+from ._events import Event, EventKind, Progress
 from ._planner import PlannedCard
 from ._tree import SearchPolicy
 
@@ -134,9 +134,14 @@ class OptimizationRun:
 
         display_run(self)
 
+    @property
+    def progress(self) -> Progress:
+        """How far the run has got: evaluations and proposer failures apart, of a total planned at its start."""
+        return Progress.of(list(self.events), cards_total=len(self.planned), iterations=self.budget.iterations)
+
     def __repr__(self) -> str:
-        evaluated = sum(1 for e in self.events if e.kind is EventKind.EVALUATED)
-        failed = sum(1 for e in self.events if e.kind is EventKind.PROPOSER_FAILED)
+        progress = self.progress
+        evaluated, failed = progress.evaluated, progress.proposer_failures
         said = f", {failed} proposer failure{'s' * (failed != 1)}" if failed else ""
         return (f"<kforge run {self.state.value}: {len(self.planned)} card{'s' * (len(self.planned) != 1)}, "
                 f"{evaluated} evaluation{'s' * (evaluated != 1)}{said}, ${self.dollars:.2f}>")
@@ -163,8 +168,12 @@ class OptimizationRun:
 
     def _main(self) -> None:
         self.state = RunState.RUNNING
+        # NB: the run's total is planned once, here, from the plan and the budgets; progress only shrinks it, with
+        # a reason (a card that stopped early, a run that ended): recounting it per card made it jump (206 -> 84)
+        planned = {pc.card.key: budget_units_left(self.store, pc.card.key, self.budget.iterations)
+                   for pc in self.planned}
         self._emit(EventKind.RUN_STARTED, message=f"{len(self.planned)} cards, policy {self.policy.name}, "
-                   f"proposer {self.proposer.name}")
+                   f"proposer {self.proposer.name}", planned=planned)
         try:
             queue = list(self.planned)
             lock = threading.Lock()

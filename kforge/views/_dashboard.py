@@ -1,7 +1,8 @@
 """The session dashboard: run progress, card table, search tree and source view, wired together.
 
-Selection moves in the browser (``jslink``): a row click shows that card's tree, a node click that
-candidate, with no round trip to a kernel that may be busy. The run's events flow into every view.
+One selection (:class:`~._widgets.Selection`) is shared by every view: a row click shows that card's
+tree, a node click that candidate, in the browser, with no round trip to a kernel that may be busy;
+the kernel gets the changes, whole and in order, when it is idle. The run's events flow into every view.
 """
 from __future__ import annotations
 
@@ -22,21 +23,17 @@ class Dashboard:
     """The views of one session; selection flows table → tree → source, run events flow into all."""
 
     def __init__(self, session: "Session", run: "OptimizationRun | None" = None, interval: float = 0.25):
-        from ._widgets import CardTable, RunProgress, SearchTree, SourceView
+        from ._widgets import CardTable, RunProgress, SearchTree, Selection, SourceView
 
         ipywidgets = require("ipywidgets")
         self.session = session
         run = run if run is not None else session.run
         self.run = run
-        self.table = CardTable(session.cards, session.store, run=run)
-        self.tree = SearchTree(session.store, session.cards, card_key=self.table.selected_key, run=run)
-        self.source = SourceView(session.store)
+        self.selection = Selection()
+        self.table = CardTable(session.cards, session.store, run=run, selection=self.selection)
+        self.tree = SearchTree(session.store, session.cards, run=run, selection=self.selection)
+        self.source = SourceView(session.store, selection=self.selection)
         self.pump = EventPump([self.table.apply, self.tree.apply, self.source.apply], interval=interval)
-        # in the browser (works while a cell runs) and in the kernel (for Python and the tests)
-        self._links = [ipywidgets.jslink((self.table, "selected_key"), (self.tree, "card_key")),
-                       ipywidgets.jslink((self.tree, "selected_id"), (self.source, "candidate_id"))]
-        ipywidgets.dlink((self.table, "selected_key"), (self.tree, "card_key"))
-        ipywidgets.dlink((self.tree, "selected_id"), (self.source, "candidate_id"))
         self.progress: RunProgress | None = None
         self.snapshot = SnapshotDisplay(self._repr_mimebundle_)
         self._watch = None
@@ -50,10 +47,13 @@ class Dashboard:
                 self._resync(run)
         self.tree.selected_id = self.tree.default_candidate()
         parts = [self.progress] if self.progress is not None else []
+        # NB: side by side where both get 440 px, else the source under the tree, full width (a 1024 px
+        # window with the file browser open, a side panel): code and tabs stay readable
         self.widget = ipywidgets.VBox(parts + [self.table, ipywidgets.HBox(
-            [self.tree, self.source], layout=ipywidgets.Layout(width="100%", align_items="stretch"))])
-        self.tree.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
-        self.source.layout = ipywidgets.Layout(flex="1 1 0", min_width="0")
+            [self.tree, self.source], layout=ipywidgets.Layout(width="100%", align_items="stretch",
+                                                               flex_flow="row wrap"))])
+        self.tree.layout = ipywidgets.Layout(flex="1 1 440px", min_width="0")
+        self.source.layout = ipywidgets.Layout(flex="1 1 440px", min_width="0")
 
     def _resync(self, run: "OptimizationRun") -> None:
         """Re-read once after subscribing: nothing the run did while the views were built is lost."""

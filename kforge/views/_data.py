@@ -27,9 +27,13 @@ class CardRow:
     vendor: str               # the vendor library behind the op ("" when none)
     calls: int
     share: float
-    eager_us: float
-    speedup: float | None     # best speedup seen (winner's confirmed one once decided); None if nothing correct
-    status: str               # "winner", "eager", "searching", "not searched"
+    judge_eager_us: float | None   # the judge's eager time: the baseline of the search's speedups (once searched)
+    in_model_us: float        # capture: one call inside the model's forward (0: not timed there)
+    winner_speedup: float | None   # the card's speedup (its verdict's); None without a winner
+    speedup_low: float | None
+    speedup_high: float | None
+    best_candidate: float | None   # no winner: the best correct candidate's speedup so far, unconfirmed
+    status: str               # "winner", "noisy", "eager", "searching", "not searched"
     candidates: int
     dollars: float
 
@@ -41,13 +45,17 @@ class TreeNode:
     id: int
     parent: int | None
     status: str               # an evaluation status, or "pending" before evaluation
-    speedup: float            # 0 for failures and pending
+    speedup: float            # the candidate's timings pooled (a candidate timing, not the card's); 0 for failures
+    winner: bool              # the card's verdict installs this candidate: its speedup is the card's
     intent: str
     strategy: str
 
 
 def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> list[dict[str, Any]]:
-    """The card table: one row per card, with the search outcome read from the store."""
+    """The card table: one row per card, with the search outcome read from the store. A card's speedup is
+    its verdict's; a card without a winner shows its best candidate apart, as unconfirmed."""
+    from ..search._results import in_model_us
+
     verdicts = store.results()
     best: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -68,9 +76,13 @@ def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> l
             status = verdict.status.value
         else:
             status = CardStatus.NOT_SEARCHED.value
-        speedup = verdict.speedup if verdict and verdict.status.has_winner else best.get(card.key)
-        rows.append(asdict(CardRow(card.key, card.op, short_label(card), card.signature, card.vendor or "", card.calls, card.share, card.eager_us,
-                                   speedup, status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
+        won = verdict is not None and verdict.status.has_winner and status != CardStatus.SEARCHING.value
+        rows.append(asdict(CardRow(
+            card.key, card.op, short_label(card), card.signature, card.vendor or "", card.calls, card.share,
+            verdict.eager_us if verdict else None, in_model_us(card),
+            verdict.winner_speedup if won else None, verdict.speedup_low if won else None,
+            verdict.speedup_high if won else None, None if won else best.get(card.key),
+            status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
     return rows
 
 
@@ -92,17 +104,23 @@ def short_label(card: Any, limit: int = 48) -> str:
 
 def tree_nodes(store: "Store", card_key: str) -> list[dict[str, Any]]:
     """Every candidate of a card's search tree, without sources (those are fetched on demand)."""
+    verdict = store.result(card_key)
+    winner = verdict.winner_id if verdict is not None and verdict.status.has_winner else None
     return [asdict(TreeNode(c.id, c.parent_id, c.status.value if c.status else "pending", c.speedup,
-                            _first_line(c.intent), c.strategy or "")) for c in store.candidates(card_key)]
+                            c.id == winner, _first_line(c.intent), c.strategy or ""))
+            for c in store.candidates(card_key)]
 
 
 def best_path(nodes: list[dict[str, Any]]) -> list[int]:
-    """Ids from the first candidate down to the fastest one that beat eager (empty when none did)."""
+    """Ids from the first candidate down to the card's winner; without one, down to the fastest candidate
+    that beat eager (a candidate timing); empty when none did."""
     by_id = {n["id"]: n for n in nodes}
-    correct = [n for n in nodes if n["speedup"] > 1.0 and n.get("status", "faster") == "faster"]
-    if not correct:
-        return []
-    node: dict[str, Any] | None = max(correct, key=lambda n: (n["speedup"], -n["id"]))
+    node: dict[str, Any] | None = next((n for n in nodes if n.get("winner")), None)
+    if node is None:
+        correct = [n for n in nodes if n["speedup"] > 1.0 and n.get("status", "faster") == "faster"]
+        if not correct:
+            return []
+        node = max(correct, key=lambda n: (n["speedup"], -n["id"]))
     path = []
     while node is not None:
         path.append(node["id"])

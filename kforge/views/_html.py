@@ -15,7 +15,7 @@ MUTED = "var(--jp-ui-font-color2, #656d76)"
 BORDER = "var(--jp-border-color2, #d0d7de)"
 STATUS_COLORS = {
     "faster": "#1a7f37", "winner": "#1a7f37", "no_gain": "#6e7781", "eager": "#6e7781", "slower": "#bf8700",
-    "wrong_result": "#cf222e", "compile_error": "#8250df", "launch_error": "#bc4c00", "crashed": "#a40e26",
+    "noisy": "#bf8700", "wrong_result": "#cf222e", "compile_error": "#8250df", "launch_error": "#bc4c00", "crashed": "#a40e26",
     "timed_out": "#953800", "pending": "#8c959f", "searching": "#0969da", "not searched": "#8c959f",
     "finished": "#1a7f37", "stopped": "#bf8700", "failed": "#cf222e", "running": "#0969da", "paused": "#bf8700",
 }
@@ -53,15 +53,22 @@ def card_table(rows: Sequence[dict[str, Any]], selected: str = "", limit: int = 
 
     NB: an untrusted notebook's sanitizer may drop overflow styles, so the table must fit a narrow
     output (a 1024 px window beside JupyterLab's side bar leaves about 600 px): five columns, the
-    card's label wraps, and its eager time, calls and cost go on a muted line under it."""
-    columns = (("card", "left"), ("best", "right"), ("status", "left"), ("share", "right"), ("tried", "right"))
+    card's label wraps, and its eager times, calls and cost go on a muted line under it.
+
+    The speedup column is the card's (its verdict's); a card without a winner shows its best candidate
+    there only as "cand." (an unconfirmed candidate timing), muted."""
+    columns = (("card", "left"), ("speedup", "right"), ("status", "left"), ("share", "right"), ("tried", "right"))
     th = "".join(f'<th style="text-align: {a}; padding: 2px 8px; color: {MUTED}">{n}</th>' for n, a in columns)
     body = []
     shown = sorted(rows, key=lambda r: -r["share"])[:limit]
     for r in shown:
         mark = "font-weight: 600; " if r["key"] == selected else ""
-        cells = [_x(r["speedup"]), _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–")]
-        facts = [f"eager {_us(r['eager_us'])}", f"{r['calls']} call{'s' * (r['calls'] != 1)}"]
+        speed = _x(r["winner_speedup"]) if r["winner_speedup"] else (
+            f'<span style="color: {MUTED}" title="best candidate, unconfirmed: not the card\'s speedup">cand. '
+            f'{_x(r["best_candidate"])}</span>' if r["best_candidate"] else "–")
+        cells = [speed, _status(r["status"]), f"{r['share']:.1%}", str(r["candidates"] or "–")]
+        facts = [f"eager (judge) {_us(r['judge_eager_us'])}", f"in model {_us(r['in_model_us'] or None)}",
+                 f"{r['calls']} call{'s' * (r['calls'] != 1)}"]
         if r["dollars"]:
             facts.append(f"${r['dollars']:.3f}")
         label = (f'<td style="{mark}text-align: left; padding: 2px 8px; overflow-wrap: anywhere">{_breakable(r["label"])}'
@@ -93,6 +100,7 @@ def search_tree(nodes: Sequence[dict[str, Any]], best: Sequence[int], selected: 
             weight = "font-weight: 600; " if n["id"] in on_best else ""
             mark = " ◀ shown" if n["id"] == selected else ""
             speed = f" {n['speedup']:.2f}×" if n["speedup"] > 0 else ""
+            speed += " (the card's winner)" if n.get("winner") else ""
             # NB: wrapped, with a hanging indent: a long intent must not run out of a narrow output
             lines.append(f'<div style="{weight}padding-left: {depth * 16 + 16}px; text-indent: -16px; '
                          f'overflow-wrap: anywhere">#{n["id"]} '
@@ -100,9 +108,15 @@ def search_tree(nodes: Sequence[dict[str, Any]], best: Sequence[int], selected: 
                          f'{escape(n["intent"][:80])}</span>{mark}</div>')
             walk(n["id"], depth + 1)
     walk(None, 0)
-    note = "bold: the path to the fastest candidate faster than eager" if best else "no candidate beat eager"
+    if any(n.get("winner") for n in nodes):
+        note = "bold: the path to the card's winner"
+    elif best:
+        note = "bold: the path to the fastest candidate (candidate timings, unconfirmed: the card has no winner)"
+    else:
+        note = "no candidate beat eager"
     return _box("search-tree", f"Search tree · {label}", "".join(lines) +
-                f'<div style="color: {MUTED}; margin-top: 4px">{len(nodes)} candidates · {note}</div>')
+                f'<div style="color: {MUTED}; margin-top: 4px">{len(nodes)} candidates · {note} · '
+                "×: each candidate's own timings over the judge's eager</div>")
 
 
 def source_view(detail: dict[str, Any] | None) -> str:
@@ -124,14 +138,23 @@ def source_view(detail: dict[str, Any] | None) -> str:
 
 
 def run_progress(state: str, done: int, total: int, cards_done: int, cards_total: int, started: float | None,
-                 ended: float | None, best: dict[str, float], log: Sequence[str], notes: Sequence[str] = ()) -> str:
-    """The run's state, counts, elapsed time and latest events."""
+                 ended: float | None, best: dict[str, float], log: Sequence[str], notes: Sequence[str] = (), *,
+                 evaluated: int | None = None, failures: int = 0, candidates: dict[str, float] | None = None) -> str:
+    """The run's state, counts, elapsed time and latest events. ``done``: budget units used (``evaluated``
+    candidates judged and ``failures`` of the proposer)."""
     elapsed = ((ended or time.time()) - started) if started else None
-    parts = [_status(state), f"{done} evaluated of a budget of {total}", f"{cards_done} / {cards_total} cards"]
+    evaluated = done if evaluated is None else evaluated
+    failed = f", {failures} proposer failure{'s' * (failures != 1)}" if failures else ""
+    parts = [_status(state), f"{evaluated} evaluated{failed}: {done} of a budget of {total}",
+             f"{cards_done} / {cards_total} cards"]
     if elapsed is not None:
         parts.append(f"{elapsed:.0f} s")
     chips = " · ".join(f"{escape(k)} {v:.2f}×" for k, v in best.items())
-    body = " · ".join(parts) + (f'<div style="margin-top: 4px">best: {chips}</div>' if chips else "")
+    body = " · ".join(parts) + (f'<div style="margin-top: 4px">winners: {chips}</div>' if chips else "")
+    searching = " · ".join(f"{escape(k)} {v:.2f}×" for k, v in (candidates or {}).items())
+    if searching:
+        body += (f'<div style="margin-top: 4px; color: {MUTED}">best candidate so far (one timing, unconfirmed): '
+                 f'{searching}</div>')
     body += "".join(f'<div style="margin-top: 4px">{escape(n)}</div>' for n in notes)
     if log:
         body += f'<pre style="color: {MUTED}; font-size: 11px; margin: 6px 0 0">{escape(chr(10).join(log))}</pre>'

@@ -2,8 +2,8 @@
 
 Each is traitlets plus the shared ES module (``widgets/kforge.js``). Everything a view shows is in
 its traits, pushed from the run's events as they come (kernel-to-browser messages flow while a
-cell runs; browser-to-kernel ones wait for the cell), so a click never needs the kernel: selection
-moves between views through front-end links, and the progress buttons post to the run's control
+cell runs; browser-to-kernel ones wait for the cell), so a click never needs the kernel: the views of
+a dashboard share one :class:`Selection` model, moved in the browser, and the progress buttons post to the run's control
 channel (:mod:`._control`). Requests over custom messages (``{"type": "request", "id", "method",
 "params"}`` answered by ``{"type": "response", "id", "ok", "data" | "error"}``) remain for an idle
 kernel. Every view's output also carries a static HTML rendering (``text/html``) that a saved or
@@ -14,9 +14,11 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anywidget
+import ipywidgets
 import traitlets as t
 
 from ..search import EventKind
@@ -26,7 +28,7 @@ from ._static import static_file
 
 if TYPE_CHECKING:
     from ..ops import Cards
-    from ..search import Event, OptimizationRun
+    from ..search import Event, OptimizationRun, Progress
     from ..store import Store
 
 
@@ -38,6 +40,17 @@ class View(anywidget.AnyWidget):
     _view = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
     kernel_busy = t.Bool(False).tag(sync=True)   # a cell is running: a request would wait for it (KernelWatch)
+    kernel_id = t.Unicode("").tag(sync=True)     # the kernel that made the view: another one means it is gone
+
+    @t.default("kernel_id")
+    def _this_kernel(self) -> str:
+        try:
+            from ipykernel import get_connection_file
+
+            name = Path(get_connection_file()).name   # kernel-<id>.json, as Jupyter servers name it
+        except Exception:  # not in a kernel
+            return ""
+        return name[len("kernel-"):-len(".json")] if name.startswith("kernel-") and name.endswith(".json") else ""
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -93,6 +106,41 @@ class View(anywidget.AnyWidget):
             self.error = f"{what}: {type(exc).__name__}: {exc}"
 
 
+class Selection(ipywidgets.Widget):
+    """What one dashboard shows: a card, a candidate, and whether each follows the run. Every view of
+    the dashboard reads and writes this one model, so they agree by construction.
+
+    The front end moves it (clicks, following the run) and sends each change whole, in order; the
+    kernel applies them when it is idle and never moves it in answer, so a click made while a cell
+    runs lands once, in order, and nothing crosses it on the way back. Kernel code picks a card with
+    :meth:`pick`.
+    """
+
+    card_key = t.Unicode("").tag(sync=True)
+    candidate_id = t.Int(None, allow_none=True).tag(sync=True)
+    follow_search = t.Bool(False).tag(sync=True)   # the card follows the one being searched (until a row is picked)
+    follow_newest = t.Bool(False).tag(sync=True)   # the candidate follows the newest (until a node is picked)
+
+    def __init__(self, default_candidate: "Callable[[str], int | None] | None" = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.default_candidate = default_candidate
+
+    def pick(self, card_key: str) -> None:
+        """Show ``card_key`` with its default candidate (the end of its best path, else its newest)."""
+        with self.hold_sync():
+            self.card_key = card_key
+            self.candidate_id = self.default_candidate(card_key) if self.default_candidate is not None else None
+
+
+def _selection_of(kwargs: dict[str, Any], **values: Any) -> Selection:
+    """The view's selection: the one passed (a dashboard's), else a new one holding ``values`` given."""
+    selection = kwargs.pop("selection", None) or Selection()
+    for name, value in values.items():
+        if value is not None:
+            setattr(selection, name, value)
+    return selection
+
+
 def _last_started(run: "OptimizationRun | None") -> str:
     """The card a run started last ("" when none)."""
     keys = [e.card_key for e in list(run.events) if e.kind is EventKind.CARD_STARTED] if run is not None else []
@@ -121,9 +169,8 @@ class CardTable(View):
 
     _view = t.Unicode("card_table").tag(sync=True)
     rows = t.List(t.Dict()).tag(sync=True)
-    selected_key = t.Unicode("").tag(sync=True)
+    selection = t.Instance(Selection).tag(sync=True, **ipywidgets.widget_serialization)
     searching = t.Unicode("").tag(sync=True)
-    following = t.Bool(False).tag(sync=True)
     sort_by = t.Unicode("share").tag(sync=True)
     sort_desc = t.Bool(True).tag(sync=True)
     filter_status = t.Unicode("").tag(sync=True)
@@ -133,7 +180,8 @@ class CardTable(View):
     model_us = t.Float(None, allow_none=True).tag(sync=True)
 
     def __init__(self, cards: "Cards", store: "Store", run: "OptimizationRun | None" = None, **kwargs: Any):
-        super().__init__(**kwargs)
+        selection = _selection_of(kwargs, card_key=kwargs.pop("selected_key", None))
+        super().__init__(selection=selection, **kwargs)
         self._cards, self._store, self._run = cards, store, run
         self.searching = _searching(run)
         self._last_started = _last_started(run)
@@ -143,6 +191,24 @@ class CardTable(View):
         if not self.selected_key and self.rows:
             searched = [r for r in self.rows if r["candidates"]]
             self.selected_key = self.searching or (searched or self.rows)[0]["key"]
+
+    @property
+    def selected_key(self) -> str:
+        """The card selected (the dashboard's selection)."""
+        return self.selection.card_key
+
+    @selected_key.setter
+    def selected_key(self, key: str) -> None:
+        self.selection.pick(key)
+
+    @property
+    def following(self) -> bool:
+        """The selection follows the card being searched."""
+        return self.selection.follow_search
+
+    @following.setter
+    def following(self, on: bool) -> None:
+        self.selection.follow_search = on
 
     def refresh(self) -> None:
         """Re-read the rows from the store."""
@@ -183,40 +249,65 @@ class CardTable(View):
 
 
 class SearchTree(View):
-    """The search trees of every card (``trees``); ``card_key`` picks the one shown, a click sets
-    ``selected_id``. ``following``: the newest candidate is selected until the user picks one."""
+    """The search trees of every card (``trees``); the selection's card picks the one shown, a click
+    picks its candidate. ``following``: the newest candidate is selected until the user picks one."""
 
     _view = t.Unicode("search_tree").tag(sync=True)
-    card_key = t.Unicode("").tag(sync=True)
+    selection = t.Instance(Selection).tag(sync=True, **ipywidgets.widget_serialization)
     trees = t.Dict().tag(sync=True)          # card key -> nodes
     best_paths = t.Dict().tag(sync=True)     # card key -> ids down to the fastest candidate faster than eager
     labels = t.Dict().tag(sync=True)         # card key -> short signature
-    selected_id = t.Int(None, allow_none=True).tag(sync=True)
-    following = t.Bool(False).tag(sync=True)
     live = t.Bool(False).tag(sync=True)
 
     def __init__(self, store: "Store", cards: "Cards | None" = None, card_key: str = "",
                  run: "OptimizationRun | None" = None, **kwargs: Any):
-        super().__init__(**kwargs)
+        selection = _selection_of(kwargs, card_key=card_key or None, candidate_id=kwargs.pop("selected_id", None))
+        super().__init__(selection=selection, **kwargs)
         self._store, self._cards = store, cards
+        if selection.default_candidate is None:
+            selection.default_candidate = self.default_for
         self.live = run is not None and not run.done
         self.following = self.live
         if cards is not None:
             self.labels = {c.key: _data.short_label(c) for c in cards}
-        self.card_key = card_key
         self.refresh()
-        self.observe(self._card_changed, names="card_key")
 
-    def _card_changed(self, _change: Any) -> None:
-        """Another card: show its best candidate (or its newest), never one of the previous card."""
-        if all(n["id"] != self.selected_id for n in self.nodes):
-            self.selected_id = self.default_candidate()
+    @property
+    def card_key(self) -> str:
+        """The card shown (the dashboard's selection)."""
+        return self.selection.card_key
+
+    @card_key.setter
+    def card_key(self, key: str) -> None:
+        self.selection.pick(key)
+
+    @property
+    def selected_id(self) -> int | None:
+        """The candidate selected (the dashboard's selection)."""
+        return self.selection.candidate_id
+
+    @selected_id.setter
+    def selected_id(self, candidate_id: int | None) -> None:
+        self.selection.candidate_id = candidate_id
+
+    @property
+    def following(self) -> bool:
+        """The selection follows the newest candidate."""
+        return self.selection.follow_newest
+
+    @following.setter
+    def following(self, on: bool) -> None:
+        self.selection.follow_newest = on
+
+    def default_for(self, card_key: str) -> int | None:
+        """The candidate shown first for ``card_key``: the end of its best path, else its newest, else None."""
+        best = self.best_paths.get(card_key, [])
+        nodes = self.trees.get(card_key, [])
+        return best[-1] if best else nodes[-1]["id"] if nodes else None
 
     def default_candidate(self) -> int | None:
-        """The end of the best path, else the newest candidate, else None."""
-        if self.best_path:
-            return self.best_path[-1]
-        return self.nodes[-1]["id"] if self.nodes else None
+        """The end of the best path, else the newest candidate, else None (of the card shown)."""
+        return self.default_for(self.card_key)
 
     @property
     def nodes(self) -> list[dict[str, Any]]:
@@ -278,14 +369,24 @@ class SourceView(View):
     """
 
     _view = t.Unicode("source_view").tag(sync=True)
-    candidate_id = t.Int(None, allow_none=True).tag(sync=True)
+    selection = t.Instance(Selection).tag(sync=True, **ipywidgets.widget_serialization)
     details = t.Dict().tag(sync=True)        # str(candidate id) -> detail
     tab = t.Unicode("source").tag(sync=True)   # "source", "diff" or "log"
 
     def __init__(self, store: "Store", **kwargs: Any):
-        super().__init__(**kwargs)
+        selection = _selection_of(kwargs, candidate_id=kwargs.pop("candidate_id", None))
+        super().__init__(selection=selection, **kwargs)
         self._store = store
         self.refresh()
+
+    @property
+    def candidate_id(self) -> int | None:
+        """The candidate shown (the dashboard's selection)."""
+        return self.selection.candidate_id
+
+    @candidate_id.setter
+    def candidate_id(self, candidate_id: int | None) -> None:
+        self.selection.candidate_id = candidate_id
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         return {**super().handlers(), "candidate": self.candidate}
@@ -324,12 +425,16 @@ class RunProgress(View):
 
     _view = t.Unicode("run_progress").tag(sync=True)
     state = t.Unicode("pending").tag(sync=True)
-    done = t.Int(0).tag(sync=True)
-    total = t.Int(0).tag(sync=True)
+    done = t.Int(0).tag(sync=True)           # budget units used: evaluations and proposer failures
+    total = t.Int(0).tag(sync=True)          # planned at the run's start; shrinks only by what cards left unused
+    evaluated = t.Int(0).tag(sync=True)      # candidates judged
+    failures = t.Int(0).tag(sync=True)       # proposer failures (budget used, nothing judged)
+    eta_at = t.Float(None, allow_none=True).tag(sync=True)   # epoch seconds; None until an ETA means something
     cards_done = t.Int(0).tag(sync=True)
     cards_total = t.Int(0).tag(sync=True)
     current = t.Unicode("").tag(sync=True)
-    best = t.Dict().tag(sync=True)           # card label -> best speedup
+    best = t.Dict().tag(sync=True)           # card label -> the card's speedup (its verdict's), once it has a winner
+    best_candidates = t.Dict().tag(sync=True)   # card label -> its best candidate's one timing while it is searched
     dollars = t.Float(0.0).tag(sync=True)
     log = t.List(t.Unicode()).tag(sync=True)
     notes = t.List(t.Unicode()).tag(sync=True)    # why a card got nothing new
@@ -346,7 +451,7 @@ class RunProgress(View):
         self._labels = {p.card.key: _data.short_label(p.card) for p in getattr(run, "planned", [])
                         if hasattr(p, "card")}
         self.cards_total = len(run.planned)
-        self.total = len(run.planned) * run.budget.iterations
+        self.total = self._progress().total
         self._channel = None
         self._watch = None
         if not run.done:
@@ -376,57 +481,61 @@ class RunProgress(View):
         self.state = "pausing" if action == "pause" and not self._run.done else self._run.state.value
         return {"state": self.state}
 
+    def _progress(self) -> "Progress":
+        from ..search import Progress
+
+        return Progress.of(list(self._run.events), cards_total=len(self._run.planned),
+                           iterations=self._run.budget.iterations)
+
     def _label(self, key: str | None) -> str:
         return self._labels.get(key or "", (key or "")[:8])
 
     def apply(self, _events: Sequence["Event"] = ()) -> None:
         """Recount from the run's event list (exact however events and batches interleave)."""
         with self._lock:
-            done = cards_done = 0
             current = ""
             started = ended = None
             best: dict[str, float] = {}
+            candidates: dict[str, float] = {}
             log: list[str] = []
-            # NB: true counts: evaluations and proposer failures made; a card's share of the total is its
-            # remaining budget until it finishes, then what it used.
-            iterations = self._run.budget.iterations
-            planned: dict[str, int] = {}
-            used: dict[str, int] = {}
-            finished: set[str] = set()
+            # NB: the counts are the run's Progress (kforge.search): evaluations and proposer failures apart, of a
+            # total planned once at the run's start (counting failures as evaluations and re-planning per card
+            # showed "64 evaluated" for 37, and a total that went 206 -> 198 -> 99 -> 84)
+            progress = self._progress()
             for e in list(self._run.events):
-                if e.kind is EventKind.EVALUATED and e.data.get("counts", True) or e.kind is EventKind.PROPOSER_FAILED:
-                    done += 1
-                    if e.card_key not in finished:
-                        used[e.card_key] = used.get(e.card_key, 0) + 1
-                elif e.kind is EventKind.RUN_STARTED:
+                if e.kind is EventKind.RUN_STARTED:
                     started = e.time
                 elif e.kind is EventKind.RUN_FINISHED:
                     ended = e.time
                 elif e.kind is EventKind.CARD_STARTED:
                     current = self._label(e.card_key)
-                    planned[e.card_key] = int(e.data.get("budget", iterations))
-                elif e.kind is EventKind.NEW_BEST and e.card_key:
-                    best[self._label(e.card_key)] = float(e.data.get("speedup", 0.0))
+                elif e.kind is EventKind.NEW_BEST and e.card_key:   # a candidate's one timing, not the card's
+                    candidates[self._label(e.card_key)] = float(e.data.get("speedup", 0.0))
                 elif e.kind is EventKind.CARD_FINISHED:
-                    cards_done += 1
-                    finished.add(e.card_key)
-                    planned[e.card_key] = used.get(e.card_key, 0)
                     label = self._label(e.card_key)
-                    if e.data.get("status") == "winner":  # the verdict's speedup: confirmed, or the one timing
-                        best[label] = float(e.data.get("speedup", 0.0))
+                    candidates.pop(label, None)
+                    if e.data.get("status") == "winner":  # the verdict's speedup: the card's, as every view shows it
+                        best[label] = float(e.data.get("winner_speedup") or 0.0)
                     else:
                         best.pop(label, None)
                 if e.kind is not EventKind.PROPOSED:
                     card = f"{self._label(e.card_key)}: " if e.card_key else ""
                     log.append(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {e.kind.value:<15} "
                                f"{card}{e.message}")
-            total = sum(planned.values()) + max(len(self._run.planned) - len(planned), 0) * iterations
             with self.hold_sync():
-                self.total = total
-                self.done, self.cards_done, self.current, self.best = min(done, self.total), cards_done, current, best
+                self.total = progress.total
+                self.done, self.cards_done, self.current, self.best = (min(progress.used, progress.total),
+                                                                       progress.cards_done, current, best)
+                self.evaluated, self.failures = progress.evaluated, progress.proposer_failures
+                self.best_candidates = candidates
+                self.eta_at = None if progress.eta_s is None else time.time() + progress.eta_s
                 self.started_at, self.ended_at = started, ended
                 self.log = log[-self.LOG_LINES:]
                 self.notes = _data.run_notes(self._run, self._labels) if hasattr(self._run, "budget") else []
+                if progress.finished and best:
+                    # NB: the chips are each card's calls alone; the model's speedup is another measurement
+                    self.notes = [*self.notes, "the model is not timed by a search: session.end_to_end() times it "
+                                  "whole, eager and compiled, with and without these winners"]
                 self.dollars = self._run.dollars
                 state = self._run.state.value
                 self.state = "pausing" if self.state == "pausing" and state == "running" else state
@@ -442,4 +551,5 @@ class RunProgress(View):
 
     def to_html(self) -> str:
         return _html.run_progress(self.state, self.done, self.total, self.cards_done, self.cards_total,
-                                  self.started_at, self.ended_at, self.best, self.log, self.notes)
+                                  self.started_at, self.ended_at, self.best, self.log, self.notes,
+                                  evaluated=self.evaluated, failures=self.failures, candidates=self.best_candidates)

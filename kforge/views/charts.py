@@ -1,4 +1,4 @@
-"""Altair charts of a session: best speedup over iterations, cost per card, time per operator.
+"""Altair charts of a session: best candidate timing over iterations, cost per card, time per operator.
 
 Each function returns an ``alt.Chart`` (``chart.save("x.png")`` / ``.svg`` for reports, needs
 vl-convert-python). ``live(fn, session)`` shows one that redraws from the run's events and
@@ -55,7 +55,10 @@ def _int_axis(title: str, largest: int) -> Any:
 
 
 def speedup_over_iterations(session: "Session") -> Any:
-    """Best correct speedup so far, per searched card, against the candidates tried on it."""
+    """The best candidate's timing so far, per searched card, against the candidates tried on it.
+
+    Candidate timings, labelled as such: a card's own speedup is its verdict's (``session.results``), drawn
+    here as a diamond at the end of its line once the card has a winner."""
     alt, pd = _alt(), require("pandas")
     labels = _labels(session)
     rows, best, count = [], {}, {}
@@ -66,17 +69,26 @@ def speedup_over_iterations(session: "Session") -> Any:
         best[c.card_key] = max(best.get(c.card_key, 0.0), c.speedup)
         rows.append({"card": labels[c.card_key], "iteration": count[c.card_key],
                      "best speedup": best[c.card_key], "status": c.status.value if c.status else "pending"})
+    title = "Best candidate timing per card (unconfirmed; ◆ the card's speedup)"
     if not rows:
-        return _themed(_no_data("Best speedup per card", "no candidate evaluated"))
+        return _themed(_no_data(title, "no candidate evaluated"))
     data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status"])
     base = alt.Chart(data).encode(
         x=alt.X("iteration:Q", axis=_int_axis("candidates tried", max(count.values()))),
-        y=alt.Y("best speedup:Q", title="best speedup over eager (×)"),
+        y=alt.Y("best speedup:Q", title="best candidate over the judge's eager (×)"),
         color=alt.Color("card:N", title="card"))
     eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color=_INK).encode(y="y:Q")
     chart = base.mark_line(interpolate="step-after") + base.mark_circle(size=40).encode(
-        tooltip=["card:N", "iteration:Q", alt.Tooltip("best speedup:Q", format=".2f"), "status:N"])
-    return _themed((chart + eager).properties(title="Best speedup per card", width=420, height=240))
+        tooltip=["card:N", "iteration:Q", alt.Tooltip("best speedup:Q", format=".2f", title="best candidate"),
+                 "status:N"])
+    won = [{"card": labels[r.key], "iteration": count.get(r.key, 1), "card speedup": r.winner_speedup}
+           for r in session.results.winners if r.key in labels]
+    if won:
+        chart += alt.Chart(pd.DataFrame(won, columns=["card", "iteration", "card speedup"])).mark_point(
+            shape="diamond", size=120, filled=True).encode(
+            x="iteration:Q", y="card speedup:Q", color=alt.Color("card:N", title="card"),
+            tooltip=["card:N", alt.Tooltip("card speedup:Q", format=".2f")])
+    return _themed((chart + eager).properties(title=title, width=420, height=240))
 
 
 def cost_per_card(session: "Session") -> Any:
@@ -115,7 +127,7 @@ def time_breakdown(session: "Session", top: int = 12) -> Any:
     after: dict[str, float] = {}
     for card in session.cards:
         r = results.get(card.key)
-        speedup = r.speedup if r is not None and r.status.has_winner and r.speedup > 0 else 1.0
+        speedup = r.winner_speedup if r is not None and r.status.has_winner and r.winner_speedup else 1.0
         # NB: time inside the forward, where a region's card has taken over the calls inside it
         spent = card.forward_us if card.forward_us > 0 else card.total_us * (card.share > 0)
         before[card.op] = before.get(card.op, 0.0) + spent

@@ -1,10 +1,10 @@
 """A throwaway JupyterLab server on 127.0.0.1 and Debian's Chromium driven by Playwright."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,17 +29,30 @@ SETTINGS = {
 }
 
 
+# Set (to 1) where the browser test must run, as in CI: a missing browser is then a failure, not a skip.
+REQUIRED = "KFORGE_BROWSER_REQUIRED"
+
+
 def missing() -> str | None:
-    """Why the browser test cannot run here, or None."""
+    """Why the browser test cannot run here, or None. NB: asks this interpreter, not PATH: JupyterLab is
+    started as ``sys.executable -m jupyterlab``, whether or not the venv's bin is on PATH."""
     if not Path(CHROMIUM).exists():
         return f"no {CHROMIUM} (run .ci/browser-deps.sh: apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "playwright is not installed (run .ci/browser-deps.sh: pip install playwright)"
-    if shutil.which("jupyter-lab") is None and shutil.which("jupyter") is None:
-        return "jupyterlab is not installed (pip install 'kforge[notebook]')"
+    for module, install in (("playwright.sync_api", "run .ci/browser-deps.sh: pip install playwright"),
+                            ("jupyterlab", "pip install 'kforge[notebook]'"),
+                            ("ipykernel", "pip install 'kforge[notebook]'")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            return f"{module.split('.')[0]} is not installed for {sys.executable} ({install})"
     return None
+
+
+def required() -> bool:
+    """Whether a missing browser fails the test instead of skipping it (``KFORGE_BROWSER_REQUIRED=1``)."""
+    return os.environ.get(REQUIRED, "") not in ("", "0")
 
 
 def _free_port() -> int:
@@ -64,7 +77,9 @@ def jupyterlab(root: Path, timeout: float = 60.0, home: Path | None = None) -> I
         path.write_text(json.dumps(body))
     # NB: the kernel imports the kforge of this checkout (as pytest does), not whichever one is installed
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+    # NB: no API key reaches the kernel: the tutorials take their keyless path and nothing is spent
+    keys = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    env = {**{k: v for k, v in os.environ.items() if k not in keys}, "PYTHONPATH": path, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
            "JUPYTER_DATA_DIR": str(home / "data"),
            "JUPYTERLAB_SETTINGS_DIR": str(settings), "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
            "IPYTHONDIR": str(home / "ipython")}

@@ -1,0 +1,208 @@
+"""Do verdicts repeat? The same session run several times, each in a fresh process and workdir.
+
+    python benchmarks/repeatability.py [--device cpu|cuda] [--runs 5] [--iterations 3] [--cards 6]
+                                       [--example block|tiny_chains|tiny_cnn|tiny_transformer] [--json]
+    python benchmarks/repeatability.py --merge a.json b.json ...   # the table of earlier --json runs
+
+Each run captures the model, searches its cards with the built-in proposer at a fixed number of
+iterations, and reports per card its status and the speedup its verdict states. Printed per run:
+the winners with their speedups; then the table: the pairwise overlap of the runs' winner sets
+(|A & B| / |A | B|; two empty sets agree), min and median; per card the speedups stated across the
+runs where it won, their spread (max / min), how many runs called it noisy, and its best candidate
+(an unconfirmed single timing) where it stayed on eager.
+
+``--example block`` (the default) is a hand-written block: an RMSNorm and a tanh-GELU written as
+formulas, a softmax, a GroupNorm and a SiLU, which the capture turns into operator and region cards.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _block(device: str):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from kforge.examples import HandRMSNorm, gelu_tanh_formula
+
+    class HandWrittenBlock(nn.Module):
+        """RMSNorm and tanh-GELU as formulas, a softmax, GroupNorm + SiLU."""
+
+        def __init__(self, dim: int = 512, channels: int = 64, groups: int = 8):
+            super().__init__()
+            self.norm = HandRMSNorm(dim)
+            self.gn = nn.GroupNorm(groups, channels)
+
+        def forward(self, x: torch.Tensor, img: torch.Tensor):
+            h = gelu_tanh_formula(self.norm(x))
+            return h.softmax(-1), F.silu(self.gn(img))
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    big = device.startswith("cuda")
+    x = torch.randn(2048 if big else 256, 512, generator=g)
+    img = torch.randn(8 if big else 2, 64, 64 if big else 32, 64 if big else 32, generator=g)
+    return HandWrittenBlock().to(device).eval(), (x.to(device), img.to(device))
+
+
+def _model(example: str, device: str):
+    if example == "block":
+        return _block(device)
+    import kforge
+
+    return kforge.example(example, device=device)
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One run, in this (fresh) process: capture, search, and what each card's verdict states."""
+    import kforge
+    from kforge.views._data import short_label
+
+    model, inputs = _model(args.example, args.device)
+    started = time.monotonic()
+    with kforge.Session(model, inputs, device=args.device, workdir=args.workdir) as session:
+        session.capture()
+        session.optimize(proposer="builtin", iterations=args.iterations, max_cards=args.cards, parallel=1,
+                         seed=0).wait()
+        cards = []
+        for r in session.results:
+            if not r.status.is_searched:
+                continue
+            figure = getattr(r, "winner_speedup", None)
+            if figure is None and r.status.has_winner:   # NB: code from before the verdict had one named figure
+                figure = r.speedup
+            cards.append({"key": r.key, "label": short_label(session.cards[r.key]), "status": r.status.value,
+                          "speedup": figure, "low": getattr(r, "speedup_low", None),
+                          "high": getattr(r, "speedup_high", None),
+                          "best_candidate": getattr(r, "best_candidate_speedup", None),
+                          "eager_us": r.eager_us, "kernel_us": r.kernel_us})
+    return {"seconds": round(time.monotonic() - started, 1), "cards": cards}
+
+
+def _run_once(args: argparse.Namespace, i: int, root: Path) -> dict:
+    workdir = root / f"run{i}"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workdir", str(workdir),
+           "--device", args.device, "--example", args.example, "--iterations", str(args.iterations)]
+    if args.cards:
+        cmd += ["--cards", str(args.cards)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"run {i} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def overlap(a: set[str], b: set[str]) -> float:
+    """|A & B| / |A | B|; 1.0 when both are empty."""
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+def summarise(runs: list[dict]) -> dict:
+    sets = [{c["key"] for c in r["cards"] if c["status"] == "winner"} for r in runs]
+    pairs = [overlap(a, b) for a, b in itertools.combinations(sets, 2)]
+    labels: dict[str, str] = {}
+    per_card: dict[str, dict] = {}
+    for r in runs:
+        for c in r["cards"]:
+            labels[c["key"]] = c["label"]
+            d = per_card.setdefault(c["key"], {"won": [], "noisy": 0, "eager": 0, "best_candidate": []})
+            if c["status"] == "winner" and c["speedup"]:
+                d["won"].append(c["speedup"])
+            elif c["status"] == "noisy":
+                d["noisy"] += 1
+            else:
+                d["eager"] += 1
+            if c["status"] != "winner" and c.get("best_candidate"):
+                d["best_candidate"].append(c["best_candidate"])
+    cards = []
+    for key, d in per_card.items():
+        spread = max(d["won"]) / min(d["won"]) if len(d["won"]) >= 2 else None
+        cards.append({"key": key, "label": labels[key], "won": len(d["won"]), "speedups": d["won"],
+                      "spread": spread, "noisy": d["noisy"], "eager": d["eager"],
+                      "best_candidate": d["best_candidate"]})
+    cards.sort(key=lambda c: (-c["won"], c["label"]))
+    return {"runs": len(runs), "overlap_min": min(pairs) if pairs else None,
+            "overlap_median": statistics.median(pairs) if pairs else None, "overlaps": pairs, "cards": cards,
+            "seconds": [r["seconds"] for r in runs]}
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}x"
+
+
+def print_report(runs: list[dict], table: dict) -> None:
+    for i, r in enumerate(runs):
+        won = [c for c in r["cards"] if c["status"] == "winner"]
+        print(f"run {i}: {len(won)} winner(s) of {len(r['cards'])} searched cards, {r['seconds']:.0f} s")
+        for c in r["cards"]:
+            interval = f" [{c['low']:.2f}-{c['high']:.2f}]" if c.get("low") and c.get("high") else ""
+            cand = f"  best candidate (unconfirmed) {_x(c['best_candidate'])}" if c.get("best_candidate") else ""
+            print(f"  {c['status']:<7} {_x(c['speedup']) if c['status'] == 'winner' else '-':>7}{interval:<14} "
+                  f"{c['label']}{cand}")
+    print()
+    print(f"winner-set overlap over {table['runs']} runs ({len(table['overlaps'])} pairs): "
+          f"min {table['overlap_min']:.2f}, median {table['overlap_median']:.2f}"
+          if table["overlaps"] else "winner-set overlap: one run only")
+    print()
+    print("| card | won | speedups stated | spread (max/min) | noisy | eager |")
+    print("|---|---:|---|---:|---:|---:|")
+    for c in table["cards"]:
+        speeds = ", ".join(f"{s:.2f}" for s in c["speedups"]) or "-"
+        spread = f"{c['spread']:.2f}" if c["spread"] else "-"
+        print(f"| `{c['label']}` | {c['won']}/{table['runs']} | {speeds} | {spread} | {c['noisy']} | {c['eager']} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=3, help="candidates per card, fixed")
+    ap.add_argument("--cards", type=int, default=None, help="search at most this many cards (largest share first)")
+    ap.add_argument("--example", default="block", help="block (default), tiny_chains, tiny_cnn or tiny_transformer")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument("--keep", default=None, help="keep each run's workdir under this folder (default: deleted)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="summarise the runs of earlier --json outputs (e.g. runs alternated with another checkout's, "
+                    "so that both saw the same load) instead of running")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return
+    if args.merge:
+        runs = [r for path in args.merge for r in json.loads(Path(path).read_text())["runs"]]
+        table = summarise(runs)
+        if args.json:
+            print(json.dumps({"merged": args.merge, "runs": runs, "table": table}, indent=2))
+        else:
+            print_report(runs, table)
+        return
+    with tempfile.TemporaryDirectory(prefix="kforge-repeat-") as tmp:
+        runs = []
+        for i in range(args.runs):
+            runs.append(_run_once(args, i, Path(args.keep or tmp)))
+            if not args.json:
+                print(f"run {i} done in {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+    table = summarise(runs)
+    if args.json:
+        print(json.dumps({"device": args.device, "example": args.example, "iterations": args.iterations,
+                          "cards": args.cards, "runs": runs, "table": table}, indent=2))
+    else:
+        print_report(runs, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The attack corpus through the user's process (issue 42): every CPU attack of tests/attacks.py that builds with the
+screen off, loaded as `Session.apply()` and `kforge.load()` load a kernel (`load_verified`, then the re-check before
+install, `refuse_failing`), with a fake API key in the environment and a listener on the port the attacks send to.
+
+For each: nothing is reached (no file dropped, no secret written anywhere, nothing received on the port, no child
+left behind), and the kernel is refused, by the binary wall before anything of it runs or by the re-check, with a
+message naming why, unless it computes what eager computes here (attacks on the judge's timing, honest in a process
+that times nothing). An attack the table marks `acts_in_process` is a hole this wall does not close: its test is an
+expected failure, strict, so that closing the hole shows.
+
+Each kernel that passes the wall runs in a child process of its own (that is the user's process here): a kernel that
+takes 6 GiB, or corrupts the heap, costs that child, never pytest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attacks import CPU_ATTACKS, FAKE_KEY, Jail, kill_children, loot_listener, received, surviving_children
+from kforge.capture import Card
+from kforge.kernels import BinaryRejected, CompileError, compile_source, verify_binary
+from kernel_files import kernel_source
+
+SOFTMAX = Card.for_call("softmax", torch.randn(32, 256), -1)
+
+# NB: the user's process: loads the kernel as apply/load do and re-checks it, under an address-space limit so that a
+# kernel taking all memory fails there; prints one JSON line
+CHILD = r"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+import torch
+from kforge.deploy._launch import DeployedKernel
+from kforge.deploy._recheck import refuse_failing
+from kforge.kernels import BinaryRejected, load_verified
+from kforge.ops import Variant
+variant = Variant.from_json(json.loads(sys.argv[2]))
+try:
+    kernel = load_verified(sys.argv[1])
+except BinaryRejected as exc:
+    print(json.dumps({"refused": "wall", "message": str(exc)}), flush=True)
+    sys.exit(0)
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    kept, refused = refuse_failing([DeployedKernel(variant, kernel, 0, 2.0)])
+print(json.dumps({"refused": "recheck" if refused else "", "message": refused[0][1] if refused else ""}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def jail(tmp_path_factory):
+    """HOME, KFORGE_CACHE and a workdir of the module's own, a fake API key in the environment."""
+    jail = Jail.make(tmp_path_factory.mktemp("apply"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(jail.home))
+        mp.setenv("KFORGE_CACHE", str(jail.cache))
+        mp.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
+        yield jail
+    kill_children(surviving_children())
+    jail.clean()
+
+
+def _in_users_process(path: Path, jail: Jail) -> tuple[dict, int]:
+    env = {**os.environ, "KFORGE_SCREEN": "binary", "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(SOFTMAX.variant.to_json())],
+                          env=env, cwd=jail.work, capture_output=True, text=True, timeout=600, start_new_session=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return (json.loads(lines[-1]) if lines else {"refused": "", "message": proc.stderr[-2000:]}), proc.returncode
+
+
+def _cases():
+    for name in sorted(CPU_ATTACKS):
+        hole = CPU_ATTACKS[name].acts_in_process
+        marks = [pytest.mark.xfail(reason=hole, strict=True)] if hole else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, monkeypatch):
+    attack = CPU_ATTACKS[name]
+    monkeypatch.setenv("KFORGE_SCREEN", "off")     # built as the runner would get it: no screen, no wall
+    try:
+        built = compile_source(kernel_source("cpu", name), "cpu", "native")
+    except CompileError as exc:
+        # NB: never built, so never deployed: the table must say so
+        assert not isinstance(exc, BinaryRejected)
+        assert {s.name for s in attack.allowed} == {"COMPILE_ERROR"} or "COMPILE_ERROR" in {s.name for s in
+                                                                                            attack.allowed}, exc
+        return
+    monkeypatch.setenv("KFORGE_SCREEN", "binary")  # the wall on, as in every user's process
+    listener = loot_listener()
+    try:
+        try:
+            verify_binary(built.path)
+            outcome, code = _in_users_process(built.path, jail)
+        except BinaryRejected as exc:
+            outcome, code = {"refused": "wall", "message": str(exc)}, 0
+        loot = received(listener)
+    finally:
+        if listener is not None:
+            listener.close()
+    children = surviving_children()
+    kill_children(children)
+    print(f"{name}: {outcome['refused'] or 'kept'}: {outcome['message'][:200]} (exit {code})")
+
+    assert loot == b"", "the attack reached a local port from the user's process"
+    assert jail.dropped_files() == [], "the attack wrote a file from the user's process"
+    assert jail.files_with_secret() == [], "the API key reached a file"
+    assert children == [], "child processes outlived the user's process"
+    assert jail.tampered_cache_objects() == []
+    if outcome["refused"] == "wall":
+        assert outcome["message"].startswith("the built library was refused before loading: the library"), outcome
+    elif outcome["refused"] == "recheck":
+        assert outcome["message"].startswith("refused at apply: "), outcome
+        assert len(outcome["message"]) > len("refused at apply: ") + 10
+    else:
+        # kept: it computed what eager computes on every compared call here; an attack on the judge's clock or
+        # batches has nothing to forge in a process that times nothing
+        assert code == 0 and outcome["message"] == "", outcome
+        assert attack.allowed & {s for s in attack.allowed if s.name in ("SLOWER", "NO_GAIN", "TIMING_MISMATCH",
+                                                                          "CRASHED")}, (name, outcome)

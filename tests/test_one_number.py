@@ -1,0 +1,189 @@
+"""One record per card, one number everywhere: a card's speedup is its verdict's pooled figure in every
+table, view, export and summary; a card without a winner shows none as its own; a verdict whose timings
+cannot be told apart from eager, or disagree, is "noisy" and stays on eager (synthetic timings)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kforge
+from kforge import cli
+from kforge.evaluate import Evaluation, Status
+from kforge.ops import CardStatus
+from kforge.ops._verdict import pool_timings
+from kforge.search._decide import LEAST_GAIN, TIMINGS_AGREE, Call, call
+from kernel_files import kernel_source
+from scripted import ScriptedProposer
+
+
+class Softmax(nn.Module):
+    def forward(self, x):
+        return x.softmax(-1)
+
+
+class Timed:
+    """Scripted evaluations: (status, kernel us, eager us, spread of both), one per call, in order."""
+
+    backend, device, arch = "cpu", "cpu", "native"
+
+    def __init__(self, answers, device: str = "cpu"):
+        self.answers = list(answers)
+        self.calls = 0
+
+    def evaluate_variant(self, variant, source, examples=(), *, seed=0):
+        self.calls += 1
+        status, kernel_us, eager_us, spread = self.answers.pop(0) if self.answers else (Status.NO_GAIN, 10, 10, 0.01)
+        return Evaluation(status, f"scripted {status.value}", candidate_us=kernel_us, eager_us=eager_us,
+                          candidate_spread=spread, eager_spread=spread, speedup=eager_us / kernel_us)
+
+    def close(self):
+        pass
+
+
+def _sources(n: int) -> list[str]:
+    base = kernel_source("cpu", "softmax_rows")
+    return [base + f"\n/* variant {i} */\n" for i in range(n)]
+
+
+def _searched(tmp_path, answers, n: int = 1, **kw):
+    s = kforge.Session(Softmax(), torch.randn(64, 1000), device="cpu", workdir=tmp_path / "wd")
+    s.capture(timing_budget_ms=2)
+    s._evaluator = Timed(answers)
+    run = s.optimize(proposer=ScriptedProposer(_sources(n)), iterations=n, parallel=1, **kw)
+    return s, run
+
+
+# ----------------------------------------------------------------------------- the rule, on synthetic timings
+
+
+def test_timings_within_their_noise_of_eager_or_apart_from_each_other_are_noisy():
+    # each timing widened by its own noise: 1.10x with 8% on both sides reaches 1.02x of eager
+    assert call(pool_timings([(1.10, math.hypot(0.08, 0.08))])) is Call.NOISY
+    assert call(pool_timings([(1.10, 0.01)])) is Call.FASTER
+    # two timings further apart than TIMINGS_AGREE, however tight each one is
+    apart = pool_timings([(2.0, 0.01), (2.0 / (TIMINGS_AGREE * 1.05), 0.01)])
+    assert apart.agreement > TIMINGS_AGREE and call(apart) is Call.NOISY
+    # within the least gain: not faster, and not noisy either
+    assert call(pool_timings([(1.0 + LEAST_GAIN / 2, 0.0)])) is Call.NOT_FASTER
+    # two timings: their geometric mean, whose noise is the timings' (root mean square) over the square root of
+    # two; the interval still spans both timings
+    together = pool_timings([(2.0, 0.0), (1.8, 0.05)])
+    assert together.speedup == pytest.approx(math.sqrt(3.6)) and together.low == pytest.approx(1.8)
+    assert together.high == pytest.approx(2.0) and call(together) is Call.FASTER
+    close = pool_timings([(1.5, 0.3), (1.45, 0.3)])
+    assert close.low == pytest.approx(math.sqrt(1.5 * 1.45) / (1 + 0.3 / math.sqrt(2)))
+
+
+def test_a_verdict_whose_timings_overlap_eager_within_noise_is_noisy_and_stays_on_eager(tmp_path):
+    # the judge called the first timing faster (1.16x), the second 1.06x, each with a 15% spread on both sides
+    s, _ = _searched(tmp_path, [(Status.FASTER, 10.0, 11.6, 0.15), (Status.NO_GAIN, 10.0, 10.6, 0.15)])
+    (r,) = s.results
+    assert r.status is CardStatus.NOISY and not s.results.winners and s.winners() == []
+    assert r.winner_speedup is None and r.speedup == 1.0 and "noise" in r.reason
+    assert r.best_candidate_speedup == pytest.approx(math.sqrt(1.16 * 1.06))
+    assert "noisy" in s.results.table() and len(s.results.noisy) == 1
+    s.close()
+
+
+def test_a_card_whose_eager_time_moved_has_no_baseline_and_is_noisy(tmp_path):
+    # eager read 3 us beside one candidate, 30 us beside the next (a busy machine): a 3x "win" over which?
+    s, _ = _searched(tmp_path, [(Status.FASTER, 1.0, 3.0, 0.05), (Status.NO_GAIN, 30.0, 30.0, 0.05)], n=2)
+    (r,) = s.results
+    assert r.status is CardStatus.NOISY and "moved from 3.0 to 30.0 us" in r.reason and r.winner_speedup is None
+    s.close()
+
+
+def test_two_timings_that_disagree_leave_the_card_noisy(tmp_path):
+    s, _ = _searched(tmp_path, [(Status.FASTER, 10.0, 30.0, 0.01), (Status.FASTER, 10.0, 15.0, 0.01)])
+    (r,) = s.results
+    assert r.status is CardStatus.NOISY and "3.00x and 1.50x" in r.reason and r.winner_speedup is None
+    s.close()
+
+
+def test_a_clear_winner_states_its_pooled_figure_and_interval(tmp_path):
+    s, _ = _searched(tmp_path, [(Status.FASTER, 10.0, 30.0, 0.05), (Status.FASTER, 10.0, 27.0, 0.05)])
+    (r,) = s.results.winners
+    assert r.winner_speedup == pytest.approx(math.sqrt(3.0 * 2.7))
+    assert (r.speedup_low, r.speedup_high) == pytest.approx((2.7, 3.0)), "the interval spans both timings"
+    # the judge's eager time, pooled the same way: eager / kernel is the stated figure
+    assert r.judge_eager_us == pytest.approx(math.sqrt(30.0 * 27.0))
+    assert r.judge_eager_us / r.kernel_us == pytest.approx(r.winner_speedup)
+    s.close()
+
+
+# ----------------------------------------------------------------------------- one number everywhere
+
+
+def test_each_winners_speedup_is_the_same_everywhere(tmp_path, capsys, monkeypatch):
+    from kforge.views._data import card_rows, tree_nodes
+    from kforge.views._widgets import RunProgress
+
+    s, run = _searched(tmp_path, [(Status.FASTER, 10.0, 25.0, 0.02), (Status.NO_GAIN, 20.0, 20.0, 0.02),
+                                  (Status.FASTER, 10.0, 22.0, 0.02)], n=2)
+    (r,) = s.results.winners
+    figure = r.winner_speedup
+    assert figure == pytest.approx(math.sqrt(2.5 * 2.2))
+    frame = s.results.to_frame()
+    assert frame.loc[frame.key == r.key, "winner_speedup"].item() == figure
+    (card, cand), = s.winners()
+    assert cand.speedup == figure
+    row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
+    assert row["winner_speedup"] == figure and row["best_candidate"] is None
+    assert [n["speedup"] for n in tree_nodes(s.store, r.key) if n["winner"]] == [figure]
+    progress = RunProgress(run, control=False)
+    assert list(progress.best.values()) == [figure] and progress.best_candidates == {}
+    manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
+    assert [k["speedup"] for k in manifest["kernels"]] == [figure]
+    s.close()
+    # the command line's summary of the same store (resumed: nothing new is measured)
+    monkeypatch.setattr(kforge.evaluate, "Evaluator", lambda device, *a, **kw: Timed([]))
+    assert cli.main(["optimize", "--resume", "--workdir", str(tmp_path / "wd"), "--iterations", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [w["winner_speedup"] for w in data["summary"]["winners"]] == [figure]
+    assert [x["winner_speedup"] for x in data["results"] if x["status"] == "winner"] == [figure]
+    assert cli.main(["optimize", "--resume", "--workdir", str(tmp_path / "wd"), "--iterations", "2"]) == 0
+    text = capsys.readouterr().out
+    assert f"winner: {figure:.2f}x confirmed" in text and f"{figure:.2f}x confirmed (" in text
+
+
+def test_a_card_that_stayed_on_eager_shows_no_speedup_of_its_own(tmp_path):
+    from kforge.views._data import card_rows
+
+    # the best candidate was timed once at 1.01x: no winner, and its timing is only ever a candidate's
+    s, run = _searched(tmp_path, [(Status.NO_GAIN, 10.0, 10.1, 0.01)])
+    (r,) = s.results
+    assert r.status is CardStatus.EAGER and r.winner_speedup is None and r.speedup_label == "-"
+    assert r.best_candidate_speedup == pytest.approx(1.01)
+    frame = s.results.to_frame()
+    assert frame["winner_speedup"].isna().all() and frame["best_candidate_speedup"].item() == pytest.approx(1.01)
+    row = card_rows(s.cards, s.store)[0]
+    assert row["winner_speedup"] is None and row["best_candidate"] == pytest.approx(1.01)
+    line = next(x for x in s.results.table().splitlines() if r.signature in x)
+    assert " - " in line and "1.01x" in line and "x confirmed" not in line
+    from kforge.views._widgets import RunProgress
+
+    assert RunProgress(run, control=False).best == {}
+    s.close()
+
+
+def test_the_tables_baseline_is_the_judges_eager_time(tmp_path, capsys):
+    from kforge.views._data import card_rows
+
+    # the judge timed eager at 40 and 44 us (the capture replayed it at some other time in this process)
+    s, _ = _searched(tmp_path, [(Status.SLOWER, 50.0, 40.0, 0.01), (Status.NO_GAIN, 44.0, 44.0, 0.01)], n=2)
+    (r,) = s.results
+    assert r.judge_eager_us == pytest.approx(42.0) and r.replayed_us == s.cards[0].eager_us
+    assert card_rows(s.cards, s.store)[0]["judge_eager_us"] == r.judge_eager_us
+    text = s.cards.table(judge_eager_us={x.key: x.judge_eager_us for x in s.results})
+    header, line = text.splitlines()[:2]
+    assert "eager us (judge)" in header and "in model us" in header and "replayed us" in header
+    assert "42.00" in line
+    assert "eager us (judge)" in s.results.table() and "42.00" in s.results.table()
+    s.close()
+    assert cli.main(["show", "--workdir", str(tmp_path / "wd")]) == 0
+    shown = capsys.readouterr().out
+    assert "eager us (judge)" in shown.splitlines()[1] and "42.00" in shown
