@@ -109,9 +109,11 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
     kill_children(children)
     print(f"{name}: {outcome['refused'] or 'kept'}: {outcome['message'][:200]} (exit {code})")
 
+    dropped, secret = jail.dropped_files(), jail.files_with_secret()
+    jail.clean()
     assert loot == b"", "the attack reached a local port from the user's process"
-    assert jail.dropped_files() == [], "the attack wrote a file from the user's process"
-    assert jail.files_with_secret() == [], "the API key reached a file"
+    assert dropped == [], "the attack wrote a file from the user's process"
+    assert secret == [], "the API key reached a file"
     assert children == [], "child processes outlived the user's process"
     assert jail.tampered_cache_objects() == []
     if outcome["refused"] == "wall":
