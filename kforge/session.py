@@ -327,6 +327,10 @@ class Session:
         the host (see ``Deployment.skipped``); ``all_winners=True`` installs every winner. That cost
         is measured once in this process (``kforge.deploy.measure_dispatch_cost``);
         ``dispatch_cost=DispatchCost(hit_us, miss_us)`` or ``KFORGE_DISPATCH_COST=hit_us,miss_us`` gives it.
+        Where region or fused-operator winners would run in the captured forward, the session's model is
+        first timed on its inputs with them and without them (interleaved, in this process): they are
+        installed only if the model is measurably faster with them, since the captured forward's own cost
+        (guards, the graph run op by op) can exceed what they save; ``all_winners=True`` skips that check.
         """
         from .deploy import DeployedKernel, Deployment
         from .kernels import load_verified
@@ -339,7 +343,36 @@ class Session:
         exported, skipped = self._compiled_winners(all_winners, dispatch_cost)
         kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
         kernels, refused = self._rechecked(kernels)
+        if not all_winners and scope == "model":
+            kernels, slower = self._graph_forward_pays(model, kernels)
+            refused += slower
         return Deployment(kernels, model if scope == "model" else None, skipped + refused).install()
+
+    def _graph_forward_pays(self, model: Any, kernels: list) -> tuple[list, list[tuple[str, str]]]:
+        """``kernels`` less the region and fused-operator ones when the model, timed on the session's inputs
+        with all of them and with the operator kernels alone, is not measurably faster with them; a reason
+        for each one left out. Without the session's inputs, or for another model than the session's, nothing
+        is timed (they stay)."""
+        from .deploy._deployment import in_graph
+        from .deploy._fallback import interleaved
+        from .deploy._report import eager_arms, recompile_room
+
+        graphed = [k for k in kernels if in_graph(k.variant)]
+        if not graphed or model is not self.model or self.batches == [None]:
+            return kernels, []
+        args, kwargs = self._inputs()
+        operators = [k for k in kernels if k not in graphed]
+        build = eager_arms(model, lambda m: m(*args, **kwargs))
+        with recompile_room(4), torch.no_grad():
+            cmp = interleaved(self.device)(build(kernels), build(operators))
+        for k in kernels:
+            k.reset_calls()
+        if cmp.faster:
+            return kernels, []
+        why = (f"the model with its {len(graphed)} region/fused kernel(s) in the captured forward ran "
+               f"{cmp.ratio()} against without them, timed on the session's inputs: left out "
+               "(apply(all_winners=True) installs them anyway)")
+        return operators, [(k.variant.signature, why) for k in graphed]
 
     def _rechecked(self, kernels: list) -> tuple[list, list[tuple[str, str]]]:
         """The kernels that still match eager when called in this process, on the card's captured

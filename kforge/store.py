@@ -45,7 +45,13 @@ def timing_noise(evaluation: Evaluation) -> float:
     return min(NOISE_CAP, max(evaluation.candidate_spread or 0.0, evaluation.eager_spread or 0.0))
 
 
-SCHEMA_VERSION = 1
+# 2: a candidate may have several confirmations (``confirmations`` keyed by candidate and index); a store of
+# schema 1 (one confirmation a candidate) is migrated when it is opened for writing, and read as it is otherwise.
+SCHEMA_VERSION = 2
+
+_CONFIRMATIONS_TABLE = """CREATE TABLE IF NOT EXISTS confirmations (
+    candidate_id INTEGER NOT NULL REFERENCES candidates(id), idx INTEGER NOT NULL, evaluation TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (candidate_id, idx))"""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,8 +76,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     evaluated_at REAL);
 CREATE INDEX IF NOT EXISTS candidates_card ON candidates(card_key);
 CREATE TABLE IF NOT EXISTS results (card_key TEXT PRIMARY KEY, body TEXT NOT NULL, updated_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS confirmations (
-    candidate_id INTEGER PRIMARY KEY REFERENCES candidates(id), evaluation TEXT NOT NULL, created_at REAL NOT NULL);
+{confirmations};
 CREATE TABLE IF NOT EXISTS llm_calls (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     card_key TEXT,
@@ -88,16 +93,18 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     latency_s REAL NOT NULL,
     error TEXT,
     created_at REAL NOT NULL);
-"""
+""".replace("{confirmations}", _CONFIRMATIONS_TABLE)
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A candidate as recorded: the frozen row that views, exports and resumed searches read.
 
-    A candidate has one speedup (``estimate``): its timings against the judge's eager time pooled,
-    the first one and, for the best candidates, the confirmation (a second timing, made before a
-    card is decided). The first timing alone stays readable as ``first_speedup``.
+    A candidate has one speedup (``estimate``). Once it has confirmations (timings taken after the
+    search chose it, before its card is decided: one, or two where the first disagreed with the
+    search's timing) that speedup is theirs alone: the search's own timing picked the candidate as the
+    best of several, so it is biased upward by the noise that helped it win. Before any confirmation
+    it is the search's timing. That first timing stays readable as ``first_speedup``.
     """
 
     id: int
@@ -111,14 +118,26 @@ class Candidate:
     evaluation: Evaluation | None
     dollars: float
     created_at: float
-    confirmation: Evaluation | None = None
+    confirmations: tuple[Evaluation, ...] = ()
+
+    @property
+    def confirmation(self) -> Evaluation | None:
+        """The latest confirmation, if any."""
+        return self.confirmations[-1] if self.confirmations else None
 
     @property
     def measured(self) -> Evaluation | None:
-        """The evaluation that stands: the confirmation if there is one, else the first evaluation."""
-        if self.confirmation is not None:
-            return self.confirmation
+        """The evaluation that stands: the latest confirmation if there is one, else the first evaluation."""
+        if self.confirmations:
+            return self.confirmations[-1]
         return None if is_infra_failure(self.evaluation) else self.evaluation
+
+    @property
+    def timings(self) -> tuple[Evaluation, ...]:
+        """The correct timings its speedup is read from: its confirmations once it has any, else its first
+        evaluation."""
+        timed = self.confirmations or ((self.evaluation,) if self.evaluation is not None else ())
+        return tuple(e for e in timed if not is_infra_failure(e) and e.status.is_correct)
 
     @property
     def status(self) -> Status | None:
@@ -132,14 +151,12 @@ class Candidate:
 
     @property
     def estimate(self) -> SpeedupEstimate | None:
-        """The speedup of its correct timings pooled, with their noise; None unless the standing
-        evaluation is correct."""
+        """The speedup of its correct timings (``timings``) pooled, with their noise; None unless the
+        standing evaluation and every confirmation are correct."""
         ev = self.measured
-        if ev is None or not ev.status.is_correct:
+        if ev is None or not ev.status.is_correct or any(not e.status.is_correct for e in self.confirmations):
             return None
-        timed = [e for e in (self.evaluation, self.confirmation)
-                 if e is not None and not is_infra_failure(e) and e.status.is_correct]
-        return pool_timings([(e.speedup, timing_noise(e)) for e in timed])
+        return pool_timings([(e.speedup, timing_noise(e)) for e in self.timings])
 
     @property
     def speedup(self) -> float:
@@ -229,10 +246,31 @@ class Store:
                 raise _damaged(db, exc) from None
             raise WorkdirError(f"cannot write to {db} ({exc}): open it read-only, or copy the workdir "
                                "somewhere writable") from None
-        if version is None and not readonly:
-            self.set_meta("schema_version", SCHEMA_VERSION)
-        elif version is not None and int(version) > SCHEMA_VERSION:
+        if version is not None and int(version) > SCHEMA_VERSION:
             raise WorkdirError(f"{self.workdir} was written by a newer kforge (schema {version}); upgrade kforge")
+        if not readonly:
+            self._migrate()
+            if version is None or int(version) < SCHEMA_VERSION:
+                self.set_meta("schema_version", SCHEMA_VERSION)
+
+    def _migrate(self) -> None:
+        """Bring a store of an older schema to this one, in one transaction."""
+        with self._lock:
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(confirmations)")}
+            if "idx" in columns:
+                return
+            # schema 1: one confirmation a candidate, keyed by the candidate alone
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("ALTER TABLE confirmations RENAME TO confirmations_schema1")
+                self._db.execute(_CONFIRMATIONS_TABLE)
+                self._db.execute("INSERT INTO confirmations (candidate_id, idx, evaluation, created_at) "
+                                 "SELECT candidate_id, 0, evaluation, created_at FROM confirmations_schema1")
+                self._db.execute("DROP TABLE confirmations_schema1")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -379,35 +417,51 @@ class Store:
                     (evaluation.status.value, evaluation.score, json.dumps(evaluation.to_json()), time.time(),
                      candidate_id))
 
-    def set_confirmation(self, candidate_id: int, evaluation: Evaluation) -> None:
-        """Store the second timing of a candidate; from then on it is the candidate's speedup."""
-        self._write("INSERT OR REPLACE INTO confirmations (candidate_id, evaluation, created_at) VALUES (?, ?, ?)",
-                    (candidate_id, json.dumps(evaluation.to_json()), time.time()))
+    def add_confirmation(self, candidate_id: int, evaluation: Evaluation) -> None:
+        """Store one more timing of a candidate, taken after the search chose it; from then on the candidate's
+        speedup is read from its confirmations."""
+        with self._lock:
+            (n,), = self._rows("SELECT COUNT(*) FROM confirmations WHERE candidate_id = ?", (candidate_id,))
+            self._write("INSERT INTO confirmations (candidate_id, idx, evaluation, created_at) VALUES (?, ?, ?, ?)",
+                        (candidate_id, n, json.dumps(evaluation.to_json()), time.time()))
 
     _CAND_COLS = ("c.id, c.card_key, c.parent_id, c.proposer, c.strategy, c.config, c.intent, c.source, c.evaluation,"
-                  " c.dollars, c.created_at, f.evaluation FROM candidates c"
-                  " LEFT JOIN confirmations f ON f.candidate_id = c.id")
+                  " c.dollars, c.created_at FROM candidates c")
+
+    def _confirmations(self, where: str = "", args: Sequence[Any] = ()) -> dict[int, tuple[Evaluation, ...]]:
+        # NB: by rowid, not idx: a store of schema 1 opened read-only (not migrated) has no idx column, and its
+        # rowid is the candidate's id (one confirmation each); in schema 2 the rowid follows insertion
+        out: dict[int, list[Evaluation]] = {}
+        for cid, body in self._rows(f"SELECT candidate_id, evaluation FROM confirmations {where} "
+                                    "ORDER BY candidate_id, rowid", args):
+            out.setdefault(cid, []).append(Evaluation.from_json(json.loads(body)))
+        return {cid: tuple(evs) for cid, evs in out.items()}
 
     @staticmethod
-    def _candidate(row: tuple) -> Candidate:
-        (cid, key, parent, proposer, strategy, config, intent, source, evaluation, dollars, created, conf) = row
+    def _candidate(row: tuple, confirmations: tuple[Evaluation, ...] = ()) -> Candidate:
+        (cid, key, parent, proposer, strategy, config, intent, source, evaluation, dollars, created) = row
         ev = Evaluation.from_json(json.loads(evaluation)) if evaluation else None
-        confirmation = Evaluation.from_json(json.loads(conf)) if conf else None
         return Candidate(cid, key, parent, proposer, strategy, json.loads(config), intent, source, ev, dollars,
-                         created, confirmation)
+                         created, confirmations)
 
     def candidates(self, card_key: str | None = None) -> list[Candidate]:
-        if card_key is None:
-            rows = self._rows(f"SELECT {self._CAND_COLS} ORDER BY c.id")
-        else:
-            rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.card_key = ? ORDER BY c.id", (card_key,))
-        return [self._candidate(r) for r in rows]
+        with self._lock:
+            if card_key is None:
+                rows = self._rows(f"SELECT {self._CAND_COLS} ORDER BY c.id")
+                conf = self._confirmations()
+            else:
+                rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.card_key = ? ORDER BY c.id", (card_key,))
+                conf = self._confirmations("WHERE candidate_id IN (SELECT id FROM candidates WHERE card_key = ?)",
+                                           (card_key,))
+        return [self._candidate(r, conf.get(r[0], ())) for r in rows]
 
     def candidate(self, candidate_id: int) -> Candidate:
-        rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.id = ?", (candidate_id,))
+        with self._lock:
+            rows = self._rows(f"SELECT {self._CAND_COLS} WHERE c.id = ?", (candidate_id,))
+            conf = self._confirmations("WHERE candidate_id = ?", (candidate_id,))
         if not rows:
             raise KeyError(f"no candidate {candidate_id} in {self.workdir}")
-        return self._candidate(rows[0])
+        return self._candidate(rows[0], conf.get(candidate_id, ()))
 
     def best(self, card_key: str) -> Candidate | None:
         """The fastest candidate of a card whose standing evaluation says FASTER (ties: the first)."""

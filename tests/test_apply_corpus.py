@@ -24,6 +24,7 @@ import torch
 
 from attacks import CPU_ATTACKS, FAKE_KEY, Jail, kill_children, loot_listener, received, surviving_children
 from kforge.capture import Card
+from kforge.evaluate import Status
 from kforge.kernels import BinaryRejected, CompileError, compile_source, verify_binary
 from kernel_files import kernel_source
 
@@ -49,7 +50,8 @@ import warnings
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     kept, refused = refuse_failing([DeployedKernel(variant, kernel, 0, 2.0)])
-print(json.dumps({"refused": "recheck" if refused else "", "message": refused[0][1] if refused else ""}), flush=True)
+message = refused[0][1] if refused else "matched eager on every compared call"
+print(json.dumps({"refused": "recheck" if refused else "", "message": message}), flush=True)
 """
 
 
@@ -90,8 +92,7 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
     except CompileError as exc:
         # NB: never built, so never deployed: the table must say so
         assert not isinstance(exc, BinaryRejected)
-        assert {s.name for s in attack.allowed} == {"COMPILE_ERROR"} or "COMPILE_ERROR" in {s.name for s in
-                                                                                            attack.allowed}, exc
+        assert Status.COMPILE_ERROR in attack.allowed, exc
         return
     monkeypatch.setenv("KFORGE_SCREEN", "binary")  # the wall on, as in every user's process
     listener = loot_listener()
@@ -107,6 +108,8 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
             listener.close()
     children = surviving_children()
     kill_children(children)
+    monkeypatch.setenv("KFORGE_SCREEN", "off")     # the cache's attack objects: their checksums, not the wall again
+    tampered = jail.tampered_cache_objects()
     print(f"{name}: {outcome['refused'] or 'kept'}: {outcome['message'][:200]} (exit {code})")
 
     dropped, secret = jail.dropped_files(), jail.files_with_secret()
@@ -115,15 +118,14 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
     assert dropped == [], "the attack wrote a file from the user's process"
     assert secret == [], "the API key reached a file"
     assert children == [], "child processes outlived the user's process"
-    assert jail.tampered_cache_objects() == []
+    assert tampered == [], "a cached library changed"
     if outcome["refused"] == "wall":
         assert outcome["message"].startswith("the built library was refused before loading: the library"), outcome
+        assert "`" in outcome["message"] or "system calls" in outcome["message"], outcome   # names what
     elif outcome["refused"] == "recheck":
         assert outcome["message"].startswith("refused at apply: "), outcome
         assert len(outcome["message"]) > len("refused at apply: ") + 10
     else:
-        # kept: it computed what eager computes on every compared call here; an attack on the judge's clock or
-        # batches has nothing to forge in a process that times nothing
-        assert code == 0 and outcome["message"] == "", outcome
-        assert attack.allowed & {s for s in attack.allowed if s.name in ("SLOWER", "NO_GAIN", "TIMING_MISMATCH",
-                                                                          "CRASHED")}, (name, outcome)
+        # kept: it computed what eager computes on every compared call of the re-check here (an attack on the judge's
+        # clock, batches or caches has nothing to forge in a process that times nothing)
+        assert code == 0 and outcome["refused"] == "" and outcome["message"].startswith("matched eager"), outcome

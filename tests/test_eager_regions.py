@@ -96,7 +96,7 @@ def _graph_signatures(dep):
 def test_apply_runs_region_and_fused_kernels_in_eager_and_remove_gives_the_forward_back(session):
     model, x = session.model, session.batches[0]
     expected = _eager(model, x)
-    dep = session.apply()
+    dep = session.apply(all_winners=True)
     try:
         graph = _graph_signatures(dep)
         assert len(graph) == 3 and sum(s.startswith("region[") for s in graph) == 2, graph
@@ -124,10 +124,50 @@ def test_apply_runs_region_and_fused_kernels_in_eager_and_remove_gives_the_forwa
     assert set(dep.calls.values()) == {3} and len(dep.graph.backend.graphs) == 1
 
 
+@pytest.mark.parametrize("faster", [False, True])
+def test_apply_keeps_region_kernels_only_where_the_model_is_measurably_faster_with_them(session, monkeypatch, faster):
+    """The captured forward has a cost of its own (dynamo's guards, the graph run op by op): apply() times the
+    session's model with its region and fused kernels and without them (operator winners in both arms), and
+    leaves them out, saying why, unless the model is measurably faster with them. The timer is replaced here,
+    so that what is decided does not depend on this machine's load."""
+    import kforge.deploy._fallback as fallback
+    from kforge.deploy._fallback import Comparison
+
+    arms = []
+
+    def compare(device, **_):
+        def timed(with_arm, without_arm):
+            arms.append((with_arm.kernels, without_arm.kernels))
+            with_us = 80.0 if faster else 120.0
+            return Comparison(with_us, 100.0, 2.0, paired_us=100.0 - with_us)
+        return timed
+
+    monkeypatch.setattr(fallback, "interleaved", compare)
+    model, x = session.model, session.batches[0]
+    with session.apply() as dep, torch.no_grad():
+        (with_kernels, without_kernels), = arms
+        graph = sorted(set(with_kernels) - set(without_kernels))
+        assert len(graph) == 3 and all(s.startswith(("region[", "group_norm_silu(")) for s in graph), graph
+        assert any(s.startswith("softmax(") for s in without_kernels)
+        assert _graph_signatures(dep) == (graph if faster else [])
+        torch.testing.assert_close(model(x), _eager(model, x), rtol=1e-4, atol=1e-5)
+        calls = {dk.variant.signature: dk.calls for dk in dep.kernels}
+        reasons = dict(dep.skipped)
+        if faster:
+            assert not any(s in reasons for s in graph) and all(calls[s] == 1 for s in graph)
+        else:
+            assert "forward" not in model.__dict__, "no region kernel kept: the model keeps its own forward"
+            assert sorted(s for s in reasons if s in graph) == graph
+            assert all("0.833x" in reasons[s] and "slower" in reasons[s] and "all_winners=True" in reasons[s]
+                       for s in graph), reasons
+            assert not any(s in calls for s in graph) or all(calls[s] == 0 for s in graph)
+        assert sum(c for s, c in calls.items() if s.startswith("softmax(")) == 1, "the operator winner stays"
+
+
 def test_a_changed_shape_is_captured_again_and_its_calls_stay_as_traced(session):
     model, x = session.model, session.batches[0]
     wider = torch.randn(3, 32, 64)
-    with session.apply() as dep, torch.no_grad():
+    with session.apply(all_winners=True) as dep, torch.no_grad():
         model(x)
         assert set(dep.calls.values()) == {1}
         torch.testing.assert_close(model(wider), _eager(model, wider), rtol=1e-4, atol=1e-5)
@@ -140,7 +180,7 @@ def test_a_changed_shape_is_captured_again_and_its_calls_stay_as_traced(session)
 
 def test_a_forward_that_records_gradients_runs_the_plain_model(session):
     model, x = session.model, session.batches[0]
-    with session.apply() as dep:
+    with session.apply(all_winners=True) as dep:
         out = model(x)   # grad mode on, the parameters require grad: a kernel has no backward
         out.sum().backward()
         assert all(p.grad is not None for p in model.parameters())
@@ -171,7 +211,7 @@ def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why(session, mo
     monkeypatch.setattr(KforgeBackend, "__call__", broken)
     model, x = session.model, session.batches[0]
     expected = _eager(model, x)
-    with pytest.warns(UserWarning, match="could not be captured"), session.apply() as dep, torch.no_grad():
+    with pytest.warns(UserWarning, match="could not be captured"), session.apply(all_winners=True) as dep, torch.no_grad():
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
         reasons = dict(dep.skipped)
@@ -184,7 +224,7 @@ def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why(session, mo
 
 def test_a_process_wide_deployment_says_region_kernels_need_the_model(session):
     model, x = session.model, session.batches[0]
-    with session.apply(scope="process") as dep, torch.no_grad():
+    with session.apply(scope="process", all_winners=True) as dep, torch.no_grad():
         model(x)
         reasons = dict(dep.skipped)
         assert sorted(reasons) == _graph_signatures(dep)
@@ -197,7 +237,7 @@ def test_a_process_wide_deployment_says_region_kernels_need_the_model(session):
 def test_a_copy_of_an_applied_model_is_plain(session):
     model, x = session.model, session.batches[0]
     expected = _eager(model, x)
-    with session.apply() as dep, torch.no_grad():
+    with session.apply(all_winners=True) as dep, torch.no_grad():
         twin = copy.deepcopy(model)
         buf = io.BytesIO()
         torch.save(model, buf)
@@ -217,7 +257,7 @@ def test_a_compile_of_an_applied_model_traces_the_plain_forward(session):
     every kernel."""
     model, x = session.model, session.batches[0]
     expected = _eager(model, x)
-    with session.apply() as dep, torch.no_grad():
+    with session.apply(all_winners=True) as dep, torch.no_grad():
         plain = torch.compile(model, backend="eager", dynamic=False)
         torch.testing.assert_close(plain(x), expected, rtol=1e-4, atol=1e-5)
         # NB: backend="eager" runs dynamo's graph as Python calls, so the softmax method there still meets the
@@ -263,7 +303,7 @@ def test_a_channels_last_twin_stays_out_of_eager_and_the_plain_kernel_keeps_its_
         s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=found[0].id, winner_speedup=1.5,
                                                   kernel_us=card.eager_us / 1.5, eager_us=card.eager_us, candidates=1))
     expected = _eager(model, x)
-    with s.apply() as dep, torch.no_grad():
+    with s.apply(all_winners=True) as dep, torch.no_grad():
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
         assert [sig for sig, _ in dep.skipped] == [twin.signature]
         assert "runs under torch.compile only" in dep.skipped[0][1]
@@ -302,7 +342,7 @@ def test_a_librarys_function_kernel_and_a_region_run_together_in_the_graph_forwa
         s.store.save_result(card.key, CardVerdict(CardStatus.WINNER, "test", winner_id=found[0].id, winner_speedup=1.5,
                                                   kernel_us=card.eager_us / 1.5, eager_us=card.eager_us, candidates=1))
     expected = _eager(model, x)
-    with s.apply() as dep, torch.no_grad():
+    with s.apply(all_winners=True) as dep, torch.no_grad():
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-4)
         assert dep.graph is not None and dep.graph.failure is None
         assert all(dk.calls > 0 for dk in dep.kernels), dep.calls
@@ -365,7 +405,7 @@ def test_on_the_gpu_region_kernels_run_eagerly_and_in_a_captured_cuda_graph(tmp_
         s.store.save_result(key, CardVerdict(CardStatus.WINNER, "test", winner_id=found[0].id, winner_speedup=1.5,
                                              kernel_us=card.eager_us / 1.5, eager_us=card.eager_us, candidates=1))
     expected = _eager(model, x)
-    with s.apply() as dep, torch.no_grad():
+    with s.apply(all_winners=True) as dep, torch.no_grad():
         torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
         assert set(dep.calls.values()) == {1}, dep.calls
         static = x.clone()
