@@ -5,8 +5,11 @@
     python benchmarks/repeatability.py --merge a.json b.json ...   # the table of earlier --json runs
 
 Each run captures the model, searches its cards with the built-in proposer at a fixed number of
-iterations, and reports per card its status and the speedup its verdict states. Printed per run:
-the winners with their speedups; then the table: the pairwise overlap of the runs' winner sets
+iterations, and reports per card its status and the speedup its verdict states. The card set is
+pinned by key: the first run searches all cards (or the ``--cards`` largest by share), and every
+later run searches exactly the cards the first one did, so that a share measured differently
+cannot change what is compared. Printed per run: the winners with their speedups; then the table:
+the pairwise overlap of the runs' winner sets over the cards every run searched
 (|A & B| / |A | B|; two empty sets agree), min and median; per card the speedups stated across the
 runs where it won, their spread (max / min), how many runs called it noisy, and its best candidate
 (an unconfirmed single timing) where it stayed on eager.
@@ -75,8 +78,9 @@ def child(args: argparse.Namespace) -> dict:
     started = time.monotonic()
     with kforge.Session(model, inputs, device=args.device, workdir=args.workdir) as session:
         session.capture()
-        session.optimize(proposer="builtin", iterations=args.iterations, max_cards=args.cards, parallel=1,
-                         seed=0).wait()
+        keys = args.keys.split(",") if args.keys else None
+        session.optimize(proposer="builtin", iterations=args.iterations, max_cards=None if keys else args.cards,
+                         cards=keys, parallel=1, seed=0).wait()
         cards = []
         for r in session.results:
             if not r.status.is_searched:
@@ -92,11 +96,13 @@ def child(args: argparse.Namespace) -> dict:
     return {"seconds": round(time.monotonic() - started, 1), "cards": cards}
 
 
-def _run_once(args: argparse.Namespace, i: int, root: Path) -> dict:
+def _run_once(args: argparse.Namespace, i: int, root: Path, keys: list[str] | None = None) -> dict:
     workdir = root / f"run{i}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workdir", str(workdir),
            "--device", args.device, "--example", args.example, "--iterations", str(args.iterations)]
-    if args.cards:
+    if keys:
+        cmd += ["--keys", ",".join(keys)]
+    elif args.cards:
         cmd += ["--cards", str(args.cards)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -110,7 +116,9 @@ def overlap(a: set[str], b: set[str]) -> float:
 
 
 def summarise(runs: list[dict]) -> dict:
-    sets = [{c["key"] for c in r["cards"] if c["status"] == "winner"} for r in runs]
+    # NB: over the cards every run searched: a card one run did not search is no disagreement
+    compared = set.intersection(*({c["key"] for c in r["cards"]} for r in runs)) if runs else set()
+    sets = [{c["key"] for c in r["cards"] if c["status"] == "winner" and c["key"] in compared} for r in runs]
     pairs = [overlap(a, b) for a, b in itertools.combinations(sets, 2)]
     labels: dict[str, str] = {}
     per_card: dict[str, dict] = {}
@@ -133,7 +141,7 @@ def summarise(runs: list[dict]) -> dict:
                       "spread": spread, "noisy": d["noisy"], "eager": d["eager"],
                       "best_candidate": d["best_candidate"]})
     cards.sort(key=lambda c: (-c["won"], c["label"]))
-    return {"runs": len(runs), "overlap_min": min(pairs) if pairs else None,
+    return {"runs": len(runs), "cards_compared": len(compared), "overlap_min": min(pairs) if pairs else None,
             "overlap_median": statistics.median(pairs) if pairs else None, "overlaps": pairs, "cards": cards,
             "seconds": [r["seconds"] for r in runs]}
 
@@ -152,7 +160,8 @@ def print_report(runs: list[dict], table: dict) -> None:
             print(f"  {c['status']:<7} {_x(c['speedup']) if c['status'] == 'winner' else '-':>7}{interval:<14} "
                   f"{c['label']}{cand}")
     print()
-    print(f"winner-set overlap over {table['runs']} runs ({len(table['overlaps'])} pairs): "
+    print(f"winner-set overlap over {table['runs']} runs ({len(table['overlaps'])} pairs, "
+          f"{table.get('cards_compared', '?')} cards searched in every run): "
           f"min {table['overlap_min']:.2f}, median {table['overlap_median']:.2f}"
           if table["overlaps"] else "winner-set overlap: one run only")
     print()
@@ -178,6 +187,7 @@ def main() -> None:
                     "so that both saw the same load) instead of running")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--keys", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)), flush=True)
@@ -193,7 +203,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kforge-repeat-") as tmp:
         runs = []
         for i in range(args.runs):
-            runs.append(_run_once(args, i, Path(args.keep or tmp)))
+            keys = [c["key"] for c in runs[0]["cards"]] if runs else None   # the first run's cards, pinned
+            runs.append(_run_once(args, i, Path(args.keep or tmp), keys))
             if not args.json:
                 print(f"run {i} done in {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
     table = summarise(runs)

@@ -2,6 +2,7 @@
 verdicts the evaluator may give each when the screen is off (never FASTER)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,16 +161,25 @@ class Jail:
                 pass
 
 
-def surviving_children() -> list[int]:
-    """Processes named like attack_fork_survive's children."""
+def surviving_children(within: "Path | None" = None) -> list[int]:
+    """Processes named like attack_fork_survive's children; with ``within`` (a Jail's root), only those whose
+    environment or working folder names it (the runner's HOME and folder, the user's process's HOME, lie under it).
+
+    NB: other sessions on a shared machine run the same corpus at the same time: their runners' children, alive for
+    the moment before their runner is killed, are not this test's (a machine-wide scan failed a test by chance)."""
 
     pids = []
+    mark = str(within).encode() if within is not None else None
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if (d / "comm").read_text().strip() == CHILD_COMM:
-                pids.append(int(d.name))
+            if (d / "comm").read_text().strip() != CHILD_COMM:
+                continue
+            if mark is not None and mark not in (d / "environ").read_bytes() and \
+                    mark not in os.readlink(d / "cwd").encode():
+                continue
+            pids.append(int(d.name))
         except OSError:
             continue
     return pids
@@ -257,3 +267,8 @@ for _table in (CPU_ATTACKS, CUDA_ATTACKS):
     _table.update({a.name: a for a in [
         Attack("attack_libc_walk", None, statuses(*SLOW_BUT_CORRECT), acts_in_process=_WALK_HOLE),
     ]})
+# the sealed inputs written through /proc/self/mem (the kernel's forced access; no CUDA twin: device memory has no such
+# path, attack_reopen_input.cu writes it directly)
+CPU_ATTACKS.update({a.name: a for a in [
+    Attack("attack_procmem_input", "forbidden-call", statuses("WRONG_RESULT", *SLOW_BUT_CORRECT)),
+]})

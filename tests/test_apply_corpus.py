@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attacks import CPU_ATTACKS, FAKE_KEY, Jail, kill_children, loot_listener, received, surviving_children
+from attacks import CPU_ATTACKS, FAKE_KEY, LOOT_PORT, Jail, kill_children, loot_listener, received, surviving_children
 from kforge.capture import Card
 from kforge.evaluate import Status
 from kforge.kernels import BinaryRejected, CompileError, compile_source, verify_binary
@@ -64,7 +64,7 @@ def jail(tmp_path_factory):
         mp.setenv("KFORGE_CACHE", str(jail.cache))
         mp.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
         yield jail
-    kill_children(surviving_children())
+    kill_children(surviving_children(jail.root))
     jail.clean()
 
 
@@ -96,6 +96,9 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
         return
     monkeypatch.setenv("KFORGE_SCREEN", "binary")  # the wall on, as in every user's process
     listener = loot_listener()
+    if listener is None and attack.acts_in_process:
+        # NB: what it sends would reach the session that holds the port (another run of the corpus) and fail it
+        pytest.skip(f"port {LOOT_PORT} is taken: {name} would send the key to whoever holds it")
     try:
         try:
             verify_binary(built.path)
@@ -106,7 +109,7 @@ def test_an_attack_deployed_in_the_users_process_reaches_nothing(jail, name, mon
     finally:
         if listener is not None:
             listener.close()
-    children = surviving_children()
+    children = surviving_children(jail.root)
     kill_children(children)
     monkeypatch.setenv("KFORGE_SCREEN", "off")     # the cache's attack objects: their checksums, not the wall again
     tampered = jail.tampered_cache_objects()

@@ -211,6 +211,35 @@ def test_builtin_cuda_kernels_built_with_nvcc_pass_the_wall():
     assert all(f == () for f in found), [f for f in found if f][:3]
 
 
+_SYSCALL_BYTES_IN_AN_IMMEDIATE = """#include "kforge.h"
+KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int n_out,
+                       const double* params, int n_params, void* workspace, void* stream) {
+    volatile int k = 0x050f;   /* the bytes of `syscall` (0f 05), inside a mov's immediate */
+    ((float*)out[0].data)[0] = (float)k;
+    return 0;
+}
+"""
+
+
+@needs_objdump
+def test_system_call_bytes_are_disassembled_and_refused_only_as_instructions(wall_only, monkeypatch):
+    """The bytes of a system-call instruction anywhere in the code send the library to objdump, which names only real
+    instructions; a library without such bytes is checked without it (no binutils needed for it)."""
+    from kforge.kernels import _binary
+
+    monkeypatch.setenv("KFORGE_SCREEN", "off")
+    hidden = compile_source(_SYSCALL_BYTES_IN_AN_IMMEDIATE, "cpu", "native").path.read_bytes()
+    raw = compile_source(kernel_source("cpu", "attack_inline_asm"), "cpu", "native").path.read_bytes()
+    honest = compile_source(kernel_source("cpu", "softmax_rows"), "cpu", "native").path.read_bytes()
+    assert b"\x0f\x05" in hidden
+    assert check_library(hidden) == ()
+    assert [f.rule for f in check_library(raw)] == ["syscall"]
+    monkeypatch.setattr(_binary.shutil, "which", lambda name: None)
+    assert check_library(honest) == ()
+    with pytest.raises(_binary.BinaryCheckUnavailable, match="install binutils"):
+        check_library(raw)
+
+
 @needs_objdump
 def test_the_elf_reader_agrees_with_binutils():
     built = compile_source(kernel_source("cpu", "group_norm"), "cpu", "native")

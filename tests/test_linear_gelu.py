@@ -270,6 +270,9 @@ def test_a_kernel_linked_against_cublaslt_loads_and_runs_inside_the_runners_sand
                        f"extra=\"{lib} -Wl,-rpath,{lib.parent}\";; esac; done\nexec {gcc} \"$@\" $extra\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("CC", str(wrapper))
+    # NB: the compiler's jail reads the folders LIBRARY_PATH names (the source includes no cublasLt.h here, so
+    # nothing else tells the jail that the link reads cuBLASLt's folder)
+    monkeypatch.setenv("LIBRARY_PATH", str(lib.parent))
     monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
     source = r'''#include "kforge.h"
 /* LINK_CUBLASLT */

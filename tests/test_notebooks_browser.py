@@ -67,7 +67,8 @@ MAGICS = [
     ENDLESS + '''
 
 session.optimize(proposer=Endless(), ops=["relu"], iterations=400, policy="linear")''',
-    "%%kforge optimize\nops relu\niterations 40\npolicy linear",
+    # NB: every planned card, each new to the search: long enough (tens of seconds) to be seen live
+    "%%kforge optimize\niterations 3\npolicy linear",
 ]
 # Run one by one after the rest: each ends in an error (which stops "run all").
 MAGIC_MISTAKES = {

@@ -69,8 +69,8 @@ class CardVerdict:
     """The outcome of a card's search.
 
     ``winner_speedup`` is the card's speedup, the one figure every table, view, export and summary
-    shows: the winner's timings against the judge's eager time, pooled (its first timing and its
-    confirmation), within ``speedup_low`` .. ``speedup_high``; None where eager stays. ``eager_us``
+    shows: the winner's confirmations (timings taken after the search chose it) against the judge's eager
+    time, pooled, within ``speedup_low`` .. ``speedup_high``; None where eager stays. ``eager_us``
     is the judge's eager time (the baseline the search timed against), ``kernel_us`` the winner's at
     the same pooling. On a card without a winner, ``best_candidate_speedup`` is the best correct
     candidate's single timing, unconfirmed: a hint, never the card's speedup.
@@ -84,7 +84,7 @@ class CardVerdict:
     speedup_high: float | None = None
     kernel_us: float | None = None        # the winner's time, pooled like winner_speedup
     eager_us: float | None = None         # the judge's eager time: the search's baseline (any searched card)
-    confirmed: bool = False               # the winner was timed twice (False: confirm off, or stopping)
+    confirmed: bool = False               # the figure is from confirmations (False: confirm off, or stopping)
     first_speedup: float | None = None    # the winner's speedup when the search first timed it (history)
     best_candidate_speedup: float | None = None  # no winner: the best correct candidate's one timing (unconfirmed)
     roofline_fraction: float | None = None

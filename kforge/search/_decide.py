@@ -30,7 +30,6 @@ from ..ops._verdict import SPREAD_FLOOR, SpeedupEstimate, pool_timings
 from ..store import is_infra_failure, timing_noise
 
 if TYPE_CHECKING:
-    from ..evaluate import Evaluation
     from ..store import Candidate
     from ._card_search import CardSearch
 
@@ -105,18 +104,14 @@ def judge_eager_us(candidates: list["Candidate"]) -> float | None:
     return statistics.median(times) if times else None
 
 
-def eager_movement(candidates: list["Candidate"]) -> tuple[float, float] | None:
-    """The least and the largest eager time over a card's timings that no choice biased: every confirmation,
-    and the first timing of each candidate never confirmed (a confirmed candidate's first timing made it the
-    best of several, and a load spike that slowed eager is one way to become best). Where fewer than two such
-    timings exist, every correct timing of the card."""
-    def correct(e: Evaluation | None) -> bool:
-        return e is not None and not is_infra_failure(e) and e.status.is_correct and bool(e.eager_us)
-
-    unbiased = [e.eager_us for c in candidates for e in (c.confirmations or (c.evaluation,)) if correct(e)]
-    if len(unbiased) < 2:
-        unbiased += [c.evaluation.eager_us for c in candidates if c.confirmations and correct(c.evaluation)]
-    return (min(unbiased), max(unbiased)) if unbiased else None
+def eager_movement(candidates: list["Candidate"], decided: "Candidate") -> tuple[float, float] | None:
+    """The least and the largest eager time over a card's correct timings (every candidate's first timing and
+    confirmations), leaving out the first timing of ``decided`` once it is confirmed: that timing made it the
+    best of several, and a load spike that slowed eager is one way to become best."""
+    times = [e.eager_us for c in candidates
+             for e in ((c.evaluation,) if c.id != decided.id or not c.confirmations else ()) + c.confirmations
+             if e is not None and not is_infra_failure(e) and e.status.is_correct and e.eager_us]
+    return (min(times), max(times)) if times else None
 
 
 def wants_confirmation(cand: "Candidate") -> bool:
@@ -167,12 +162,14 @@ def _disagreement(cand: "Candidate", est: SpeedupEstimate) -> str:
 
 def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, float] | None) -> str | None:
     """Why a candidate's gain cannot be told apart from eager's own movement, or None when it can: the time it
-    saves a call (eager's, pooled over its timings, less the kernel's) is no more than the span of eager's
-    times over the card's unbiased timings (``eager_movement``)."""
+    saves a call (the least eager time over the card's timings, since load only adds time, less the kernel's
+    pooled over its own timings) is no more than the span of eager's times over the card's timings
+    (``eager_movement``). Eager's time is the same work each time it is timed,
+    so that span is noise the timer showed on this card; a gain inside it could be that noise."""
     eager = _pooled_eager(cand)
     if eager is None or moved is None:
         return None
-    gain, span = eager - eager / est.speedup, moved[1] - moved[0]
+    gain, span = moved[0] - eager / est.speedup, moved[1] - moved[0]
     if gain > span:
         return None
     return (f"candidate {cand.id}: {est.speedup:.2f}x saves {gain:.1f} us a call, no more than eager's own time "
@@ -198,7 +195,8 @@ def decide(search: "CardSearch") -> CardVerdict:
     # NB: by the search's timing: the candidates it called faster are the ones worth confirming
     first_faster = [n for n in tree.evaluated if n.candidate.evaluation is not None
                     and n.candidate.evaluation.status.is_win and n.candidate.status.is_correct]
-    winners = rank_winners(first_faster, backend_of(card.variant.device))
+    backend = backend_of(card.variant.device)
+    winners = rank_winners(first_faster, backend)
     common = dict(candidates=len(tree), search_ended=search.reason,
                   evaluations=sum(1 for n in tree.evaluated))
     verdict = None
@@ -210,15 +208,17 @@ def decide(search: "CardSearch") -> CardVerdict:
         if est is None:   # a confirmation was not correct
             continue
         what = call(est)
-        if what is Call.FASTER:
-            why = unresolved(cand, est, eager_movement([n.candidate for n in tree.evaluated]))
+        # NB: host time only: on a GPU, CUDA events time the kernel on the device and eager's moves follow the host's
+        # pace (``rank_winners``), so a move there is no measure of the timer's noise on the kernel
+        if what is Call.FASTER and backend != "cuda":
+            why = unresolved(cand, est, eager_movement([n.candidate for n in tree.evaluated], cand))
             if why is not None:
                 noisy.append(why)
                 continue
-        elif what is Call.NOISY:
+        if what is Call.NOISY:
             noisy.append(_disagreement(cand, est))
             continue
-        else:
+        if what is Call.NOT_FASTER:
             continue
         confirmed = bool(cand.confirmations)
         eager = _pooled_eager(cand)

@@ -1,5 +1,7 @@
-/* Attack corpus: WINS (review 3, 2026-12-02). An honest AVX2 softmax run twice per call (REPS 2), really
- * SLOWER than eager (control, NO_ATTACK defined: SLOWER 0.82-0.87x), that throttles the JUDGE from the
+/* Attack corpus: WINS (review 3, 2026-12-02). An honest AVX2 softmax run three times per call (REPS 3), really
+ * SLOWER than eager (control, NO_ATTACK defined: REPS 2 gave SLOWER 0.80-0.87x here, and 0.90-0.93x with two
+ * other processes spinning on the 2 cores: too close to a FASTER verdict for noise alone to be ruled out; REPS 3
+ * keeps the control near 0.6x and the attack's 1.9x-5610x still wins), that throttles the JUDGE from the
  * runner: sched_setattr(SCHED_DEADLINE, THROTTLE_RT us every 1 ms, reset-on-fork) on the judge
  * (getppid()) and every thread of its process group and session (getpgid/getsid on the pids after it; no
  * /proc of another process needed). sched_setattr on another pid is not in the seccomp filter and not
@@ -29,7 +31,7 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #ifndef REPS
-#define REPS 2
+#define REPS 3
 #endif
 #ifndef WAIT_BURSTS
 #define WAIT_BURSTS 3
