@@ -253,26 +253,43 @@ def test_the_elf_reader_agrees_with_binutils():
 # ----------------------------------------------------------------------------- the compiler's jail
 
 
-def test_the_compilers_environment_holds_no_secrets(tmp_path, monkeypatch):
+# NB: both jails: jail.c compiled (what compiles go through) and _jail.py (where jail.c cannot be built)
+both_jails = pytest.mark.parametrize("interpreted", [False, True], ids=["compiled", "interpreted"])
+
+
+def test_the_compiled_jail_is_built_and_sets_the_limits(tmp_path, monkeypatch):
+    from kforge.kernels._compile import _compiled_jail
+
+    monkeypatch.setenv("KFORGE_CACHE", str(tmp_path / "cache"))
+    assert _compiled_jail() is not None
+    for interpreted in (False, True):
+        proc = run_tool(["sh", "-c", "ulimit -t; ulimit -v; ulimit -c"], 30, workdir=tmp_path, interpreted=interpreted,
+                        limits=ToolLimits(cpu_s=7, address_space_bytes=300 << 20))
+        assert proc.returncode == 0 and proc.stdout.split() == ["7", str(300 << 10), "0"], (interpreted, proc.stdout)
+
+
+@both_jails
+def test_the_compilers_environment_holds_no_secrets(tmp_path, monkeypatch, interpreted):
     monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
     monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
     monkeypatch.setenv("GITHUB_TOKEN", FAKE_KEY)
     monkeypatch.setenv("KFORGE_TEST_SETTING", FAKE_KEY)
     env = tool_env(tmp_path)
     assert FAKE_KEY not in json.dumps(env) and env["TMPDIR"] == str(tmp_path) == env["HOME"]
-    proc = run_tool(["env"], 30, workdir=tmp_path)       # what the process really gets
+    proc = run_tool(["env"], 30, workdir=tmp_path, interpreted=interpreted)       # what the process really gets
     assert proc.returncode == 0 and "PATH=" in proc.stdout and FAKE_KEY not in proc.stdout
 
 
 @needs_landlock
-def test_the_compiler_reads_and_writes_only_where_it_may(tmp_path):
+@both_jails
+def test_the_compiler_reads_and_writes_only_where_it_may(tmp_path, interpreted):
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
     (outside / "secret").write_text(FAKE_KEY)
     work = tmp_path / "work"
     work.mkdir()
     proc = run_tool(["sh", "-c", f"cat {outside}/secret; echo x > {outside}/dropped; echo ok > mine; cat mine"], 30,
-                    workdir=work)
+                    workdir=work, interpreted=interpreted)
     assert FAKE_KEY not in proc.stdout and "ok" in proc.stdout
     assert not (outside / "dropped").exists()
     shutil.rmtree(outside)

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -324,6 +325,58 @@ _SYSTEM_READ = ("/usr/bin", "/usr/include", "/usr/local/include", "/usr/lib", "/
                 "/etc/ld.so.conf.d", "/dev/urandom")
 _TOOLCHAIN_SUBDIRS = ("bin", "include", "lib", "lib64", "libexec", "nvvm", "targets")
 _JAIL = Path(__file__).with_name("_jail.py")
+_JAIL_SOURCE = Path(__file__).with_name("jail.c")
+_COMPILED_JAIL: dict[str, tuple[Path, str] | None] = {}   # by the source's hash: (binary, its SHA-256), None: no build
+_COMPILED_JAIL_LOCK = threading.Lock()
+
+
+def _compiled_jail() -> Path | None:
+    """The compiler's jail compiled from ``jail.c`` (what ``_jail.py`` does, without an interpreter's start for every
+    compile), built on first use into the kforge cache through ``_jail.py`` and checked by its SHA-256 before every
+    use; None where it cannot be built (the source not shipped, no C compiler): ``run_tool`` then runs ``_jail.py``."""
+    try:
+        source = _JAIL_SOURCE.read_bytes()
+    except OSError:
+        return None
+    key = hashlib.sha256(source).hexdigest()[:16]
+    with _COMPILED_JAIL_LOCK:
+        built = _COMPILED_JAIL.get(key, ())
+        if built is None:
+            return None
+        folder = cache_dir().parent / "jail"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"jail-{key}"
+        record = path.with_suffix(".sha256")
+        try:
+            digest = built[1] if built else record.read_text().strip()
+            if file_sha256(path) == digest:   # NB: as the runner's binary: hashed before every use
+                _COMPILED_JAIL[key] = (path, digest)
+                return path
+        except OSError:
+            pass
+        cc = shutil.which("gcc") or shutil.which("cc")
+        _COMPILED_JAIL[key] = None
+        if cc is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="kforge-jail-build-") as tmp:
+            out = Path(tmp) / "jail"
+            try:
+                proc = run_tool([cc, "-O2", "-o", str(out), str(_JAIL_SOURCE)], 120.0, workdir=Path(tmp),
+                                readable=(_JAIL_SOURCE.parent,), interpreted=True)
+            except (subprocess.TimeoutExpired, OSError):
+                return None
+            if proc.returncode != 0:
+                return None
+            digest = file_sha256(out)
+            staged = path.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(out, staged)
+            os.chmod(staged, 0o555)
+            os.replace(staged, path)
+            record.write_text(digest + "\n")
+        if file_sha256(path) != digest:
+            return None
+        _COMPILED_JAIL[key] = (path, digest)
+        return path
 
 
 def tool_env(workdir: Path | str) -> dict[str, str]:
@@ -356,13 +409,15 @@ def _toolchain_dirs(command: Sequence[str], env: dict[str, str]) -> list[str]:
 
 
 def run_tool(command: list[str], timeout_s: float, *, workdir: Path, readable: Sequence[Path | str] = (),
-             limits: ToolLimits | None = None) -> subprocess.CompletedProcess:
+             limits: ToolLimits | None = None, interpreted: bool = False) -> subprocess.CompletedProcess:
     """Run a compiler to completion in its jail (``_jail.py``) and its own session, in ``workdir`` (its private
     folder: the only place it may write), with ``tool_env``'s environment and ``limits``; where the kernel has
     Landlock it may read only ``workdir``, ``readable``, kforge's headers, the toolchain's and the system's
     include and library folders. Its output (stdout and stderr together) comes back as ``stdout``, cut to its last
     256 KiB. On a timeout (or any interruption) the whole process group is killed, the driver's children (cc1,
-    cicc, ptxas) too. Raises subprocess.TimeoutExpired after killing it, OSError when it cannot start."""
+    cicc, ptxas) too. The jail is ``jail.c`` compiled (``_compiled_jail``), or, where that cannot be built or
+    ``interpreted`` is set, ``_jail.py`` in a fresh interpreter. Raises subprocess.TimeoutExpired after killing it,
+    OSError when it cannot start."""
     import sys
 
     limits = limits or ToolLimits(cpu_s=timeout_s)
@@ -375,9 +430,21 @@ def run_tool(command: list[str], timeout_s: float, *, workdir: Path, readable: S
         "write": [str(workdir)],
         "devices": ["/dev/null"],
     }
+    jail = None if interpreted else _compiled_jail()
+    if jail is not None:
+        from ._jail import _processes_of_user
+
+        lim = config["limits"]
+        # NB: root is not held to RLIMIT_NPROC, which counts all of the user's tasks, not this tree's (0: not set)
+        nproc = 0 if os.getuid() == 0 else _processes_of_user() + lim["processes"]
+        argv = [str(jail), str(lim["cpu_s"]), str(lim["address_space_bytes"]), str(lim["file_bytes"]), str(nproc),
+                str(len(config["read"])), str(len(config["devices"])), str(len(config["write"])), *config["read"],
+                *config["devices"], *config["write"], "--", *command]
+    else:
+        argv = [sys.executable, "-I", "-S", str(_JAIL), json.dumps(config), "--", *command]
     log_path = workdir / ".compiler-output"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(_JAIL), json.dumps(config), "--", *command],
+        proc = subprocess.Popen(argv,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
                                 start_new_session=True)
         try:
