@@ -166,6 +166,23 @@ def check_optimize_args(args: argparse.Namespace) -> list[str] | None:
     return ops
 
 
+_E2E_MODES = ("eager", "default", "max-autotune", "reduce-overhead")
+
+
+def _end_to_end_modes(spec: str) -> tuple[str, ...] | None:
+    """--end-to-end's modes: the torch.compile modes to time beside eager (eager is always timed), or None for
+    none at all."""
+    words = [w.strip() for w in (spec or "").split(",") if w.strip()]
+    if words == ["none"]:
+        return None
+    for w in words:
+        if w not in _E2E_MODES:
+            close = difflib.get_close_matches(w, _E2E_MODES + ("none",), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"--end-to-end: no mode {w!r}; {hint}use {', '.join(_E2E_MODES)}, or none")
+    return tuple(w for w in words if w != "eager")
+
+
 def _cluster(spec: str | None):
     """The Ray cluster of ``--cluster ray[:ADDRESS]`` (Ray importable), before anything runs; None without it."""
     from .cluster import RayCluster
@@ -344,6 +361,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     session = _writable(_session(args)) if resume else None   # NB: first: a resumed run's options are in its store
     run_dollars, since = _run_options(args, session.store if session is not None else None)
     ops = check_optimize_args(args)
+    modes = _end_to_end_modes(getattr(args, "end_to_end", "eager"))
     proposer = checked_proposer(args.proposer)
     cluster = _cluster(args.cluster)
     _check_cache()
@@ -411,6 +429,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         "outside": dict(cards.outside),
         "resume": resume_cmd,
     }
+    if summary["winners"] and not interrupted and run.error is None and modes is not None:
+        # NB: the cards' speedups are each card's calls alone; what the model gets is timed here, whole
+        try:
+            summary["model"] = session.end_to_end(compile=bool(modes), modes=modes, progress=True).to_json()
+        except Exception as exc:  # noqa: BLE001 - the search's results are stored; say why the model was not timed
+            summary["model"] = {"error": f"{type(exc).__name__}: {exc}", "headline": []}
     exported = None
     if args.export and not interrupted and run.error is None:
         exported = str(session.export(args.export))
@@ -466,7 +490,12 @@ def _optimize_summary(summary: dict, cards) -> list[str]:
     lines.append(f"{len(summary['winners'])} winner(s), {summary['evaluations']} evaluation(s)"
                  + (f", {failed} proposer failure(s)" if failed else "")
                  + f", ${summary['dollars']:.2f} of LLM calls, {summary['seconds']:.1f} s")
-    if summary["winners"]:
+    if "model" in summary and summary["model"].get("error"):
+        lines.append(f"the model could not be timed with the winners: {summary['model']['error']}")
+    elif "model" in summary:
+        lines.append("the model, timed whole in this process with and without the winners (what it gets):")
+        lines += [f"  {line}" for line in summary["model"]["headline"]]
+    elif summary["winners"]:
         # NB: a search times each card's calls alone, never the model: on this CPU a group_norm winner confirmed at
         # 3.24x made its model (79% group_norm) 1.044x faster
         lines.append("the model: not timed by this search (each speedup above is one card's calls against eager, "
@@ -554,6 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge on a Ray cluster's GPUs (or CPU core groups): 'ray' finds or starts one, "
                         "'ray:ADDRESS' connects to that one; needs pip install \"kforge[ray]\"")
     p.add_argument("--export", default=None, help="write the winners to this artifact directory")
+    p.add_argument("--end-to-end", dest="end_to_end", default="eager", metavar="MODES",
+                   help="after a run with winners, time the whole model with and without them in these modes, "
+                        "comma-separated: eager, default, max-autotune, reduce-overhead (torch.compile's), or none "
+                        "(default: eager, seconds; each compile mode takes minutes on a CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     p.add_argument("--limit", type=int, default=None, help="print at most this many cards")
     p.set_defaults(func=cmd_optimize)

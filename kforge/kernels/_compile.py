@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -448,7 +449,7 @@ def run_tool(command: list[str], timeout_s: float, *, workdir: Path, readable: S
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
                                 start_new_session=True)
         try:
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s)
         except BaseException:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -469,6 +470,24 @@ def run_tool(command: list[str], timeout_s: float, *, workdir: Path, readable: S
     if proc.returncode == 127 and out.startswith(_JAIL_FAILED):
         raise OSError(out[len(_JAIL_FAILED):].strip())
     return subprocess.CompletedProcess(command, proc.returncode, out, "")
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    """``proc.wait(timeout=timeout_s)``, woken by the process's exit (a pidfd) where the kernel has one. NB: Popen.wait
+    with a timeout polls, sleeping 0.5 ms, then twice as long each time up to 50 ms: a 70 ms compile was seen ended
+    only at 113 ms, and that, not the jail, was most of what the compiler's jail cost a verdict."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return proc.wait(timeout=timeout_s)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(max(0, int(timeout_s * 1000))):
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    finally:
+        os.close(fd)
+    return proc.wait()
 
 
 _LOG_READ_BYTES = 256 << 10
