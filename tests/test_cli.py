@@ -309,6 +309,20 @@ def test_optimize_json_is_pure_and_says_what_is_out_of_reach(tmp_path):
     assert failed >= 1 and 1 <= summary["evaluations"] <= res.stderr.count("      evaluated  ")
     last = [line for line in res.stderr.splitlines() if line.lstrip().startswith("progress  ")][-1]
     assert last.split("progress  ")[1].startswith(f"{summary['evaluations']} evaluated, {failed} proposer failure"), last
+    # with winners, the whole model is timed with and without them (eager, by default) and its result is what
+    # the summary says the model gets; without, nothing is timed
+    if summary["winners"]:
+        model = summary["model"]
+        assert not model.get("error") and model["headline"][0].startswith("eager: "), model
+        assert [r["label"] for r in model["rows"]][:2] == ["eager", "eager + kforge"], model
+    else:
+        assert "model" not in summary
+
+
+def test_end_to_end_takes_the_modes_it_names_and_says_which_it_knows():
+    res = _kforge("optimize", "--device", "cpu", "--example", "tiny_cnn", "--end-to-end", "eager,reduce_overhead")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--end-to-end: no mode 'reduce_overhead'; did you mean 'reduce-overhead'?" in res.stderr, res.stderr
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and resume
@@ -450,6 +464,26 @@ def test_the_summary_speaks_the_command_lines_flags_and_cuts_signatures_between_
                         "eager uses onednn; pass --include-vendor to search it")
     assert "01234567" in lines[1] and "timing_budget_ms" in lines[1]
     assert cli._short("relu(x: f32[4])") == "relu(x: f32[4])"
+
+
+def test_the_summary_says_what_the_model_got_beside_the_cards_figures():
+    from types import SimpleNamespace
+
+    winner = {"key": "k", "signature": "relu(input: f32[4])", "winner_speedup": 2.0, "speedup_low": 1.9,
+              "speedup_high": 2.1, "confirmed": True}
+    base = {"skipped": [], "out_of_reach": [], "noisy": [], "winners": [winner], "evaluations": 3, "dollars": 0.0,
+            "seconds": 1.0, "resume": "kforge optimize --resume --workdir w"}
+    got = {"headline": ["eager: + kforge: no kernel kept (the model is not measurably faster with them: 1.001x "
+                        "± 0.027, within noise)"]}
+    lines = cli._optimize_summary({**base, "model": got}, SimpleNamespace(outside=()))
+    at = lines.index("the model, timed whole in this process with and without the winners (what it gets):")
+    assert lines[at + 1] == "  " + got["headline"][0] and lines[at - 2].startswith("winner: 2.00x confirmed")
+    assert not any("not timed by this search" in line for line in lines)
+    failed = cli._optimize_summary({**base, "model": {"error": "RuntimeError: no", "headline": []}},
+                                   SimpleNamespace(outside=()))
+    assert "the model could not be timed with the winners: RuntimeError: no" in failed
+    untimed = cli._optimize_summary(base, SimpleNamespace(outside=()))
+    assert any("not timed by this search" in line for line in untimed)
 
 
 def test_printing_an_end_to_end_table_prints_the_table():
