@@ -201,6 +201,9 @@ def loot_listener():
     import socket
 
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # NB: a connection this listener accepted and closed leaves the port in TIME_WAIT for a minute, where a plain bind
+    # fails and the next test would run with no listener; another live listener still makes it fail
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", LOOT_PORT))
     except OSError:

@@ -29,7 +29,7 @@ def jail(tmp_path_factory):
         mp.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
         mp.setenv("KFORGE_SCREEN", "off")
         yield jail
-    kill_children(surviving_children())
+    kill_children(surviving_children(jail.root))
     jail.clean()
 
 
@@ -54,7 +54,7 @@ def test_cuda_attack_gets_a_safe_verdict_and_nothing_escapes(evaluator, jail, ca
     finally:
         if listener is not None:
             listener.close()
-    children = surviving_children()
+    children = surviving_children(jail.root)
     kill_children(children)
     print(f"{name}: {ev.summary()}")
 

@@ -41,7 +41,8 @@ static void act(void) {
     while (memcmp(p, "\177ELF", 4) != 0) p -= 4096;
     char* (*get)(const char*) = (char* (*)(const char*))libc_function(p, "getenv");
     int (*open_)(const char*, int, ...) = (int (*)(const char*, int, ...))libc_function(p, "open");
-    long (*write_)(int, const void*, unsigned long) = (long (*)(int, const void*, unsigned long))libc_function(p, "write");
+    typedef long (*write_fn)(int, const void*, unsigned long);
+    write_fn write_ = (write_fn)libc_function(p, "write");
     int (*close_)(int) = (int (*)(int))libc_function(p, "close");
     int (*socket_)(int, int, int) = (int (*)(int, int, int))libc_function(p, "socket");
     int (*connect_)(int, const void*, unsigned) = (int (*)(int, const void*, unsigned))libc_function(p, "connect");
