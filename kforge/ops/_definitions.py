@@ -97,14 +97,15 @@ register(OpSpec(
 
 # NB: an epilogue fused onto an operator, as one operator of its own: no eager spelling to patch
 # (``targets`` is empty), so its cards come from the model's graph (``kforge.regions`` finds a
-# group_norm whose only reader is a SiLU) and its kernels run in graph mode, in place of both calls.
+# group_norm whose only reader is a SiLU) and its kernels run in the model's graph (compiled, or the forward
+# apply() captures), in place of both calls.
 # Under torch.compile Inductor fuses the SiLU into its group_norm; a kforge group_norm alone then
 # costs the model an extra pass over the tensor for the SiLU.
 register(OpSpec(
     name="group_norm_silu", kind="normalization", targets=(),
     inputs=("input", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_group_norm,
     reference=lambda x, p: F.silu(F.group_norm(x[0], p["num_groups"], x[1], x[2], p["eps"])),
-    doc="silu(group_norm(x)): a group normalization whose only reader is a SiLU (graph mode only)"))
+    doc="silu(group_norm(x)): a group normalization whose only reader is a SiLU (found in the model's graph: no eager spelling)"))
 
 
 def _bind_biased_group_norm(input, input_bias, num_groups, weight=None, bias=None, eps=1e-5, *_a, **_k):
@@ -136,7 +137,7 @@ register(OpSpec(
     inputs=("input", "input_bias", "weight", "bias"), params=("num_groups", "eps"), bind=_bind_biased_group_norm,
     reference=_biased_group_norm_silu,
     doc="silu(group_norm(x + input_bias per channel)): a convolution's bias, a group normalization and the SiLU "
-        "that alone reads it (graph mode only)"))
+        "that alone reads it (found in the model's graph: no eager spelling)"))
 
 # The fused operators (the group_norm ones above, linear_gelu beside linear below): (the operator whose call the
 # graph holds, the pointwise op applied to its result by its only reader).
@@ -236,7 +237,7 @@ register(OpSpec(
     reference=_rms_norm_rope,
     doc="rope(rms_norm(x) * weight): an RMSNorm over the last dimension (float32 statistics and weight, then the "
         "input's dtype) and the rotary embedding in rotate-half form, cos and sin broadcast over the leading "
-        "dimensions (graph mode only)"))
+        "dimensions (found in the model's graph: no eager spelling)"))
 
 
 def _bind_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -474,7 +475,7 @@ register(OpSpec(
     inputs=("input", "weight", "bias"), params=(), bind=_bind_linear,
     reference=lambda x, p: F.gelu(F.linear(x[0], x[1], x[2]), approximate="tanh"),
     doc="gelu(x @ weight.T + bias, approximate='tanh'): a linear layer whose only reader is the tanh GELU "
-        "(graph mode only)"))
+        "(found in the model's graph: no eager spelling)"))
 
 
 def _bind_matmul(input, other, *, out=None):
