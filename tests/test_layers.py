@@ -42,6 +42,7 @@ DISPLAY_HOOKS = {
     ("search", "views", "_ipython_display_"),   # OptimizationRun shows its progress view
     ("session", "views", "_ipython_display_"),  # Session shows its dashboard
     ("session", "views", "dashboard"),          # session.dashboard() returns it
+    ("session", "views", "optimize"),           # a blocking optimize() in a notebook shows its progress live
     ("kforge", "magics", "load_ipython_extension"),  # %load_ext kforge
 }
 
