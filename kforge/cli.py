@@ -166,20 +166,20 @@ def check_optimize_args(args: argparse.Namespace) -> list[str] | None:
     return ops
 
 
-_E2E_MODES = ("eager", "default", "max-autotune", "reduce-overhead")
-
-
 def _end_to_end_modes(spec: str) -> tuple[str, ...] | None:
     """--end-to-end's modes: the torch.compile modes to time beside eager (eager is always timed), or None for
     none at all."""
+    from .deploy._report import MODES
+
+    known = ("eager", *MODES)
     words = [w.strip() for w in (spec or "").split(",") if w.strip()]
     if words == ["none"]:
         return None
     for w in words:
-        if w not in _E2E_MODES:
-            close = difflib.get_close_matches(w, _E2E_MODES + ("none",), n=1)
+        if w not in known:
+            close = difflib.get_close_matches(w, (*known, "none"), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UsageError(f"--end-to-end: no mode {w!r}; {hint}use {', '.join(_E2E_MODES)}, or none")
+            raise UsageError(f"--end-to-end: no mode {w!r}; {hint}use {', '.join(known)}, or none")
     return tuple(w for w in words if w != "eager")
 
 

@@ -293,7 +293,7 @@ class Session:
         verdicts = self.store.results()
         found = {card.key: (card, cand) for card, cand in self.winners()}
         winners = [Winner(card, verdicts[key].eager_us or card.eager_us,
-                          verdicts[key].kernel_us or card.eager_us / max(verdicts[key].speedup, 1e-9))
+                          verdicts[key].kernel_us or card.eager_us / max(verdicts[key].winner_speedup or 1.0, 1e-9))
                    for key, (card, cand) in found.items()]
         skipped: list[tuple[str, str]] = []
         if not all_winners and winners:
@@ -305,7 +305,7 @@ class Session:
         for w in winners:
             cand = found[w.card.key][1]
             built = compile_source(cand.source, backend, self.evaluator.arch)
-            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, verdicts[w.card.key].speedup,
+            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, verdicts[w.card.key].winner_speedup,
                                       calls=w.card.calls, eager_us=w.eager_us, kernel_us=w.kernel_us,
                                       op_calls=op_calls[w.card.op]))
         return out, skipped

@@ -86,7 +86,7 @@ def test_a_verdict_whose_confirmations_overlap_eager_within_noise_is_noisy_and_s
                                 (Status.NO_GAIN, 10.0, 10.4, 0.15)])
     (r,) = s.results
     assert r.status is CardStatus.NOISY and not s.results.winners and s.winners() == []
-    assert r.winner_speedup is None and r.speedup == 1.0 and "noise" in r.reason
+    assert r.winner_speedup is None and "noise" in r.reason
     assert r.best_candidate_speedup == pytest.approx(math.sqrt(1.06 * 1.04)), "the confirmations, not the 1.16x"
     assert "noisy" in s.results.table() and len(s.results.noisy) == 1
     s.close()

@@ -93,11 +93,6 @@ class CardVerdict:
     search_ended: str = ""                # why the search of the card ended
 
     @property
-    def speedup(self) -> float:
-        """``winner_speedup``, 1.0 where eager stays (what code written before the rename reads)."""
-        return self.winner_speedup if self.status.has_winner and self.winner_speedup else 1.0
-
-    @property
     def speedup_label(self) -> str:
         """The card's speedup with how it was measured, e.g. "1.52x confirmed (1.41-1.63)"."""
         return speedup_label(self.status, self.winner_speedup, self.speedup_low, self.speedup_high, self.confirmed)
