@@ -395,13 +395,25 @@ PY
     fi
     KFORGE_CACHE=/tmp/kf-bench-after timeout 110 python3 benchmarks/evaluator.py --device cuda \
         --json "$OUT/evaluator_cuda_after.json" 2>&1 | tail -14 ;;
+  owed41)
+    # the GPU runs owed at the end of 2026-12-06's first session: the eager region deployment's and the cuBLASLt
+    # link's GPU tests, the libc-walk attack and nvcc builds through the compiler's jail; then issue 41's GPU
+    # repeatability table (KF_REPEAT_ARGS) and what an eager and a compiled user get (what_a_user_gets.py)
+    gpu_tests "${KF_OWED_TESTS_S:-150}" "-m gpu tests/test_eager_regions.py tests/test_linear_gelu.py" owed_gpu_tests 20
+    gpu_tests 90 "-k libc_walk tests/test_gpu_attacks.py" owed_libc_walk 6
+    timeout "${KF_REPEAT_S:-240}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
+        ${KF_REPEAT_ARGS:---example tiny_chains --cards 3} --json-out "$OUT/repeatability_cuda.json" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/repeatability_cuda.txt" | tail -30
+    timeout "${KF_USER_S:-130}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
+        --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
+        | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
   repeat)
     # issue 41 on the GPU: verdicts that repeat (benchmarks/repeatability.py, KF_RUNS fresh runs of the same session),
     # then the owed GPU tests of the experts and recurrent kernels
     timeout "${KF_REPEAT_S:-330}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
-        ${KF_REPEAT_ARGS:-} --json "$OUT/repeatability_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
+        ${KF_REPEAT_ARGS:-} --json-out "$OUT/repeatability_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
         | tee "$OUT/repeatability_cuda.txt" | tail -40
     [ "${KF_REPEAT_TESTS:-1}" = 0 ] || gpu_tests "${KF_REPEAT_TESTS_S:-200}" "tests/test_moe_experts.py tests/test_recurrent_gpu.py" \
         moe_recurrent_tests 12 ;;
-  *) echo "usage: bash benchmarks/device_session.sh walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac

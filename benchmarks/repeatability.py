@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("--cards", type=int, default=None, help="search at most this many cards (largest share first)")
     ap.add_argument("--example", default="block", help="block (default), tiny_chains, tiny_cnn or tiny_transformer")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    ap.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON object to PATH (the tables still print)")
     ap.add_argument("--keep", default=None, help="keep each run's workdir under this folder (default: deleted)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="summarise the runs of earlier --json outputs (e.g. runs alternated with another checkout's, "
@@ -208,9 +209,12 @@ def main() -> None:
             if not args.json:
                 print(f"run {i} done in {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
     table = summarise(runs)
+    record = {"device": args.device, "example": args.example, "iterations": args.iterations,
+              "cards": args.cards, "runs": runs, "table": table}
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(record, indent=2))
     if args.json:
-        print(json.dumps({"device": args.device, "example": args.example, "iterations": args.iterations,
-                          "cards": args.cards, "runs": runs, "table": table}, indent=2))
+        print(json.dumps(record, indent=2))
     else:
         print_report(runs, table)
 
