@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import kforge  # noqa: E402
-from kforge.models import compare_decode, decode_steps, forward_as  # noqa: E402
 from seed_workloads import DEFAULTS, LANGUAGE, seed_model  # noqa: E402
 
+import kforge  # noqa: E402
+from kforge.models import compare_decode, decode_steps, forward_as  # noqa: E402
 
 
 def _session(name: str, args) -> tuple[kforge.Session, torch.nn.Module, object, float]:
@@ -110,10 +110,8 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
     import contextlib
 
     from kforge.deploy import Deployment
-    from kforge.deploy._graph import compile_with
+    from kforge.deploy._graph import compile_with, no_recompile_limit
     from kforge.deploy._report import _patched_eagerly
-
-    from kforge.deploy._report import recompile_room
 
     kernels, _, _ = s._deployable(not args.no_guard)   # the set end_to_end started from
     kept = {r.mode: set(r.kept) for r in e2e.fallback}
@@ -175,7 +173,7 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
             arms[label] = (lambda fwd=fwd: forward_as(model, decode_steps(model, fwd))) \
                 if not isinstance(fwd, Exception) else (lambda fwd=fwd: (_ for _ in ()).throw(fwd))
         # NB: every compiled arm is one more cache entry on the model's forward (two shapes each)
-        with recompile_room(4 * len(arms) + 8):
+        with no_recompile_limit():
             results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
         print(f"decode, one interleaved run{f' with compile {mode}' if mode else ''}:")
         for label, arm in results.items():

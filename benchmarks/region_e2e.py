@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -49,9 +48,7 @@ def _model(name: str, args):
         return kforge.example(name, device=args.device)
     except (KeyError, ValueError):
         pass
-    from seed_workloads import seed_model
-
-    from seed_workloads import LANGUAGE
+    from seed_workloads import LANGUAGE, seed_model
 
     layers = (args.layers or 2) if name in LANGUAGE else args.layers
     extra = {"tokens": args.tokens} if args.tokens else {}
@@ -208,8 +205,8 @@ def _decode(s, model, prompt, report, modes: tuple, args, save) -> dict:
     import contextlib
 
     from kforge.deploy import Deployment
-    from kforge.deploy._graph import compile_with
-    from kforge.deploy._report import _patched_eagerly, recompile_room
+    from kforge.deploy._graph import compile_with, no_recompile_limit
+    from kforge.deploy._report import _patched_eagerly
     from kforge.models import compare_decode, decode_steps, forward_as
 
     kernels, _, _ = s._deployable(all_winners=True)
@@ -250,7 +247,7 @@ def _decode(s, model, prompt, report, modes: tuple, args, save) -> dict:
             arms["eager"] = contextlib.nullcontext
         reference = next(iter(arms))
         try:
-            with recompile_room(4 * len(arms) + 8), torch.no_grad():
+            with no_recompile_limit(), torch.no_grad():
                 results = compare_decode(model, prompt, args.decode, arms, rounds=args.rounds)
         except Exception as exc:  # noqa: BLE001  (the reference arm failed: the next mode may still run)
             rows[reference] = {"error": f"{type(exc).__name__}: {exc}"[:300]}

@@ -2,6 +2,7 @@
 
     python benchmarks/repeatability.py [--device cpu|cuda] [--runs 5] [--iterations 3] [--cards 6]
                                        [--example block|tiny_chains|tiny_cnn|tiny_transformer] [--json]
+                                       [--model gemma4_e2b --layers 2 --tokens 128]   # a seed model instead
     python benchmarks/repeatability.py --merge a.json b.json ...   # the table of earlier --json runs
 
 Each run captures the model, searches its cards with the built-in proposer at a fixed number of
@@ -61,7 +62,16 @@ def _block(device: str):
     return HandWrittenBlock().to(device).eval(), (x.to(device), img.to(device))
 
 
-def _model(example: str, device: str):
+def _model(example: str, device: str, seed_model: str | None = None, layers: int | None = None,
+           tokens: int | None = None):
+    if seed_model:
+        import torch
+
+        from kforge.models import build
+
+        torch.manual_seed(0)
+        options = {k: v for k, v in dict(layers=layers, tokens=tokens).items() if v is not None}
+        return build(seed_model, device=device, dtype=torch.bfloat16, **options)
     if example == "block":
         return _block(device)
     import kforge
@@ -74,7 +84,7 @@ def child(args: argparse.Namespace) -> dict:
     import kforge
     from kforge.views._data import short_label
 
-    model, inputs = _model(args.example, args.device)
+    model, inputs = _model(args.example, args.device, args.model, args.layers, args.tokens)
     started = time.monotonic()
     with kforge.Session(model, inputs, device=args.device, workdir=args.workdir) as session:
         session.capture()
@@ -100,6 +110,9 @@ def _run_once(args: argparse.Namespace, i: int, root: Path, keys: list[str] | No
     workdir = root / f"run{i}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workdir", str(workdir),
            "--device", args.device, "--example", args.example, "--iterations", str(args.iterations)]
+    for flag, value in (("--model", args.model), ("--layers", args.layers), ("--tokens", args.tokens)):
+        if value is not None:
+            cmd += [flag, str(value)]
     if keys:
         cmd += ["--keys", ",".join(keys)]
     elif args.cards:
@@ -180,6 +193,10 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3, help="candidates per card, fixed")
     ap.add_argument("--cards", type=int, default=None, help="search at most this many cards (largest share first)")
     ap.add_argument("--example", default="block", help="block (default), tiny_chains, tiny_cnn or tiny_transformer")
+    ap.add_argument("--model", default=None, help="a seed model of kforge.models (e.g. gemma4_e2b) instead of --example, "
+                    "random weights, bfloat16")
+    ap.add_argument("--layers", type=int, default=None, help="the seed model's layers (its builder's option)")
+    ap.add_argument("--tokens", type=int, default=None, help="the seed model's tokens (its builder's option)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     ap.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON object to PATH (the tables still print)")
     ap.add_argument("--keep", default=None, help="keep each run's workdir under this folder (default: deleted)")
@@ -201,6 +218,11 @@ def main() -> None:
         else:
             print_report(runs, table)
         return
+    def record_of(runs: list[dict]) -> dict:
+        return {"device": args.device, "example": args.model or args.example, "layers": args.layers,
+                "tokens": args.tokens, "iterations": args.iterations, "cards": args.cards, "runs": runs,
+                "table": summarise(runs)}
+
     with tempfile.TemporaryDirectory(prefix="kforge-repeat-") as tmp:
         runs = []
         for i in range(args.runs):
@@ -208,11 +230,10 @@ def main() -> None:
             runs.append(_run_once(args, i, Path(args.keep or tmp), keys))
             if not args.json:
                 print(f"run {i} done in {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
-    table = summarise(runs)
-    record = {"device": args.device, "example": args.example, "iterations": args.iterations,
-              "cards": args.cards, "runs": runs, "table": table}
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(record, indent=2))
+            if args.json_out:   # NB: after each run, so a run cut by a time limit keeps the runs it finished
+                Path(args.json_out).write_text(json.dumps(record_of(runs), indent=2))
+    record = record_of(runs)
+    table = record["table"]
     if args.json:
         print(json.dumps(record, indent=2))
     else:

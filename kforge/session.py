@@ -12,10 +12,10 @@ from .capture import Batches, CaptureError, CaptureLimits, Cards, capture_cards
 from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
-    from .evaluate import Evaluator
-    from .kernels import DeviceInfo
     from .deploy import Deployment, DispatchCost
     from .deploy._report import EndToEnd
+    from .evaluate import Evaluator
+    from .kernels import DeviceInfo
     from .search import OptimizationRun, Results
 
 
@@ -286,7 +286,8 @@ class Session:
     def _compiled_winners(self, all_winners: bool = True, dispatch_cost: DispatchCost | None = None
                           ) -> tuple[list, list[tuple[str, str]]]:
         from .deploy import ExportedKernel
-        from .deploy._select import Winner, dispatch_cost as cost_here, select_winners
+        from .deploy._select import Winner, select_winners
+        from .deploy._select import dispatch_cost as cost_here
         from .kernels import backend_of, compile_source
 
         backend = backend_of(self.device)
@@ -333,7 +334,6 @@ class Session:
         (guards, the graph run op by op) can exceed what they save; ``all_winners=True`` skips that check.
         """
         from .deploy import DeployedKernel, Deployment
-        from .kernels import load_verified
 
         if scope not in ("model", "process"):
             raise ValueError("scope is 'model' or 'process'")
@@ -341,7 +341,8 @@ class Session:
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
         exported, skipped = self._compiled_winners(all_winners, dispatch_cost)
-        kernels = [DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup) for k in exported]
+        kernels = [DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup, kernel_us=k.kernel_us)
+                   for k in exported]
         kernels, refused = self._rechecked(kernels)
         if not all_winners and scope == "model":
             kernels, slower = self._graph_forward_pays(model, kernels)
@@ -355,7 +356,8 @@ class Session:
         is timed (they stay)."""
         from .deploy._deployment import in_graph
         from .deploy._fallback import interleaved
-        from .deploy._report import eager_arms, recompile_room
+        from .deploy._graph import no_recompile_limit
+        from .deploy._report import eager_arms
 
         graphed = [k for k in kernels if in_graph(k.variant)]
         if not graphed or model is not self.model or self.batches == [None]:
@@ -363,7 +365,7 @@ class Session:
         args, kwargs = self._inputs()
         operators = [k for k in kernels if k not in graphed]
         build = eager_arms(model, lambda m: m(*args, **kwargs))
-        with recompile_room(4), torch.no_grad():
+        with no_recompile_limit(), torch.no_grad():
             cmp = interleaved(self.device)(build(kernels), build(operators))
         for k in kernels:
             k.reset_calls()
@@ -385,7 +387,6 @@ class Session:
         """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
         kernel), from its verdict), and the winners the dispatch-cost filter left out."""
         from .deploy import DeployedKernel
-        from .kernels import load_verified
 
         exported, skipped = self._compiled_winners(all_winners)
         verdicts = self.store.results()
@@ -395,7 +396,8 @@ class Session:
             v = verdicts.get(card.key)
             eager = (v.eager_us if v is not None else None) or card.eager_us
             kernel = (v.kernel_us if v is not None else None) or eager / max(k.speedup or 1.0, 1e-9)
-            kernels.append(DeployedKernel(k.variant, load_verified(k.binary), k.candidate_id, k.speedup))
+            kernels.append(DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup,
+                                                      kernel_us=kernel))
             gains.append(card.calls * (eager - kernel))
         kept, refused = self._rechecked(kernels)
         gains = [g for dk, g in zip(kernels, gains) if dk in kept]
@@ -424,8 +426,8 @@ class Session:
         each compiled graph got. ``backend="eager"`` skips Inductor (debugging).
         """
         from .deploy._fallback import interleaved
-        from .deploy._graph import compile_with
-        from .deploy._report import check_compiled, compiled_arms, recompile_room, relative_difference
+        from .deploy._graph import compile_with, no_recompile_limit
+        from .deploy._report import check_compiled, compiled_arms, relative_difference
 
         model = model if model is not None else self.model
         kernels, gains, _ = self._deployable(all_winners=True)
@@ -435,7 +437,7 @@ class Session:
         mode = torch_compile_kwargs.pop("mode", None)
         forward = lambda m: m(*args, **kwargs)  # noqa: E731
         make, made = compiled_arms(model, forward, mode, backend, **torch_compile_kwargs)
-        with recompile_room(len(kernels) + 5), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried (and the A/A control)
+        with no_recompile_limit(), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried (and the A/A control)
             reference = forward(model)
             none = make([])
             plain_diff = relative_difference(reference, forward(made[()]), model)

@@ -422,3 +422,26 @@ def test_on_the_gpu_region_kernels_run_eagerly_and_in_a_captured_cuda_graph(tmp_
         torch.cuda.synchronize()
         torch.testing.assert_close(out, _eager(model, x * 0.5), rtol=1e-4, atol=1e-5)
     s.close()
+
+
+def test_region_kernels_run_though_the_models_forward_has_been_compiled_past_dynamos_limit(session, monkeypatch):
+    """Dynamo keeps its compiled variants on the code object of the frame it compiled, 8 at most. kforge's own
+    compiles of the user's forward (region capture, the model-level checks) and the user's leave entries there; a
+    captured forward compiled on the same code object past that limit would run the plain forward with nothing
+    said (torch 2.11, which cannot isolate a compile's recompiles, did so on the H100): every kernel must still
+    run. Checked without ``isolate_recompiles``, as on torch 2.11."""
+    from kforge.deploy import _graph
+    from kforge.deploy._graph import no_recompile_limit
+
+    monkeypatch.setattr(_graph, "_COMPILE_KEYWORDS", _graph._COMPILE_KEYWORDS - {"isolate_recompiles"})
+    model, x = session.model, session.batches[0]
+    expected = _eager(model, x)
+    torch._dynamo.reset()
+    with no_recompile_limit(), torch.no_grad():
+        for _ in range(10):   # NB: a new backend each time: dynamo recompiles (BACKEND_MATCH) and keeps each entry
+            torch.compile(model, backend=lambda gm, example: gm.forward)(x)
+    with session.apply(all_winners=True) as dep, torch.no_grad():
+        got = model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert dep.graph is not None and dep.graph.failure is None
+    assert set(dep.calls.values()) == {1}, dep.calls

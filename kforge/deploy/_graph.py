@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import operator
 import types
@@ -488,7 +489,7 @@ class GraphForward:
             # NB: its own recompilations, where this torch can keep them apart: each deployment (and the model-level
             # check builds one per kernel set) would otherwise count against every compile of the model's forward
             options = {"isolate_recompiles": True} if "isolate_recompiles" in _COMPILE_KEYWORDS else {}
-            self.compiled = torch.compile(plain, backend=self.backend, dynamic=False, **options)
+            self.compiled = torch.compile(_own_frame(plain), backend=self.backend, dynamic=False, **options)
         self.prior, self.plain = current, plain
         self.model.__dict__["forward"] = self
         self.attached = True
@@ -543,6 +544,42 @@ class GraphForward:
     def __reduce__(self) -> tuple:
         # NB: a copy of the model (copy.deepcopy, torch.save) is a plain model: it gets the forward it had
         return _own_forward, (self.model, self.prior)
+
+
+def no_recompile_limit():
+    """Dynamo's recompile limits lifted while kforge compiles for itself: region capture, Inductor baselines, and
+    the model-level checks' arms (one compile per kernel set tried, a number kforge bounds itself).
+
+    NB: past the limit (8 entries for one code object) dynamo runs the frame eagerly without calling
+    the backend, saying so only in a log: a model whose forward the process had already compiled 8 times gave no
+    regions at all; Inductor baselines, compiled through one shared wrapper frame on torch 2.11, stopped after the
+    eighth region; and an arm of end_to_end's checks past it would time the plain model under the kernels' label
+    (on the H100, torch 2.11, 2026-12-06). Inductor's timed call is a CUDA-graph replay: the guards never count.
+    """
+    cfg = torch._dynamo.config
+    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                         "accumulated_cache_size_limit") if hasattr(cfg, n)]
+    return cfg.patch({n: 1 << 20 for n in names})
+
+
+def _own_frame(forward: Callable) -> Callable:
+    """A function that calls ``forward``, with a code object of its own: what dynamo compiles for a GraphForward.
+
+    NB: dynamo keeps compiled variants on the code object of the frame it compiles, at most its recompile limit (8)
+    of them, then runs that frame as it is, saying so only in a log. Compiled on the model's own forward, a captured
+    forward shares that room with every other compile of it in the process (region capture's, the model-level
+    checks' one per kernel set, the user's), and torch 2.11 has no ``isolate_recompiles``: on the H100 a capture
+    past the limit ran the plain forward while apply() said its kernels were installed. Its own frame, inlining the
+    forward, keeps its variants apart: the limit then counts only its own recompiles (a new shape or dtype)."""
+    def forward_in_graph(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+    code = forward_in_graph.__code__
+    # NB: a copy, so that no two GraphForwards share it
+    fresh = code.replace(co_name=f"{code.co_name}_{next(_FRAMES)}")
+    return types.FunctionType(fresh, forward_in_graph.__globals__, fresh.co_name, None, forward_in_graph.__closure__)
+
+
+_FRAMES = itertools.count()
 
 
 def _own_forward(model: Any, prior: Any) -> Callable:

@@ -11,7 +11,7 @@ import torch
 from ..evaluate import bench
 from ._deployment import Deployment, not_in_eager
 from ._fallback import Arm, Compare, Comparison, FallbackReport, Outcome, interleaved, keep_faster
-from ._graph import compile_with, nearest_miss
+from ._graph import compile_with, nearest_miss, no_recompile_limit
 from ._launch import DeployedKernel
 
 MODES = ("default", "max-autotune", "reduce-overhead")
@@ -206,17 +206,6 @@ def relative_difference(a: Any, b: Any, model: Any = None) -> float | None:
         return None
     ta, tb = ta.double(), tb.double()
     return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
-
-
-def recompile_room(n: int):
-    """Dynamo keeps one cache entry per compiled variant of the model's code: room for ``n``."""
-    cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    limit = max(getattr(cfg, name), n)
-    patch = {name: limit}
-    if hasattr(cfg, "accumulated_recompile_limit"):
-        patch["accumulated_recompile_limit"] = max(cfg.accumulated_recompile_limit, 4 * limit)
-    return cfg.patch(patch)
 
 
 def eager_arms(model: Any, forward: Callable[[Any], Any]) -> Callable[[Sequence[DeployedKernel]], Arm]:
@@ -461,7 +450,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                                                       else ""))
     kept, cmp = [], None
     if in_eager:
-        with recompile_room(len(in_eager) + 5):   # NB: each kernel set's graph forward is a compile of its own
+        with no_recompile_limit():   # NB: each kernel set's graph forward is a compile of its own
             kept, cmp = check(in_eager, [g for k, g in zip(kernels, gains) if k in in_eager], build, "eager", eager)
     if guard and graph_only:
         if in_eager:
@@ -519,7 +508,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
             torch._dynamo.reset()
             marks = (len(rows), len(reports), len(compiled_rows))
             try:
-                with recompile_room(len(kernels) + 5):
+                with no_recompile_limit():
                     make, made = compiled_arms(model, forward, mode, backend, dynamic=dynamic)
                     say(f"{label} ({step} of {steps}): compiling the model, then timing it against eager")
                     plain = make([])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import Variant, get_spec
-from ._capture import no_recompile_limit as _no_recompile_limit
+from ..deploy._graph import no_recompile_limit as _no_recompile_limit
 from ._spec import region_ir
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from ..deploy._graph import no_recompile_limit
 from ..ops import Variant, get_spec, torch_dtype, without_prologue
 from ..ops._functions import function_specs, graph_calls, hook_functions
 from ._finder import FoundRegion
@@ -176,21 +177,6 @@ class _Recorder:
         return aot_autograd(fw_compiler=self.compile)
 
 
-def no_recompile_limit():
-    """Dynamo's recompile limits lifted while kforge compiles for itself (region capture, Inductor
-    baselines).
-
-    NB: past the limit (8 entries for one code object) dynamo runs the frame eagerly without calling
-    the backend: a model whose forward the process had already compiled 8 times gave no regions at
-    all, and Inductor baselines, compiled through one shared wrapper frame on torch 2.11, stopped
-    after the eighth region. Inductor's timed call is a CUDA-graph replay: the guards never count.
-    """
-    cfg = torch._dynamo.config
-    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                         "accumulated_cache_size_limit") if hasattr(cfg, n)]
-    return cfg.patch({n: 1 << 20 for n in names})
-
-
 def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2,
                     max_tensor_bytes: int | None = None) -> RegionCapture:
     """Run ``model`` once per batch under a recording torch.compile backend and collect its regions.
@@ -222,7 +208,8 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
 
 def covered_op_calls(variant: Variant) -> collections.Counter:
     """The operator-card keys one call of the region stands for (its operators run op by op)."""
-    from ..capture._capture import CaptureLimits, _Recorder as _OpRecorder
+    from ..capture._capture import CaptureLimits
+    from ..capture._capture import _Recorder as _OpRecorder
 
     spec = get_spec(variant.op)
     inputs = spec.random_inputs(variant, seed=0)
