@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh eve41     issue 41: eager regions on torch 2.11 past dynamo's limit,
+#                                                            what a user gets, a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh walls     the judge's GPU tests and CUDA attacks, the binary wall on nvcc
 #                                                            builds, eager region deployment's GPU tests, then the
 #                                                            evaluator's throughput before (.base/, carry [".base"]) and after
@@ -407,6 +409,17 @@ PY
     timeout "${KF_USER_S:-130}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
         --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
         | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
+  eve41)
+    # issue 41, 2026-12-06 evening: the captured forward's own frame on torch 2.11 (the CPU test that reproduces the
+    # dropped region kernels, then the GPU test of eager regions), what a user gets (with the fix), then the
+    # repeatability of a seed model's three largest cards (KF_REPEAT_ARGS)
+    gpu_tests "${KF_OWED_TESTS_S:-120}" "tests/test_eager_regions.py::test_region_kernels_run_though_the_models_forward_has_been_compiled_past_dynamos_limit tests/test_eager_regions.py::test_on_the_gpu_region_kernels_run_eagerly_and_in_a_captured_cuda_graph" eve41_tests 6
+    timeout "${KF_USER_S:-200}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
+        --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
+        | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30
+    timeout "${KF_REPEAT_S:-280}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
+        ${KF_REPEAT_ARGS:---model gemma4_e2b --layers 2 --cards 3} --json-out "$OUT/repeatability_cuda.json" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/repeatability_cuda.txt" | tail -30 ;;
   repeat)
     # issue 41 on the GPU: verdicts that repeat (benchmarks/repeatability.py, KF_RUNS fresh runs of the same session),
     # then the owed GPU tests of the experts and recurrent kernels
@@ -415,5 +428,5 @@ PY
         | tee "$OUT/repeatability_cuda.txt" | tail -40
     [ "${KF_REPEAT_TESTS:-1}" = 0 ] || gpu_tests "${KF_REPEAT_TESTS_S:-200}" "tests/test_moe_experts.py tests/test_recurrent_gpu.py" \
         moe_recurrent_tests 12 ;;
-  *) echo "usage: bash benchmarks/device_session.sh owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh eve41|owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac
