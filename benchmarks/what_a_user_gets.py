@@ -4,6 +4,7 @@ torch.compile + kforge, each ratio with its noise (``Session.end_to_end``).
 
     python benchmarks/what_a_user_gets.py --device cpu --example tiny_chains --iterations 4
     python benchmarks/what_a_user_gets.py --device cuda --example tiny_chains --modes default,reduce-overhead
+    python benchmarks/what_a_user_gets.py --device cuda --model gemma4_e2b --layers 2 --cards 4   # a seed model
 
 The card speedups printed first are the judge's (one card's kernel against eager's call, in the sandbox); the
 model-level lines after them are what the model got in this process. ``--json PATH`` writes both.
@@ -31,15 +32,26 @@ def main() -> None:
     ap.add_argument("--example", default="tiny_chains", choices=EXAMPLES)
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--modes", default="default", help="torch.compile modes, comma-separated ('' for none)")
+    ap.add_argument("--model", default=None, help="a seed model of kforge.models instead of --example (random weights, "
+                    "bfloat16)")
+    ap.add_argument("--layers", type=int, default=None, help="the seed model's layers")
+    ap.add_argument("--cards", type=int, default=None, help="search at most this many cards, largest share first")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     started = time.perf_counter()
-    model, inputs = kforge.example(args.example, device=args.device)
+    if args.model:
+        from kforge.models import build
+
+        torch.manual_seed(0)
+        model, inputs = build(args.model, device=args.device, dtype=torch.bfloat16,
+                              **({"layers": args.layers} if args.layers is not None else {}))
+    else:
+        model, inputs = kforge.example(args.example, device=args.device)
     modes = tuple(m for m in args.modes.split(",") if m)
     with tempfile.TemporaryDirectory(prefix="kforge-user-") as workdir, \
             kforge.Session(model, inputs, device=args.device, workdir=workdir) as session:
         session.capture()
-        run = session.optimize(proposer="builtin", iterations=args.iterations)
+        run = session.optimize(proposer="builtin", iterations=args.iterations, max_cards=args.cards)
         print(f"search: {run!r}")
         cards = []
         for r in session.results:
