@@ -333,7 +333,7 @@ class Session:
         installed only if the model is measurably faster with them, since the captured forward's own cost
         (guards, the graph run op by op) can exceed what they save; ``all_winners=True`` skips that check.
         """
-        from .deploy import DeployedKernel, Deployment
+        from .deploy import Deployment
 
         if scope not in ("model", "process"):
             raise ValueError("scope is 'model' or 'process'")
@@ -341,8 +341,8 @@ class Session:
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
         exported, skipped = self._compiled_winners(all_winners, dispatch_cost)
-        kernels = [DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup, kernel_us=k.kernel_us)
-                   for k in exported]
+        kernels, unreplayable = self._deployed(exported)
+        skipped = skipped + unreplayable
         kernels, refused = self._rechecked(kernels)
         if not all_winners and scope == "model":
             kernels, slower = self._graph_forward_pays(model, kernels)
@@ -376,6 +376,16 @@ class Session:
                "(apply(all_winners=True) installs them anyway)")
         return operators, [(k.variant.signature, why) for k in graphed]
 
+    def _deployed(self, exported: list) -> tuple[list, list[tuple[str, str]]]:
+        """The winners as DeployedKernels (a CPU kernel served by a sandboxed worker, a CUDA kernel replayed from
+        the launch plan recorded in a sandboxed runner: ``deploy._replay``), and a reason for each CUDA kernel
+        that cannot be replayed (it stays on eager; nothing of it is loaded here)."""
+        from .deploy._replay import deploy_winners
+
+        cuda = any(k.variant.device.startswith("cuda") for k in exported)
+        return deploy_winners(exported, self.evaluator if cuda else None,
+                              lambda v: self.evaluator.examples_for(self.cards[v.key], self.store))
+
     def _rechecked(self, kernels: list) -> tuple[list, list[tuple[str, str]]]:
         """The kernels that still match eager when called in this process, on the card's captured
         examples and fresh inputs (``deploy._recheck``), and a reason for each one refused."""
@@ -386,19 +396,21 @@ class Session:
     def _deployable(self, all_winners: bool) -> tuple[list, list[float], list[tuple[str, str]]]:
         """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
         kernel), from its verdict), and the winners the dispatch-cost filter left out."""
-        from .deploy import DeployedKernel
+        from dataclasses import replace
 
         exported, skipped = self._compiled_winners(all_winners)
         verdicts = self.store.results()
-        kernels, gains = [], []
+        timed, saving = [], {}
         for k in exported:
             card = self.cards[k.variant.key]
             v = verdicts.get(card.key)
             eager = (v.eager_us if v is not None else None) or card.eager_us
             kernel = (v.kernel_us if v is not None else None) or eager / max(k.speedup or 1.0, 1e-9)
-            kernels.append(DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup,
-                                                      kernel_us=kernel))
-            gains.append(card.calls * (eager - kernel))
+            timed.append(replace(k, kernel_us=kernel))
+            saving[k.variant.key] = card.calls * (eager - kernel)
+        kernels, unreplayable = self._deployed(timed)
+        skipped = skipped + unreplayable
+        gains = [saving[dk.variant.key] for dk in kernels]
         kept, refused = self._rechecked(kernels)
         gains = [g for dk, g in zip(kernels, gains) if dk in kept]
         return kept, gains, skipped + refused
@@ -489,7 +501,9 @@ class Session:
         """
         from .deploy import export_artifact
 
-        return export_artifact(path, self._compiled_winners(all_winners, dispatch_cost)[0], self.device)
+        exported = self._compiled_winners(all_winners, dispatch_cost)[0]
+        cuda = any(k.variant.device.startswith("cuda") for k in exported)
+        return export_artifact(path, exported, self.device, self.evaluator if cuda else None)
 
     def __enter__(self) -> "Session":
         return self

@@ -263,13 +263,15 @@ for _table in (CPU_ATTACKS, CUDA_ATTACKS):
 
 # ----------------------------------------------------------------------------- issue 42 review (eighth pass)
 # an allowed import's address walked to libc's refused functions: nothing the screen or the binary wall sees; the
-# runner's sandbox stops it, the user's process at apply/load does not (docs/security.md, "eighth pass")
+# runner's sandbox stops it. At apply/load a CPU kernel runs in a sandboxed worker too (deploy/_worker.py): nothing
+# reached; a CUDA kernel's host code ran in the user's process (docs/security.md, "eighth pass")
 _WALK_HOLE = ("reaches libc's getenv/open/socket from `&abort` with only allowed imports: no static wall closes this "
               "in the user's process (docs/security.md, eighth pass)")
-for _table in (CPU_ATTACKS, CUDA_ATTACKS):
-    _table.update({a.name: a for a in [
-        Attack("attack_libc_walk", None, statuses(*SLOW_BUT_CORRECT), acts_in_process=_WALK_HOLE),
-    ]})
+CPU_ATTACKS["attack_libc_walk"] = Attack("attack_libc_walk", None, statuses(*SLOW_BUT_CORRECT))
+# the same walk from a constructor: code that runs when the library is loaded (on the CPU, only ever by a runner)
+CPU_ATTACKS["attack_ctor_walk"] = Attack("attack_ctor_walk", "attribute", statuses(*SLOW_BUT_CORRECT))
+CUDA_ATTACKS["attack_libc_walk"] = Attack("attack_libc_walk", None, statuses(*SLOW_BUT_CORRECT),
+                                          acts_in_process=_WALK_HOLE)
 # the sealed inputs written through /proc/self/mem (the kernel's forced access; no CUDA twin: device memory has no such
 # path, attack_reopen_input.cu writes it directly)
 CPU_ATTACKS.update({a.name: a for a in [

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from .._version import __version__
-from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, load_verified, verify_binary
+from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, verify_binary
 from ..ops import Card, Variant
 from ._deployment import Deployment
 from ._launch import DeployedKernel
@@ -60,10 +60,13 @@ class ExportedKernel:
     eager_us: float | None = None   # one call's eager and kernel time (from one evaluation),
     kernel_us: float | None = None
     op_calls: int = 0               # and the calls of its operator per forward, all variants
+    plan: Any = None                # CUDA: its LaunchPlan (kernels/_plan.py), or why it has none (str); None: not asked
 
 
-def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str) -> Path:
-    """Write ``kernels`` (validated winners) to the folder ``path``; returns it."""
+def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str, evaluator: Any = None) -> Path:
+    """Write ``kernels`` (validated winners) to the folder ``path``; returns it. A CUDA kernel is written with its
+    launch plan (its ``plan``, else one ``evaluator`` records in the sandbox): what ``kforge.load`` replays; one that
+    has none is written with the reason (``not_replayable``) and stays on eager where it is loaded."""
     root = Path(path)
     if root.exists() and any(root.iterdir()) and not (root / "manifest.json").exists():
         raise ArtifactError(f"{root} exists and is not a kforge artifact; choose an empty or new folder")
@@ -77,15 +80,51 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         src, lib = root / "kernels" / f"{stem}{ext}", root / "kernels" / f"{stem}.so"
         src.write_text(k.source)
         shutil.copyfile(verify_binary(k.binary), lib)  # NB: a changed cache entry never reaches an artifact
-        entries.append({"variant": k.variant.to_json(), "signature": k.variant.signature,
-                        "source": src.name, "source_sha256": _sha256(src),
-                        "binary": lib.name, "binary_sha256": _sha256(lib),
-                        "candidate_id": k.candidate_id, "speedup": k.speedup, "calls": k.calls,
-                        "eager_us": k.eager_us, "kernel_us": k.kernel_us, "op_calls": k.op_calls})
+        entry = {"variant": k.variant.to_json(), "signature": k.variant.signature,
+                 "source": src.name, "source_sha256": _sha256(src),
+                 "binary": lib.name, "binary_sha256": _sha256(lib),
+                 "candidate_id": k.candidate_id, "speedup": k.speedup, "calls": k.calls,
+                 "eager_us": k.eager_us, "kernel_us": k.kernel_us, "op_calls": k.op_calls}
+        if backend_of(device) == "cuda":
+            entry.update(_write_plan(root, stem, k, evaluator))
+        entries.append(entry)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": __version__,
                 "contract": CONTRACT_VERSION, "target": _target(device), "kernels": entries}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
+
+
+def _write_plan(root: Path, stem: str, k: ExportedKernel, evaluator: Any) -> dict[str, Any]:
+    """A CUDA kernel's launch plan written beside it (the plan's JSON and each module's bytes): its manifest fields."""
+    from ..kernels._plan import LaunchPlan
+    from ._replay import recorded_plan
+
+    plan = k.plan
+    if plan is None and evaluator is not None:
+        plan = recorded_plan(k.variant, k.source, evaluator)
+    if not isinstance(plan, LaunchPlan):
+        return {"not_replayable": plan or "no launch plan was recorded (export with an evaluator)"}
+    modules = []
+    for i, image in enumerate(plan.modules):
+        f = root / "kernels" / f"{stem}.module{i}.fatbin"
+        f.write_bytes(image)
+        modules.append(f.name)
+    pf = root / "kernels" / f"{stem}.plan.json"
+    pf.write_text(json.dumps(plan.to_json(), indent=1))
+    return {"plan": pf.name, "plan_sha256": _sha256(pf), "modules": modules}
+
+
+def _read_plan(root: Path, e: dict) -> Any:
+    """The entry's LaunchPlan (its files were checked by ``read_manifest``), or why it has none (str)."""
+    from ..kernels._plan import LaunchPlan
+
+    if "plan" not in e:
+        return e.get("not_replayable") or "the artifact holds no launch plan for it (export it again)"
+    try:
+        modules = [(root / "kernels" / name).read_bytes() for name in e["modules"]]
+        return LaunchPlan.from_json(json.loads((root / "kernels" / e["plan"]).read_text()), modules)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"the launch plan of {e.get('signature')} is malformed ({exc}): export it again") from None
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -101,6 +140,13 @@ def read_manifest(path: str | Path) -> dict:
         raise ArtifactError(f"{root} is not a kforge artifact this version can read "
                             f"(format {manifest.get('format')!r} v{manifest.get('format_version')})")
     for e in manifest["kernels"]:
+        if "plan" in e:   # NB: modules are named by their SHA-256 in the plan itself, checked when it is read
+            for name in [e["plan"], *e.get("modules", [])]:
+                if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
+                    raise ArtifactError(f"manifest names a file outside the artifact: {name!r}")
+            if _sha256(root / "kernels" / e["plan"]) != e.get("plan_sha256"):
+                raise ArtifactError(f"{e['plan']} does not match its checksum in manifest.json: the artifact was "
+                                    "modified or damaged; refusing to load it. Export it again from the session")
         for kind in ("source", "binary"):
             name = e[kind]
             if "/" in name or "\\" in name or name.startswith("."):
@@ -161,8 +207,28 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                 if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
-            kernels.append(DeployedKernel(variant, load_verified(binary, e["binary_sha256"] if same_target else None),
-                                          e.get("candidate_id"), e.get("speedup")))
+            if here["backend"] == "cuda":
+                # NB: a CUDA kernel is replayed from its launch plan, never loaded here: the artifact's own on this
+                # target, else one recorded now in the sandbox from the source
+                plan = _read_plan(root, e) if same_target else None
+                if plan is None or (isinstance(plan, str) and "plan" not in e and "not_replayable" not in e):
+                    if evaluator is None:
+                        from ..evaluate import Evaluator
+
+                        evaluator = Evaluator(here_device)
+                    from ._replay import recorded_plan
+
+                    plan = recorded_plan(variant, source, evaluator)
+                exported = ExportedKernel(variant, source, binary, e.get("candidate_id"), e.get("speedup"),
+                                          kernel_us=e.get("kernel_us"), plan=plan)
+                from ._replay import deploy_winners
+
+                got, left = deploy_winners([exported], warn=False)
+                kernels += got
+                skipped += left
+                continue
+            kernels.append(DeployedKernel.from_binary(variant, binary, e["binary_sha256"] if same_target else None,
+                                                      e.get("candidate_id"), e.get("speedup"), kernel_us=e.get("kernel_us")))
     finally:
         if evaluator is not None:
             evaluator.close()

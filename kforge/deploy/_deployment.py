@@ -82,6 +82,9 @@ class Deployment:
     _backends: list = field(default_factory=list, repr=False)   # of the models compile() returned
     # the model's forward as a graph holding the region and fused-operator kernels (None without any)
     graph: GraphForward | None = field(default=None, repr=False)
+    # remove() stops the workers of served CPU kernels no other installed deployment holds (not for the model-level
+    # check's arms, installed and removed for every block they time: each would start the workers again)
+    stops_workers: bool = field(default=True, repr=False)
 
     @property
     def active(self) -> bool:
@@ -97,6 +100,7 @@ class Deployment:
             self._hooks.append(self.model.register_forward_hook(_ScopeHook(self, -1), always_call=True))
         for dk in self.kernels:
             RUN_TABLE.register(dk)
+            dk.installs += 1
         for dk in self.kernels:
             why = not_in_eager(dk.variant, self.model)
             if why is not None and (dk.variant.signature, why) not in self.skipped:
@@ -119,7 +123,9 @@ class Deployment:
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
         run their operators eagerly from now on, unless another holder (a model compiled by the
-        session, another deployment) still holds the same kernel: those graphs keep running it."""
+        session, another deployment) still holds the same kernel: those graphs keep running it.
+        The workers serving CPU kernels that no other installed deployment holds are stopped (the
+        next call of such a kernel, from a compiled graph, starts its worker again)."""
         if self.graph is not None:
             self.graph.detach()
         for h in self._hooks:
@@ -129,6 +135,10 @@ class Deployment:
             DISPATCHER.uninstall(self)
         for dk in self.kernels:
             RUN_TABLE.release(dk)
+            if self.installed:
+                dk.installs -= 1
+            if dk.installs <= 0 and self.stops_workers:
+                dk.close()   # NB: a served CPU kernel's worker stops here; a later call (a compiled graph) starts another
         for backend in self._backends:
             backend.enabled = False   # a recompilation after this gets no kernels either
             if backend.function_hooks is not None:   # the library functions' hooks go back (kforge.ops._functions)

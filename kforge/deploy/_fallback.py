@@ -262,8 +262,8 @@ def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[fl
     (``Comparison.undecided``: over half that bar, not over it) is timed again, up to ``settle``
     times, its rounds pooled: more rounds narrow the noise, and the verdict reads them all.
     """
-    # NB: kernels of one operator are weighed together (``weighed_together``): on the H200 Gemma 4's four
-    # rms_norm_rope kernels each save under the noise of a 61 ms forward while together they save more, and a
+    # NB: kernels of one operator are weighed together (``weighed_together``): on the H200 Gemma 4's four fused
+    # q/k RMSNorm + rotary kernels each save under the noise of a 61 ms forward while together they save more, and a
     # 35-layer compile costs over a minute an arm (leave-one-out over the four ran past ten minutes, 2026-12-04o)
     groups: dict[str, list[int]] = {}
     for i, dk in enumerate(kernels):

@@ -1,18 +1,23 @@
-"""Launching one validated kernel: its descriptors prepared once, the C launcher or ctypes."""
+"""Launching one validated kernel: in this process (its descriptors prepared once, the C launcher or ctypes), or a
+CPU candidate's through the sandboxed worker that serves it (`_worker.py`)."""
 from __future__ import annotations
 
 import ctypes
 import functools
 import json
 import threading
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from ..kernels import Kernel, param_vector
+from ..kernels._compile import verified_bytes
 from ..kernels._library import KfTensor
 from ..ops import DTYPE_CODES, TensorSig, Variant, torch_dtype
 from ._fast import launcher_type
+from ._replay import PlanReplay, RecordedKernel
+from ._worker import CheckedLibrary, ServedKernel
 
 
 def _device(name: str) -> torch.device:
@@ -22,12 +27,17 @@ def _device(name: str) -> torch.device:
 class DeployedKernel:
     """A validated kernel for one variant, with its launch arguments prepared once.
 
-    Calls go through the C launcher of ``_fastpath.c`` where it can be built (``fast``), else
-    through ctypes (``fast=False`` forces that); both fill the same descriptors the same way.
+    ``kernel`` is a library loaded into this process (``Kernel``: kforge's own trusted kernels), a CUDA candidate's
+    ``RecordedKernel`` (its launch plan, replayed by kforge's own launcher, ``_replay.py``: none of its host code
+    runs here), or, for a CPU kernel, a ``CheckedLibrary``: its bytes, loaded only by a sandboxed worker process that serves its
+    calls (``deploy._worker``; ``served`` makes one from a library file). A loaded kernel's calls go through the C
+    launcher of ``_fastpath.c`` where it can be built (``fast``), else through ctypes (``fast=False`` forces that);
+    both fill the same descriptors the same way. ``kernel_us``: its judged time per call (a served call's deadline
+    scales with it).
     """
 
-    def __init__(self, variant: Variant, kernel: Kernel, candidate_id: int | None = None, speedup: float | None = None,
-                 fast: bool = True):
+    def __init__(self, variant: Variant, kernel: Kernel | CheckedLibrary | RecordedKernel, candidate_id: int | None = None,
+                 speedup: float | None = None, fast: bool = True, *, kernel_us: float | None = None):
         self.variant = variant
         self.kernel = kernel
         self.candidate_id = candidate_id
@@ -48,6 +58,26 @@ class DeployedKernel:
         self.relayouts = 0
         self._lock = threading.Lock()
         n_in, n_out = len(variant.inputs), len(variant.outputs)
+        self._py_calls = 0
+        self._calls_before = 0   # launches that were checks, not the model's calls (reset_calls)
+        self.installs = 0        # deployments that have it installed now (Deployment.install/remove)
+        self.served: ServedKernel | PlanReplay | None = None
+        if isinstance(kernel, RecordedKernel):
+            # NB: a CUDA kernel deploys as its recorded plan, replayed by kforge's own launcher (_replay.py): none of
+            # its host code runs in this process
+            self.served = PlanReplay(variant, kernel)
+            self._n = (n_in, n_out, 0)
+            self.fast = False
+            self.launch = self.served   # NB: not a bound method of self: no cycle keeps a dropped kernel's worker alive
+            return
+        if isinstance(kernel, CheckedLibrary):
+            if self._cuda:
+                raise ValueError("a CUDA kernel runs from a library loaded into this process (Kernel), not a worker")
+            self.served = ServedKernel(variant, kernel, kernel_us)
+            self._n = (n_in, n_out, 0)
+            self.fast = False
+            self.launch = self.served   # NB: not a bound method of self: no cycle keeps a dropped kernel's worker alive
+            return
         self._ins = (KfTensor * max(n_in, 1))()
         self._out_structs = (KfTensor * max(n_out, 1))()
         for slot, sig in zip(self._ins, variant.inputs):
@@ -73,8 +103,33 @@ class DeployedKernel:
         fast = self._fast_launcher() if fast else None
         self.fast = fast is not None   # calls go through the C launcher (else through ctypes)
         self.launch = fast if fast is not None else self._launch_py
-        self._py_calls = 0
-        self._calls_before = 0   # launches that were checks, not the model's calls (reset_calls)
+
+    @classmethod
+    def from_binary(cls, variant: Variant, path: Path | str, sha256: str | None = None,
+                    candidate_id: int | None = None, speedup: float | None = None, *,
+                    kernel_us: float | None = None) -> "DeployedKernel":
+        """The kernel of the library at ``path`` deployed for ``variant`` as ``Session.apply()`` and ``kforge.load()``
+        deploy a candidate: its hash and the binary wall checked first (``sha256``: the expected hash, else the
+        cache object's name); a CPU kernel is then served by a sandboxed worker (nothing of it runs in this process,
+        its constructors included). Raises KernelIntegrityError or BinaryRejected. A CUDA kernel is never loaded here:
+        it deploys as the launch plan recorded in the sandbox (``deploy._replay.deploy_winners``)."""
+        if variant.device.startswith("cuda"):
+            raise ValueError("a CUDA kernel deploys as its recorded launch plan, not its library "
+                             "(kforge.deploy._replay.deploy_winners)")
+        data, digest = verified_bytes(path, sha256)
+        return cls(variant, CheckedLibrary(Path(path), digest, data), candidate_id, speedup, kernel_us=kernel_us)
+
+    def checked(self, inputs: tuple) -> list[torch.Tensor]:
+        """One launch that raises where it fails, never running eager instead (the re-check before install calls
+        this: a served kernel whose worker fails there is refused, not installed)."""
+        if self.served is not None:
+            return self.served.checked(inputs)
+        return self.launch(inputs)
+
+    def close(self) -> None:
+        """Stop a served kernel's worker (its next call starts another); nothing for a loaded kernel."""
+        if self.served is not None:
+            self.served.close()
 
     def _fast_launcher(self) -> Any:
         """The C launcher for this kernel (kforge/deploy/_fastpath.c), or None without one."""
@@ -124,6 +179,8 @@ class DeployedKernel:
         return self._launches() - self._calls_before
 
     def _launches(self) -> int:
+        if self.served is not None:
+            return self.served.calls
         return self._py_calls + (self.launch.calls if self.fast else 0)
 
     def reset_calls(self) -> None:

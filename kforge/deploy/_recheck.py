@@ -1,10 +1,12 @@
-"""The last check before a kernel runs in the user's process: the kernel, as it will be called there.
+"""The last check before a kernel is installed: the kernel, as the model will call it.
 
-The evaluator judges a candidate inside a sandboxed runner. A kernel could tell that process from
-the user's (an environment variable, its parent, its working folder, its call rate) and compute
-correctly only there. So before a winner is installed, the very launcher the model will call runs
-here, on the card's captured examples and on fresh random inputs, and its outputs are compared with
-eager's; the inputs must be unchanged afterwards. A kernel that fails is refused and stays eager.
+The evaluator judges a candidate inside a sandboxed runner. A kernel could tell that runner from
+where it is deployed (an environment variable, its parent, its working folder, its call rate) and
+compute correctly only there. So before a winner is installed, the very launch the model will call
+runs here, on the card's captured examples and on fresh random inputs, and its outputs are compared
+with eager's; the inputs must be unchanged afterwards. A kernel that fails is refused and stays eager.
+A CPU kernel is called through the sandboxed worker that will serve it (``deploy._worker``), strictly:
+a worker that fails during the re-check refuses the kernel, where after install it would fall back to eager.
 
 The re-check is not predictable: its fresh inputs come from the OS's randomness, it makes a random
 number of calls, each followed by eager's own call of the operator (as a model interleaves them), and
@@ -12,8 +14,8 @@ compares the outputs on every call of a stretch of consecutive calls placed at r
 of them) and on each set's first call, so a kernel right for its first N calls (N under 8 always), or
 wrong on its k-th, is caught with high probability; the inputs must be unchanged after every call.
 
-NB: this runs the kernel in the user's process by design (that is where it will run once installed);
-it cannot make a hostile kernel safe, only catch one that computes differently here.
+NB: a CUDA kernel runs in the user's process here by design (that is where it will run once installed);
+this cannot make a hostile kernel safe, only catch one that computes differently here.
 """
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def recheck(launch: Callable[[tuple], Sequence[torch.Tensor]], variant: Variant,
             try:
                 outs = list(launch(copies))
             except Exception as exc:  # a launch error here is a refusal, not a crash of the user's code
-                return Recheck(False, f"{where}: the kernel failed in this process ({exc})", n_sets, n + 1)
+                return Recheck(False, f"{where}: the kernel failed where it is deployed ({exc})", n_sets, n + 1)
             # NB: eager's own call of the operator after each of the kernel's, as a model interleaves them: the
             # kernel cannot tell the re-check from the model by back-to-back calls
             eager = spec.run_eager(list(inputs), params)
@@ -158,11 +160,13 @@ def refuse_failing(kernels: Sequence, examples_of: Callable[[Variant], Sequence]
 
     kept, refused = [], []
     for dk in kernels:
-        result = recheck(dk, dk.variant, examples_of(dk.variant))
+        result = recheck(getattr(dk, "checked", dk), dk.variant, examples_of(dk.variant))
         dk.reset_calls()
         if result.ok:
             kept.append(dk)
         else:
+            if hasattr(dk, "close"):
+                dk.close()   # NB: a refused kernel's worker goes now, not when the kernel is collected
             refused.append((dk.variant.signature, f"refused at apply: {result.message}"))
             warnings.warn(f"kforge: {dk.variant.signature} stays on eager: refused at apply: {result.message}",
                           stacklevel=3)

@@ -213,7 +213,7 @@ def eager_arms(model: Any, forward: Callable[[Any], Any]) -> Callable[[Sequence[
     def build(kernels: Sequence[DeployedKernel]) -> Arm:
         if not kernels:
             return Arm(lambda: forward(model))
-        dep = Deployment(list(kernels), model if isinstance(model, torch.nn.Module) else None)
+        dep = Deployment(list(kernels), model if isinstance(model, torch.nn.Module) else None, stops_workers=False)
         return Arm(lambda: forward(model), kernels, dep.install, dep.remove)
     return build
 

@@ -12,8 +12,9 @@ import weakref
 
 import torch
 
-from ..ops import Variant, get_spec, torch_dtype
+from ..ops import Variant, torch_dtype
 from ._launch import DeployedKernel
+from ._worker import eager_outputs
 
 
 class RunTable:
@@ -70,19 +71,10 @@ def _run_impl(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor
     dk, variant = RUN_TABLE.entry(name)
     ready = dk.conform(inputs) if dk is not None else None
     if ready is None:   # no kernel here, or the call is not the kernel's variant: the operator as eager runs it
-        # NB: run_eager, not the reference: the gated delta rule's reference is a Python loop over the tokens
-        out = get_spec(variant.op).run_eager(list(inputs), variant.param_dict)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        # NB: the graph was traced with the outputs the fake gives (the variant's layout, e.g. a
-        # channels-last twin's), and reads them so: eager's own layout can differ
-        return [_as_traced(o, sig) for o, sig in zip(outs, variant.outputs)] + outs[len(variant.outputs):]
+        # NB: run_eager, not the reference (the gated delta rule's reference is a Python loop over the tokens), laid
+        # out as the fake gives the outputs (the variant's layout, e.g. a channels-last twin's), which the graph reads
+        return eager_outputs(variant, inputs)
     return dk(tuple(ready))
-
-
-def _as_traced(t: torch.Tensor, sig) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(sig.shape) or tuple(t.stride()) == tuple(sig.stride):
-        return t
-    return torch.empty_strided(sig.shape, sig.stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _run_fake(name: str, inputs: list[torch.Tensor | None]) -> list[torch.Tensor]:

@@ -37,9 +37,10 @@ class DispatchCost:
 
 # NB: only where the probe kernel cannot be built or run (no compiler on a machine that loads an
 # artifact, a torch function mode around apply): CUDA, the H200 with the old Python path
-# (2026-11-30: eager 9.2 us, dispatched 18.7, miss 11.8); CPU, the 2-core AMD EPYC of docs/benchmarks.md.
+# (2026-11-30: eager 9.2 us, dispatched 18.7, miss 11.8); CPU, the 2-core AMD EPYC of docs/benchmarks.md, a call
+# served by its worker (benchmarks/worker_round_trip.py: ~40 us a round trip, 2026-12-06).
 FALLBACK = {"cuda": DispatchCost(9.5, 2.5, "fallback: H200, old Python path"),
-            "cpu": DispatchCost(2.0, 0.5, "fallback: 2-core AMD EPYC, C path")}
+            "cpu": DispatchCost(40.0, 0.5, "fallback: 2-core AMD EPYC, C path, served by a worker")}
 
 # The probe: softmax over the rows of a tiny float32 matrix, computed in one plain loop (the
 # device's work is negligible, so the rows measure the host's).
@@ -112,6 +113,11 @@ def _path() -> str:
     return "C path" if dispatch_type() is not None else "Python path"
 
 
+def _where(device: str) -> str:
+    """How a deployed kernel's call is served on ``device``: through its worker on the CPU."""
+    return _path() + (", served by a worker" if not device.startswith("cuda") else "")
+
+
 def measure_dispatch_cost(device: str = "cpu", *, calls: int = 200, reps: int = 15) -> DispatchCost:
     """The host cost of kforge's dispatch in this process on ``device``, through the path in use.
 
@@ -123,7 +129,7 @@ def measure_dispatch_cost(device: str = "cpu", *, calls: int = 200, reps: int = 
     with a warning that says why.
     """
     device = _normalised(device)
-    key = (device, _path())
+    key = (device, _where(device))
     with _lock:
         if key not in _MEASURED:
             try:
@@ -155,7 +161,8 @@ def _measure(device: str, calls: int, reps: int) -> DispatchCost:
             break
         rows += 1
     other = torch.randn(*_PROBE_OTHER, device=device)
-    kernel = DeployedKernel(variant, Kernel(built.path))
+    # NB: on the CPU served by a worker, as every deployed CPU kernel is: the hit cost includes its round trip
+    kernel = DeployedKernel(variant, Kernel(built.path)) if cuda else DeployedKernel.from_binary(variant, built.path)
     probe, eager = _Probe(calls, eager=False), _Probe(calls, eager=True)
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -179,9 +186,10 @@ def _measure(device: str, calls: int, reps: int) -> DispatchCost:
         raise RuntimeError(f"the probe kernel ran {kernel.calls} of {expected} calls: something around this call "
                            "(a torch function mode, autocast, a functorch transform) keeps calls eager")
     torch.testing.assert_close(_probe_output(kernel, x), _EAGER(x, -1))
+    kernel.close()
     per_call = [t.min_us / calls for t in (t_eager, t_hit, t_eager_other, t_miss)]
     return DispatchCost(max(0.0, per_call[1] - per_call[0]), max(0.0, per_call[3] - per_call[2]),
-                        f"measured on {device}, {_path()}")
+                        f"measured on {device}, {_where(device)}")
 
 
 def _probe_output(kernel, x: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ class Op(enum.IntEnum):
     RUN = 5
     FAULT = 6
     QUIT = 7
+    RECORD = 8   # CUDA, with the recorder loaded: one call recorded (kforge/kernels/_plan.py)
 
 
 class Code(enum.IntEnum):

@@ -94,6 +94,7 @@ class Job:
     budget_ms: float = 300.0
     min_margin: float = 0.02
     timeout_s: float = 60.0
+    record: bool = False      # record the kernel's launches for replay (kforge/evaluate/_record.py), not judge it
 
 
 class _Infra(Exception):
@@ -312,6 +313,7 @@ class _Trial:
         self.sandbox = Sandbox(0)
         self.threads = CORES          # the threads the runner may keep busy (set when it starts)
         self.phase = "validation"
+        self.recorder: Path | None = None   # the recorder library a recording runner loads (_record.py)
 
     def fail(self, status: Status, message: str, **extra: Any) -> _Verdict:
         return _Verdict(Evaluation(status, message, **{**self.base, **extra}))
@@ -458,7 +460,7 @@ class _Trial:
         """A fresh runner over the arenas, calibrated; no candidate is loaded yet."""
         with self.phases("runner start"):
             self.phase = "start-up"
-            self.runner, self.sandbox = _start_runner(self.job, self.arenas)
+            self.runner, self.sandbox = _start_runner(self.job, self.arenas, self.recorder)
             self.threads = self.runner.threads
         with self.phases("calibration"):
             self.rtt_us, self.floor_us = self.calibrate(self.timed.count)
@@ -807,13 +809,6 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(_bits(a), _bits(b.to(a.device))))
 
 
-def _checked_runner(backend: str):
-    try:
-        return runner_binary(backend)
-    except RunnerBuildError as exc:
-        raise _Infra(str(exc)) from None
-
-
 def _runs_dir() -> Path:
     """Where runners' private folders go: beside the kernel cache, on a file system the runner binary
     already executes from (a library in a ``noexec`` /tmp would not load)."""
@@ -899,27 +894,38 @@ def runner_memory(arena_bytes: int, cuda: bool, threads: int) -> RunnerMemory:
     return RunnerMemory(resident, resident + _AS_SLACK + _AS_PER_THREAD * max(threads, 1), arena_bytes)
 
 
-def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
-    """A fresh runner over ``arenas``, sandboxed and ready; _Infra if it cannot get there.
+class RunnerStartError(RuntimeError):
+    """A runner could not be started or failed its own set-up (never the candidate's doing: none is loaded yet)."""
 
-    It will load its library from ``runner.library_path`` in its private folder, which the judge
-    writes only once the candidate is compiled and checked: a runner can start during the compile.
+
+def start_runner(backend: str, arenas: Arenas, cpu_s: int, cublaslt: bool = False, recorder: Path | None = None,
+                 judged: bool = True) -> tuple[RunnerProcess, Sandbox]:
+    """A fresh runner over ``arenas``, sandboxed and ready, its memory limited by the card's (``runner_memory``)
+    and its CPU time to ``cpu_s`` seconds (0: no limit); RunnerStartError if it cannot get there. The judge's
+    runners and (``judged=False``) deployed CPU kernels' workers (``kforge.deploy._worker``) start here.
+
+    It will load its library from ``runner.library_path`` in its private folder, which the caller
+    writes only once the library is compiled and checked: a runner can start during the compile.
     """
-    cuda = job.backend == "cuda"
-    binary, _ = _checked_runner(job.backend)
+    cuda = backend == "cuda"
+    try:
+        binary, _ = runner_binary(backend)
+    except RunnerBuildError as exc:
+        raise RunnerStartError(str(exc)) from None
     private = tempfile.mkdtemp(prefix=_run_prefix(), dir=_runs_dir())
     so_path = os.path.join(private, LIBRARY_NAME)
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
-    cpu_s = int(job.timeout_s) + 5
     memory = runner_memory(arenas.plan.in_bytes + arenas.plan.out_bytes, cuda, threads_allowed(os.environ))
     args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(memory.rlimit)]
     try:
         if cuda:
             args += arenas.ipc_args()
-        runner = RunnerProcess(binary, args, fds, private, cublaslt=uses_cublaslt(job.source), memory=memory)
+        runner = RunnerProcess(binary, args, fds, private, cublaslt=cublaslt, memory=memory, recorder=recorder,
+                               judged=judged)
     except (OSError, RuntimeError) as exc:
-        raise _Infra(f"the runner could not be started: {exc}") from None
+        shutil.rmtree(private, ignore_errors=True)
+        raise RunnerStartError(f"the runner could not be started: {exc}") from None
     finally:
         for f in (desc, inp):
             if f >= 0:
@@ -927,17 +933,26 @@ def _start_runner(job: Job, arenas: Arenas) -> tuple[RunnerProcess, Sandbox]:
     try:
         frame = runner.ready(time.monotonic() + _READY_TIMEOUT_S)
         if frame.op == Op.FAULT or frame.status != Code.OK:
-            raise _Infra(f"the runner failed its set-up: {runner.output_tail(1500).strip()}")
+            raise RunnerStartError(f"the runner failed its set-up: {runner.output_tail(1500).strip()}")
     except (RunnerTimeout, RunnerGone, ProtocolError) as exc:
         runner.close(graceful=False)
         tail = runner.output_tail(1500).strip()
         runner.remove_private_dir()
-        raise _Infra(f"the runner did not start ({type(exc).__name__}): {tail}") from None
-    except _Infra:
+        raise RunnerStartError(f"the runner did not start ({type(exc).__name__}): {tail}") from None
+    except RunnerStartError:
         runner.close(graceful=False)
         runner.remove_private_dir()
         raise
     return runner, runner.sandbox(frame)
+
+
+def _start_runner(job: Job, arenas: Arenas, recorder: Path | None = None) -> tuple[RunnerProcess, Sandbox]:
+    """A fresh runner for ``job``'s candidate (CPU time: its timeout and 5 s); _Infra if it cannot get there.
+    ``recorder``: the recorder library it loads first (a record job, ``_record.py``)."""
+    try:
+        return start_runner(job.backend, arenas, int(job.timeout_s) + 5, uses_cublaslt(job.source), recorder)
+    except RunnerStartError as exc:
+        raise _Infra(str(exc)) from None
 
 
 def runner_sandbox(device: str = "cpu") -> Sandbox:
@@ -1159,6 +1174,16 @@ def judge_main(conn: Any, device: str) -> None:
             return
         if job is None:
             return
+        if getattr(job, "record", False):
+            from ._record import record_job
+
+            try:
+                conn.send(("recorded", record_job(job)))
+            except Exception as exc:  # a bug in kforge or torch, not in the candidate
+                conn.send(("recorded", {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"}))
+            if state.changed():
+                return
+            continue
         try:
             verdict = evaluate_job(job)
         except Exception as exc:  # a bug in kforge or torch, not in the candidate

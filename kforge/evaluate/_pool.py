@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..kernels import backend_of, device_info
@@ -21,6 +22,7 @@ import torch
 from ._judge import Job
 
 if TYPE_CHECKING:
+    from ..kernels._plan import LaunchPlan
     from ..ops import Card, Variant
 
 
@@ -120,6 +122,15 @@ def _death_message(judge: _Judge) -> str:
         what = f"exited with code {code}"
     tail = judge.stderr_tail(1500).strip()
     return f"the judge process {what}" + (f"; its last output:\n{tail}" if tail else "")
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A CUDA kernel's launch plan (``kernels._plan.LaunchPlan``), or None with the reason it has none."""
+
+    plan: "LaunchPlan | None"
+    reason: str = ""
+    infra: bool = False   # not the kernel's doing: the machine's trouble, twice
 
 
 class Evaluator:
@@ -222,6 +233,49 @@ class Evaluator:
                 self._replace(judge)
             return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}",
                               wall_s=time.perf_counter() - start)
+
+    def record_variant(self, variant: "Variant", source: str, examples: Sequence = ()) -> "Recording":
+        """``source``'s launches for ``variant``, recorded in a sandboxed runner (``_record.py``): the plan kforge's
+        own launcher replays in place of the kernel's host code, or why there is none. Never raises for a bad
+        kernel; the machine's trouble, twice, is a Recording with ``infra`` set."""
+        from ..kernels._plan import LaunchPlan
+
+        job = replace(self._job(variant, source, examples, 0), record=True)
+        with self._lock:
+            reason = ""
+            for _attempt in range(2):
+                try:
+                    if self._judge is None or not self._judge.alive():
+                        self._judge = _Judge(self.device)
+                except RuntimeError as exc:
+                    reason = str(exc)
+                    self._judge = None
+                    continue
+                judge = self._judge
+                wait_s = _COMPILE_ALLOWANCE_S + 2 * (job.timeout_s + 60.0)
+                try:
+                    judge.conn.send(job)
+                    if not judge.conn.poll(wait_s):
+                        reason = f"the judge gave no record within {wait_s:.0f} s and was replaced"
+                        self._replace(judge)
+                        continue
+                    tag, payload = judge.conn.recv()
+                except (EOFError, OSError, BrokenPipeError):
+                    judge.join(5)
+                    reason = _death_message(judge)
+                    self._replace(judge)
+                    continue
+                if tag != "recorded" or "error" in payload:
+                    reason = str(payload.get("error") if isinstance(payload, dict) else payload)
+                    self._replace(judge)
+                    continue
+                if "refused" in payload:
+                    return Recording(None, str(payload["refused"]))
+                try:
+                    return Recording(LaunchPlan.from_json(payload["plan"], payload["modules"]), "")
+                except (KeyError, TypeError, ValueError) as exc:
+                    return Recording(None, f"its recorded plan is malformed ({exc})")
+            return Recording(None, f"it could not be recorded (not the kernel's fault, twice): {reason}", infra=True)
 
     def _replace(self, judge: _Judge) -> None:
         judge.kill()

@@ -26,6 +26,8 @@ from ..kernels._compile import run_tool
 from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check_answer
 
 RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
+RECORDER_SOURCE = Path(__file__).parent / "runner" / "recorder.c"
+RECORD_NAME = "record.bin"   # in a recording runner's private folder: what its calls did (kernels/_plan.py)
 LOG_TAIL_BYTES = 8192
 LIBRARY_NAME = "kernel.so"   # in the runner's private folder: the judge copies the checked library there
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
@@ -58,18 +60,40 @@ def _build_command(backend: str, src: Path, out: Path) -> list[str]:
     return [*shlex.split(cc), "-O2", "-std=gnu11", "-o", str(out), str(src), "-ldl"]
 
 
+def _recorder_command(src: Path, out: Path) -> list[str]:
+    from ..kernels._compile import cudart_dir
+
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    runtime = cudart_dir()
+    if cc is None or runtime is None:
+        raise RunnerBuildError("the CUDA recorder needs a C compiler and the CUDA toolkit's shared runtime "
+                               "(libcudart.so): install gcc and the CUDA toolkit, or set CUDA_HOME")
+    soname = sorted(p.name for p in runtime.glob("libcudart.so.*") if p.name.count(".") == 2)
+    lib = f"-l:{soname[0]}" if soname else "-lcudart"
+    return [*shlex.split(cc), "-O2", "-std=gnu11", "-shared", "-fPIC", "-o", str(out), str(src), f"-L{runtime}", lib,
+            f"-Wl,-rpath,{runtime}", "-ldl", "-lpthread"]
+
+
+def recorder_library() -> tuple[Path, str]:
+    """The CUDA recorder (``runner/recorder.c``, a shared library a recording runner loads before its candidate),
+    built on first use, and its recorded sha256, checked now."""
+    return runner_binary("recorder")
+
+
 def runner_binary(backend: str) -> tuple[Path, str]:
-    """The runner for ``backend`` (built on first use) and its recorded sha256, checked now."""
+    """The runner for ``backend`` (built on first use) and its recorded sha256, checked now (``backend``
+    "recorder": the CUDA recorder library)."""
     if backend in _BUILT:
         path, digest = _BUILT[backend]
         if path.exists() and _sha256(path) == digest:
             return path, digest
         del _BUILT[backend]
-    source = RUNNER_SOURCE.read_bytes()
+    src = RECORDER_SOURCE if backend == "recorder" else RUNNER_SOURCE
+    source = src.read_bytes()
     key = hashlib.sha256(source + backend.encode()).hexdigest()[:16]
     folder = cache_dir().parent / "runner"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"runner-{backend}-{key}"
+    path = folder / (f"recorder-{key}.so" if backend == "recorder" else f"runner-{backend}-{key}")
     record = path.with_suffix(".sha256")
     if path.exists() and record.exists() and _sha256(path) == record.read_text().strip():
         _BUILT[backend] = (path, record.read_text().strip())
@@ -77,9 +101,9 @@ def runner_binary(backend: str) -> tuple[Path, str]:
     with tempfile.TemporaryDirectory(prefix="kforge-runner-build-") as tmp:
         out = Path(tmp) / "runner"
         try:
+            command = _recorder_command(src, out) if backend == "recorder" else _build_command(backend, src, out)
             # NB: the compiler's jail, as for candidates: it reads the runner's source folder and writes only here
-            proc = run_tool(_build_command(backend, RUNNER_SOURCE, out), 300.0, workdir=Path(tmp),
-                            readable=(RUNNER_SOURCE.parent,))
+            proc = run_tool(command, 300.0, workdir=Path(tmp), readable=(src.parent,))
         except (subprocess.TimeoutExpired, OSError) as exc:
             raise RunnerBuildError(f"the {backend} runner could not be built ({exc}): check the compiler") from None
         if proc.returncode != 0:
@@ -97,15 +121,29 @@ def runner_binary(backend: str) -> tuple[Path, str]:
     return _BUILT[backend]
 
 
-def runner_env(private_dir: str, cublaslt: bool = False) -> dict[str, str]:
+#: a deployed kernel's worker (no judge timing eager beside it): OpenMP's threads wait actively this long after a
+#: call before they sleep, unless the user's environment says otherwise (libgomp's default is 300,000 spins)
+WORKER_SPINCOUNT = "10000"
+
+
+def runner_env(private_dir: str, cublaslt: bool = False, judged: bool = True) -> dict[str, str]:
     """The runner's whole environment: an allow-list, never a key or a config path. ``cublaslt``: the candidate
-    links cuBLASLt (``kernels.uses_cublaslt``), so its runner may read the library's folder; no other runner may."""
+    links cuBLASLt (``kernels.uses_cublaslt``), so its runner may read the library's folder; no other runner may.
+    ``judged``: a judge's runner (else a deployed CPU kernel's worker, ``kforge.deploy._worker``)."""
     env = {k: v for k, v in os.environ.items()
            if (k in ("PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith(("CUDA_", "OMP_", "GOMP_")))
            and not _SECRET.search(k)}
-    # NB: PASSIVE so the runner's OpenMP pool sleeps between calls instead of spinning on the
-    # cores the judge times eager on.
-    env.update(OMP_WAIT_POLICY="PASSIVE", HOME=private_dir, TMPDIR=private_dir)
+    if judged:
+        # NB: PASSIVE so the runner's OpenMP pool sleeps between calls instead of spinning on the
+        # cores the judge times eager on.
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+        # NB: a worker's threads put to sleep at once (PASSIVE) must be woken by every call: on this loaded 2-core
+        # machine a served softmax with 2 threads then took 4-15 ms a call; libgomp's default spin (300,000) made
+        # it 5 ms there too (the spinning thread holds the core the caller needs). A short spin keeps back-to-back
+        # calls warm and bounds what an idle worker burns.
+        env["GOMP_SPINCOUNT"] = WORKER_SPINCOUNT
+    env.update(HOME=private_dir, TMPDIR=private_dir)
     # NB: a candidate built against cuBLASLt loads it by its rpath after the sandbox is up: the runner's file
     # rules must let it read that folder (the nvidia-cublas wheel's lies wherever Python's packages do)
     from ..kernels._compile import cublaslt_paths
@@ -231,7 +269,8 @@ class RunnerProcess:
     """One runner for one candidate. Every method that waits takes an absolute deadline."""
 
     def __init__(self, binary: Path, args: list[str], pass_fds: tuple[int, ...], private_dir: str,
-                 cublaslt: bool = False, memory: RunnerMemory | None = None):
+                 cublaslt: bool = False, memory: RunnerMemory | None = None, recorder: Path | None = None,
+                 judged: bool = True):
         self.private_dir = private_dir
         #: what it may hold (None: not watched); over ``memory.resident``, the judge kills it while it waits
         self.memory = memory
@@ -253,7 +292,13 @@ class RunnerProcess:
         # the name (a link to another file, a FIFO) but not the file this descriptor is.
         log = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         self._log_fd: int | None = os.dup(log)
-        env = runner_env(private_dir, cublaslt)
+        env = runner_env(private_dir, cublaslt, judged)
+        # NB: a recording runner writes what its calls did into a file the judge made and keeps open, as the log
+        self._record_fd: int | None = None
+        if recorder is not None:
+            self._record_fd = os.open(os.path.join(private_dir, RECORD_NAME),
+                                      os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            env["KFORGE_RUNNER_RECORDER"] = str(recorder)
         self.threads = threads_allowed(env)
         try:
             self.proc = subprocess.Popen(
@@ -432,7 +477,19 @@ class RunnerProcess:
         except OSError:
             return ""
 
+    def read_record(self, offset: int, size: int, limit: int = 96 << 20) -> bytes:
+        """``size`` bytes at ``offset`` of the record file (through the judge's own descriptor), at most ``limit``."""
+        if self._record_fd is None or size > limit:
+            return b""
+        try:
+            return os.pread(self._record_fd, size, offset)
+        except OSError:
+            return b""
+
     def remove_private_dir(self) -> None:
+        if self._record_fd is not None:
+            os.close(self._record_fd)
+            self._record_fd = None
         if self._log_fd is not None:
             os.close(self._log_fd)
             self._log_fd = None

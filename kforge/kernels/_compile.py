@@ -147,6 +147,15 @@ def verify_binary(path: Path | str, sha256: str | None = None) -> Path:
     not match, BinaryRejected when they fail the binary wall (``check_binary``).
     """
     path = Path(path)
+    verified_bytes(path, sha256)
+    return path
+
+
+def verified_bytes(path: Path | str, sha256: str | None = None) -> tuple[bytes, str]:
+    """``verify_binary``, returning the very bytes that were hashed and checked, and their SHA-256: what a deployed
+    CPU kernel's worker loads (written into its private folder), so that no later change of the file can slip in
+    between the check and the load."""
+    path = Path(path)
     expected = sha256 if sha256 is not None else (path.stem if _is_cache_object(path) else "")
     try:
         data = _check_digest(path, expected)   # NB: the wall checks the very bytes that were hashed
@@ -155,7 +164,7 @@ def verify_binary(path: Path | str, sha256: str | None = None) -> Path:
             path.unlink(missing_ok=True)
         raise
     check_binary(data, expected)
-    return path
+    return data, expected
 
 
 def load_verified(path: Path | str, sha256: str | None = None) -> "Kernel":

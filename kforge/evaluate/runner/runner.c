@@ -56,7 +56,7 @@ typedef size_t (*kf_workspace_fn)(void);
 
 /* ---- frames: 64 bytes, little-endian, the same layout both ways (see _frames.py) */
 #define KF_MAGIC 0x4E52464Bu /* "KFRN" */
-enum { OP_READY = 1, OP_PING = 2, OP_FLOOR = 3, OP_LOAD = 4, OP_RUN = 5, OP_FAULT = 6, OP_QUIT = 7 };
+enum { OP_READY = 1, OP_PING = 2, OP_FLOOR = 3, OP_LOAD = 4, OP_RUN = 5, OP_FAULT = 6, OP_QUIT = 7, OP_RECORD = 8 };
 enum { ST_OK = 0, ST_LAUNCH = 1, ST_DEVICE = 2, ST_LOAD = 3, ST_NO_ENTRY = 4, ST_SETUP = 5, ST_BAD_REQUEST = 6 };
 
 typedef struct kf_frame {
@@ -137,7 +137,7 @@ static double now_us(void) {
 /* ---- sandbox steps */
 static int env_allowed(const char* kv) {
     static const char* exact[] = {"PATH=", "LD_LIBRARY_PATH=", "HOME=", "TMPDIR=", "CUDA_VISIBLE_DEVICES=",
-                                  "KFORGE_RUNNER_LIB_DIRS=", NULL};
+                                  "KFORGE_RUNNER_LIB_DIRS=", "KFORGE_RUNNER_RECORDER=", NULL};
     for (int i = 0; exact[i]; ++i) if (strncmp(kv, exact[i], strlen(exact[i])) == 0) return 1;
     return strncmp(kv, "CUDA_", 5) == 0 || strncmp(kv, "OMP_", 4) == 0 || strncmp(kv, "GOMP_", 5) == 0;
 }
@@ -392,6 +392,34 @@ static int sandbox_seccomp(void) {
 
 /* ---- the device side */
 #ifdef KF_RUNNER_CUDA
+/* the recorder (recorder.c), for a record job only: loaded RTLD_GLOBAL before the sandbox and the candidate, so
+ * that the candidate's CUDA runtime imports bind to it; the record of each call goes to record.bin */
+typedef void (*kf_rec_begin_fn)(void*);
+typedef long (*kf_rec_end_fn)(const unsigned char**);
+static kf_rec_begin_fn rec_begin = NULL;
+static kf_rec_end_fn rec_end = NULL;
+static int rec_fd = -1;
+static uint64_t rec_written = 0;
+
+static int load_recorder(const char* path) {
+    void* lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) { fprintf(stderr, "kforge runner: the recorder does not load: %s\n", dlerror()); return 0; }
+    rec_begin = (kf_rec_begin_fn)dlsym(lib, "kf_recorder_begin");
+    rec_end = (kf_rec_end_fn)dlsym(lib, "kf_recorder_end");
+    rec_fd = open("record.bin", O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    return rec_begin && rec_end && rec_fd >= 0;
+}
+
+static int write_all(int fd, const void* p, size_t n) {
+    const unsigned char* c = (const unsigned char*)p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w <= 0) return -1;
+        c += w; n -= (size_t)w;
+    }
+    return 0;
+}
+
 __global__ void kf_empty_kernel(void) {}
 static cudaStream_t stream;
 static cudaEvent_t* ev_start;
@@ -525,6 +553,14 @@ int main(int argc, char** argv) {
         }
     }
 
+#ifdef KF_RUNNER_CUDA
+    {
+        const char* recorder = getenv("KFORGE_RUNNER_RECORDER");
+        if (!setup_error && recorder && *recorder && (chdir(private_dir) != 0 || !load_recorder(recorder))) {
+            setup_error = 1; snprintf(why, sizeof why, "the recorder could not be set up");
+        }
+    }
+#endif
     /* ---- sandbox, in order, before anything of the candidate is loaded */
     /* NB: the kernel's OOM killer takes this process first, before the judge or the user's: raising it needs no
      * privilege, lowering it again does (and no capability is left after sandbox_caps). */
@@ -548,6 +584,10 @@ int main(int argc, char** argv) {
 
     kf_launch_fn launch = NULL;
     void* workspace = NULL;
+    uint64_t workspace_bytes = 0;
+#ifdef KF_RUNNER_CUDA
+    void* rec_workspace = NULL;
+#endif
     kf_frame req;
     for (;;) {
         ssize_t n = recv(chan, &req, sizeof req, 0);
@@ -576,6 +616,7 @@ int main(int argc, char** argv) {
             if (!launch) { send_frame(req.seq, OP_LOAD, ST_NO_ENTRY, 0, 0, 0, 0, 0); continue; }
             kf_workspace_fn ws = (kf_workspace_fn)dlsym(lib, "kf_workspace_bytes");
             uint64_t ws_bytes = ws ? (uint64_t)ws() : 0;
+            workspace_bytes = ws_bytes;
             if (ws_bytes) {
 #ifdef KF_RUNNER_CUDA
                 if (cudaMalloc(&workspace, ws_bytes) != cudaSuccess) workspace = NULL;
@@ -631,6 +672,44 @@ int main(int argc, char** argv) {
             send_frame(req.seq, OP_RUN, code ? ST_LAUNCH : ST_OK, done, first + done, (uint64_t)(int64_t)code, sum, 0);
             continue;
         }
+#ifdef KF_RUNNER_CUDA
+        if (req.op == OP_RECORD) {
+            /* one call of layout a, recorded; b selects where the workspace lies (a second record at another
+             * address). Appended to record.bin: [u64 bytes][u32 layout][i32 code][u32 cuda error][u32 n]
+             * [u64 address of each input, output, workspace][u64 stream][the recorder's bytes] */
+            uint64_t l = req.a;
+            if (!launch || !rec_begin || l >= n_layouts) { send_frame(req.seq, OP_RECORD, ST_BAD_REQUEST, 0, 0, 0, 0, 0); continue; }
+            if (workspace_bytes && !rec_workspace && cudaMalloc(&rec_workspace, workspace_bytes + 8192) != cudaSuccess) {
+                send_frame(req.seq, OP_RECORD, ST_LOAD, 0, 0, workspace_bytes, 0, 0);
+                continue;
+            }
+            void* w = workspace_bytes ? (void*)((unsigned char*)rec_workspace + 4096 * (req.b & 1)) : NULL;
+            uint64_t per = n_in + n_out;
+            const kf_tensor* c = calls + l * per;
+            rec_begin((void*)stream);
+            int code = launch(c, (int)n_in, c + n_in, (int)n_out, params, (int)n_params, w, (void*)stream);
+            const unsigned char* data = NULL;
+            long n = rec_end(&data);
+            cudaError_t err = cudaDeviceSynchronize();
+            if (err == cudaSuccess) err = cudaGetLastError();
+            uint64_t head[3] = {0, 0, 0};
+            uint32_t meta[4] = {(uint32_t)l, (uint32_t)code, (uint32_t)err, (uint32_t)(per + 1)};
+            uint64_t ptrs[4096 + 2];
+            for (uint64_t j = 0; j < per; ++j) ptrs[j] = (uint64_t)(uintptr_t)c[j].data;
+            ptrs[per] = (uint64_t)(uintptr_t)w;
+            ptrs[per + 1] = (uint64_t)(uintptr_t)stream;
+            uint64_t body = sizeof meta + 8 * (per + 2) + (n > 0 ? (uint64_t)n : 0);
+            head[0] = body;
+            uint64_t at = rec_written;
+            int ok = n >= 0 && write_all(rec_fd, head, 8) == 0 && write_all(rec_fd, meta, sizeof meta) == 0 &&
+                     write_all(rec_fd, ptrs, 8 * (per + 2)) == 0 && (n == 0 || write_all(rec_fd, data, (size_t)n) == 0);
+            if (ok) rec_written += 8 + body;
+            send_frame(req.seq, OP_RECORD, ok ? (err == cudaSuccess ? ST_OK : ST_DEVICE) : ST_SETUP, at, ok ? 8 + body : 0,
+                       (uint64_t)(int64_t)code, 0, 0);
+            if (err != cudaSuccess) return 5;
+            continue;
+        }
+#endif
         send_frame(req.seq, req.op, ST_BAD_REQUEST, 0, 0, 0, 0, 0);
     }
 }
