@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh replay42  issue 42: CUDA replay's GPU tests and its attack corpus, the
+#                                                            judge's CUDA attacks, eager regions, what a user gets
 #   device run: bash benchmarks/device_session.sh eve41     issue 41: eager regions on torch 2.11 past dynamo's limit,
 #                                                            what a user gets, a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh walls     the judge's GPU tests and CUDA attacks, the binary wall on nvcc
@@ -409,6 +411,17 @@ PY
     timeout "${KF_USER_S:-130}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
         --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
         | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
+  replay42)
+    # issue 42's CUDA side: candidates recorded in the sandbox and replayed by kforge's launcher (the replay's own
+    # tests first, the attack corpus deployed without screen or wall after), eager regions on torch 2.11 past
+    # dynamo's limit, the judge's CUDA attacks (the runner changed), then what a user gets
+    gpu_tests "${KF_REPLAY_S:-120}" "tests/test_gpu_replay.py::test_builtin_softmax_winners_replay_with_their_librarys_outputs tests/test_gpu_replay.py::test_a_replay_is_captured_by_a_cuda_graph tests/test_gpu_replay.py::test_attack_libc_walk_deployed_as_apply_deploys_it_never_runs_its_host_code tests/test_gpu_replay.py::test_host_code_a_replay_cannot_do_is_refused_at_deploy" replay_tests 14
+    gpu_tests 100 "tests/test_eager_regions.py::test_region_kernels_run_though_the_models_forward_has_been_compiled_past_dynamos_limit tests/test_eager_regions.py::test_on_the_gpu_region_kernels_run_eagerly_and_in_a_captured_cuda_graph" eve41_tests 4
+    gpu_tests "${KF_ATTACKS_S:-130}" "tests/test_gpu_attacks.py" gpu_attacks 6
+    gpu_tests "${KF_CORPUS_S:-100}" "tests/test_gpu_replay.py::test_the_cuda_attack_corpus_deployed_without_screen_or_wall_reaches_nothing" replay_corpus 8
+    timeout "${KF_USER_S:-150}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
+        --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
+        | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
   eve41)
     # issue 41, 2026-12-06 evening: the captured forward's own frame on torch 2.11 (the CPU test that reproduces the
     # dropped region kernels, then the GPU test of eager regions), what a user gets (with the fix), then the
@@ -428,5 +441,5 @@ PY
         | tee "$OUT/repeatability_cuda.txt" | tail -40
     [ "${KF_REPEAT_TESTS:-1}" = 0 ] || gpu_tests "${KF_REPEAT_TESTS_S:-200}" "tests/test_moe_experts.py tests/test_recurrent_gpu.py" \
         moe_recurrent_tests 12 ;;
-  *) echo "usage: bash benchmarks/device_session.sh eve41|owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh replay42|eve41|owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac
