@@ -61,7 +61,7 @@ class EndToEnd:
     output_rel_diff: float | None          # ||kforge - eager|| / ||eager|| on the first output tensor
     kernels_installed: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    dispatch: str | None = None            # "C" or "Python": the path applied kernels were called through
+    dispatch: str | None = None            # how applied kernels were called (``launch_paths``)
     rows: tuple[Row, ...] = ()
     fallback: tuple[FallbackReport, ...] = ()
 
@@ -206,6 +206,19 @@ def relative_difference(a: Any, b: Any, model: Any = None) -> float | None:
         return None
     ta, tb = ta.double(), tb.double()
     return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
+
+
+def launch_paths(kernels: Sequence[DeployedKernel]) -> str:
+    """How these kernels' calls reach them, as the end-to-end table says it: "sandboxed worker" (a CPU candidate,
+    served by a worker process: a round trip a call), "replayed plan" (a CUDA candidate's recorded launches, from
+    kforge's launcher), "C" or "Python" (a kernel loaded in this process: kforge's own, never a candidate's);
+    several joined by " + "."""
+    def path(k: DeployedKernel) -> str:
+        served = getattr(k, "served", None)
+        if served is not None:
+            return "replayed plan" if type(served).__name__ == "PlanReplay" else "sandboxed worker"
+        return "C" if k.fast else "Python"
+    return " + ".join(sorted({path(k) for k in kernels}))
 
 
 def eager_arms(model: Any, forward: Callable[[Any], Any]) -> Callable[[Sequence[DeployedKernel]], Arm]:
@@ -462,7 +475,7 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
         with Deployment(kept, model if isinstance(model, torch.nn.Module) else None) as dep, torch.no_grad():
             out = forward(model)
         diff, kforge_err64 = relative_difference(reference, out, model), err64(out)
-        dispatch = "C" if all(k.fast for k in dep.kernels) else "Python"
+        dispatch = launch_paths(dep.kernels)
         why = wrong_output(diff, 0.0, reference, "eager itself", kforge_err64, eager_err64, model)
         if why is not None:
             log.warning("kforge: eager: %s", why)
