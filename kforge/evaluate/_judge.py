@@ -617,8 +617,9 @@ class _Trial:
         # NB: one more round trip: a frame the candidate forged ahead of a real answer leaves that
         # answer queued, and it would arrive here instead of the ping's.
         self.ask(Op.PING, 0xC105E)
-        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)", "timed inputs unchanged, eager on the "
-                   "judge's own copy", "runner clock cross-checked"]
+        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)",
+                   ("timed inputs sealed" if self.arenas.inputs_sealed else "timed inputs unchanged")
+                   + ", eager on the judge's own copy", "runner clock cross-checked"]
         if len(mismatches) * 2 > batch or not cand_means:
             raise self.fail(Status.TIMING_MISMATCH, f"the runner's clock disagrees with the judge's in "
                             f"{len(mismatches)} of {batch} timed batches ({mismatches[0]}): a patched clock, or "
@@ -769,7 +770,10 @@ class _Trial:
         differ), its canaries intact, every set's outputs within tolerance of eager's."""
         arenas = self.arenas
         label = f"timed batch {batch}"
-        for i, values in enumerate(written):
+        # NB: where the inputs are sealed (CPU: F_SEAL_FUTURE_WRITE on the memfd, mapped read-only by the runner) no
+        # write can reach them however the runner reopens or maps them, so the comparison is skipped there: it was
+        # most of what the walls added to a CPU verdict (+11% against a budget of 10%, issue 42)
+        for i, values in enumerate(() if arenas.inputs_sealed else written):
             if values is not None and not torch.equal(_as_ints(arenas.flat_inputs(group, i)), _as_ints(values)):
                 raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel modified an input (input {i} differs "
                                 "from what the judge wrote after the timed calls)")
