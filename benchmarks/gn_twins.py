@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from kforge.evaluate import Evaluator  # noqa: E402
 from kforge.kernels import device_info  # noqa: E402
-from kforge.ops import PROLOGUE_OPS, Card, get_spec  # noqa: E402
+from kforge.ops import Card, get_spec, has_prologue  # noqa: E402
 from kforge.proposers.builtin._strategy import get_strategy  # noqa: E402
 from kforge.regions._baseline import inductor_baseline_us  # noqa: E402
 from kforge.regions._layout import channels_last_twin  # noqa: E402
@@ -40,7 +40,7 @@ def twin_card(shape: tuple[int, ...], groups: int, dtype: torch.dtype, op: str =
     spec = get_spec(op)
     x = torch.empty(shape, dtype=dtype, device="cuda")   # NB: never written, only its signature is read
     w = torch.empty(shape[1], dtype=dtype, device="cuda")
-    pre = (w.clone(),) if op in PROLOGUE_OPS else ()
+    pre = (w.clone(),) if has_prologue(op) else ()
     call = spec.bind(x, *pre, groups, w, w.clone(), 1e-6)
     variant = spec.variant(call, [x])
     twin = channels_last_twin(variant)
@@ -64,7 +64,7 @@ def main() -> None:
     t0 = time.perf_counter()
     dev = device_info("cuda")
     tiles = get_strategy(f"{args.op}.cuda.nhwc_tiles")
-    others = [] if args.op in PROLOGUE_OPS else [get_strategy(f"{args.op}.cuda.{n}") for n in ("block_group", "split")]
+    others = [] if has_prologue(args.op) else [get_strategy(f"{args.op}.cuda.{n}") for n in ("block_group", "split")]
     # NB: after the default (registers bounded where the operator has the prologue), the best of 2026-12-03l (512 threads, 4 waves; no "bound": the
     # form timed before that knob), then with 4 positions' loads in flight
     extra = [{"threads": 512, "vec": None, "waves": 4, "unroll": 1}, {"threads": 512, "vec": None, "waves": 4, "unroll": 4},

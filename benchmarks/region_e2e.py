@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kforge  # noqa: E402
-from kforge.ops import GRAPH_FUSED_OPS  # noqa: E402
+from kforge.ops import is_fused  # noqa: E402
 
 
 def _model(name: str, args):
@@ -120,7 +120,7 @@ def main() -> None:
     regions = sorted((c for c in cards if c.op in ops and c.share > 0), key=lambda c: -c.share)[: args.max_cards]
     t1 = time.perf_counter()
     print(f"# {args.model}: {len(cards)} cards, {sum(c.op == 'region' for c in cards)} regions, "
-          f"{sum(c.op in GRAPH_FUSED_OPS for c in cards)} fused (group_norm+silu, linear+gelu, rms_norm+rope); "
+          f"{sum(is_fused(c.op) for c in cards)} fused (group_norm+silu, linear+gelu, rms_norm+rope); "
           f"searching {len(regions)} "
           f"of {args.ops} (capture {t1 - t0:.0f} s)", flush=True)
     for c in cards:   # NB: every card of the operators asked for, those left out (no share) too

@@ -9,8 +9,12 @@ import importlib
 import shlex
 from typing import Any
 
-from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+try:
+    from IPython.core.error import UsageError
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+except ImportError as exc:
+    raise ImportError("the %kforge magics need IPython: install kforge[notebook] "
+                      "(pip install 'kforge[notebook]')") from exc
 
 USAGE = """\
 %kforge capture <example | package.module:function> [--device cpu|cuda] [--workdir DIR] [--name VAR]

@@ -11,10 +11,12 @@ import torch
 
 from kforge.evaluate import Evaluation, Status
 from kforge.kernels import CompileError, DeviceInfo, Kernel, compile_source, find_nvcc, param_vector
-from kforge.ops import Variant, get_spec, without_prologue
+from kforge.ops import Variant, all_specs, get_spec, without_prologue
 from kforge.proposers._base import Attempt, ProposalRequest, ProposerError
 from kforge.proposers.builtin import BuiltinProposer, all_strategies, strategies_for
 from kforge.proposers.builtin._strategy import get_strategy
+
+import extras
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", "sm_90", 132, 4250.0, 50 << 20, 227 << 10)
 CPU = DeviceInfo("cpu", "test cpu", "x86_64", 2, 20.0)
@@ -206,6 +208,8 @@ def _cpu_cases(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_every_cpu_strategy_matches_the_reference(dtype):
     cases = _cpu_cases(dtype)
+    # every CPU design runs on some small variant (regions': tests/test_regions_generator.py)
+    assert {s.name for _, s in cases} == {s.name for s in all_strategies() if s.backend == "cpu" and s.op != "region"}
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:  # warm the compile cache in parallel
         list(pool.map(lambda c: compile_source(c[1].render(c[0], c[1].default(c[0], CPU), CPU), "cpu", "native"), cases))
     for v, s in cases:
@@ -281,7 +285,7 @@ def variant_free_final(spec, inputs, v):
 def test_the_gated_delta_rule_reference_is_transformers_own():
     """kforge's reference of the operator is the rule transformers' Qwen 3.5 layers compute (its chunked
     PyTorch fallback), output and final state, with grouped key heads, views of one projection and L2 norms."""
-    tf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    tf = extras.module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "models")
     spec = get_spec("gated_delta_rule")
     torch.manual_seed(0)
     mixed = torch.randn(1, 70, 2 * 2 * 16 + 4 * 16).to(BF)
@@ -302,12 +306,11 @@ def test_cpu_search_space_configs_are_correct():
 
 
 def test_every_operator_family_has_cpu_and_cuda_strategies():
-    ops = {"softmax", "log_softmax", "layer_norm", "group_norm", "group_norm_silu", "biased_group_norm_silu", "rms_norm",
-           "adaptive_avg_pool2d", "max_pool2d", "avg_pool2d", "add", "mul", "relu", "silu", "sigmoid", "tanh", "gelu", "softplus",
-           "pad", "embedding", "batch_norm", "gated_delta_rule", "rms_norm_rope"}
-    for op in ops:
-        assert strategies_for(op, "cuda"), op
-        assert strategies_for(op, "cpu"), op
+    """Every registered operator but the vendor library's (convolutions, matmuls, attention: eager calls cuDNN,
+    cuBLAS or flash there) has designs on both backends, and an operator with a design on one has one on the other."""
+    ops = {s.name for s in all_specs() if s.kind != "vendor"} | {s.op for s in all_strategies()}
+    missing = sorted(f"{op}.{backend}" for op in ops for backend in ("cpu", "cuda") if not strategies_for(op, backend))
+    assert not missing, f"no built-in strategy for {missing}"
     for op in ("softmax", "layer_norm", "group_norm", "rms_norm", "add", "relu", "silu", "gelu"):
         assert len(strategies_for(op, "cpu")) >= 2, op
     names = [s.name for s in all_strategies()]

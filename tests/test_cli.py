@@ -17,6 +17,8 @@ import kforge.store
 from kforge import cli
 from kforge.capture import capture_cards
 
+import extras
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -228,6 +230,7 @@ def test_cache_that_cannot_be_written(capsys, tmp_path, monkeypatch):
     _one_line_error(rc, err, str(blocker / "cache"), "KFORGE_CACHE")
 
 
+@extras.needs("llm")
 def test_unreachable_local_proposer_fails_fast_with_the_url(capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -235,6 +238,12 @@ def test_unreachable_local_proposer_fails_fast_with_the_url(capsys):
     url = f"http://127.0.0.1:{port}/v1"
     rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--proposer", f"local:{url}")
     _one_line_error(rc, err, url, "cannot reach")
+
+
+def test_an_llm_proposer_without_its_sdk_says_which_extra_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openai", None)   # not installed
+    rc, _, err = _main(capsys, "optimize", "--device", "cpu", "--proposer", "local:http://127.0.0.1:9/v1")
+    _one_line_error(rc, err, "kforge[llm]", 'proposer="builtin"')
 
 
 @pytest.mark.skipif(kforge.session.torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

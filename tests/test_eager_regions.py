@@ -20,6 +20,8 @@ import torch.nn.functional as F
 import kforge
 from kforge.ops import CardStatus, CardVerdict, placed_in_aten_graph
 
+import extras
+
 SEARCHED = ("region", "group_norm_silu", "softmax")
 
 
@@ -316,7 +318,7 @@ def test_a_librarys_function_kernel_and_a_region_run_together_in_the_graph_forwa
     """transformers' gated delta rule (an operator computed by a library's function, reached through its hooks) and
     a region of the model's own: in the graph forward the function's call is its graph twin, which takes its
     kernel, and the region takes its own."""
-    pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    extras.module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "models")
     from kforge.kernels import device_info
     from kforge.proposers.builtin import strategies_for
     from test_functions import _model

@@ -14,7 +14,9 @@ from kforge.kernels import device_info
 from kforge.ops import CardStatus, CardVerdict
 from kforge.proposers.builtin import strategies_for
 
-M = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+import extras
+
+M = extras.module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "models")
 ORIGINAL = M.torch_chunk_gated_delta_rule
 B, T, HK, HV, D = 1, 24, 2, 4, 8
 

@@ -134,10 +134,11 @@ def _captured(build, shape, tmp_path, device: str = "cpu"):
 
 
 def _fused_cards(s):
-    """The fused group_norm -> SiLU cards, with or without the convolution's bias as a prologue."""
-    from kforge.ops import FUSED_EPILOGUES
+    """The fused group_norm -> SiLU cards, with or without the convolution's bias as a prologue: every card of a
+    family that is an epilogue (derived from the registry)."""
+    from kforge.ops import family_of
 
-    return [c for c in s.cards if c.op in FUSED_EPILOGUES]
+    return [c for c in s.cards if (f := family_of(c.op)) is not None and f.epilogue is not None]
 
 
 def _group_norm_cards(s):
@@ -571,9 +572,9 @@ def test_a_convolutions_bias_moves_into_the_fused_kernel_where_inductor_would_pe
     only reader is the group_norm, the fused card is ``biased_group_norm_silu``: its kernel takes the
     convolution's output before the bias, and the bias, and the convolution runs without it. (Forced on the
     CPU, where Inductor keeps the bias inside mkldnn's convolution.)"""
-    import kforge.regions._finder as finder
+    import kforge.ops.families.group_norm._match as match
 
-    monkeypatch.setattr(finder, "inductor_peels_conv_bias", lambda device: True)
+    monkeypatch.setattr(match, "inductor_peels_conv_bias", lambda device: True)
     s, model, x = _captured(_Peel, (2, 4, 9, 7), tmp_path)
     (biased,) = s.cards.by_op("biased_group_norm_silu")
     (plain,) = s.cards.by_op("group_norm_silu")   # the second convolution has two readers: it keeps its bias
@@ -639,11 +640,11 @@ def test_a_kernel_from_before_the_bias_prologue_still_takes_its_calls(tmp_path, 
     """A store searched before the prologue existed has a kernel for the plain fused twin of a call that is now
     ``biased_group_norm_silu``: the ATen pass places it there as before (the convolution keeps its bias), so a
     search a user paid for is not lost."""
-    import kforge.regions._finder as finder
+    import kforge.ops.families.group_norm._match as match
     from kforge.ops import without_prologue
     from kforge.proposers.builtin._strategy import get_strategy
 
-    monkeypatch.setattr(finder, "inductor_peels_conv_bias", lambda device: True)
+    monkeypatch.setattr(match, "inductor_peels_conv_bias", lambda device: True)
     s, model, x = _captured(_Peel, (2, 4, 9, 7), tmp_path)
     (biased,) = s.cards.by_op("biased_group_norm_silu")
     s.close()

@@ -43,15 +43,15 @@ class _Shared(_FeedForward):
 def _linear_gelu_on_the_cpu(monkeypatch):
     """The finder gives CPU graphs no linear_gelu card by default (no CPU design beats MKL's GEMM); these tests
     check the finder and the placement on the CPU."""
-    import kforge.regions._finder as finder
+    import kforge.ops.families.linear_gelu._match as match
 
-    monkeypatch.setattr(finder, "LINEAR_GELU_ON_CPU", True)
+    monkeypatch.setattr(match, "LINEAR_GELU_ON_CPU", True)
 
 
 def test_a_cpu_graph_gets_no_linear_gelu_card_by_default(tmp_path, monkeypatch):
-    import kforge.regions._finder as finder
+    import kforge.ops.families.linear_gelu._match as match
 
-    monkeypatch.setattr(finder, "LINEAR_GELU_ON_CPU", False)
+    monkeypatch.setattr(match, "LINEAR_GELU_ON_CPU", False)
     torch.manual_seed(0)
     s = captured(_FeedForward(), torch.randn(2, 8, 32), tmp_path)
     assert not s.cards.by_op("linear_gelu")

@@ -21,6 +21,7 @@ from kforge.proposers._llm import (PricingWarning, RetryPolicy, build_prompt, ex
 from kforge.proposers._openai import OpenAIProposer
 from kforge.proposers._pricing import PRICES, Price, cost
 
+import extras
 from llm_servers import (AnthropicServer, FakeServer, OpenAIServer, Scripted, anthropic_error, anthropic_message,
                          openai_completion, openai_error)
 
@@ -143,7 +144,11 @@ WIRES = {
 }
 
 
-@pytest.fixture(params=sorted(WIRES))
+# the proposers' own SDKs speak the wire protocols to the fake servers
+needs_llm = extras.needs("llm")
+
+
+@pytest.fixture(params=[pytest.param(name, marks=needs_llm) for name in sorted(WIRES)])
 def wire(request) -> Wire:
     return WIRES[request.param]
 
@@ -189,6 +194,7 @@ def test_success_stores_source_intent_prompt_tokens_and_dollars(wire):
         assert expected in proposal.prompt, expected
 
 
+@needs_llm
 def test_anthropic_wire_marks_the_repeating_prefix_for_caching():
     with AnthropicServer() as server:
         server.respond(WIRES["anthropic"].ok(), WIRES["anthropic"].ok(cache_write=0, cache_read=3000))
@@ -208,6 +214,7 @@ def test_anthropic_wire_marks_the_repeating_prefix_for_caching():
     assert second.usage.cache_read_tokens == 3000 and second.usage.cache_write_tokens == 0
 
 
+@needs_llm
 def test_openai_wire_sends_system_then_user_and_bearer_key():
     with OpenAIServer() as server:
         server.respond(WIRES["openai"].ok())
@@ -305,6 +312,7 @@ def test_a_missing_key_says_how_to_provide_one_or_use_builtin(make, env):
     assert 'proposer="builtin"' in str(info.value)
 
 
+@needs_llm
 def test_a_local_endpoint_needs_no_key_nor_model_and_costs_nothing(sleeps):
     with OpenAIServer(models=("qwen2.5-coder-32b-instruct",)) as server:
         server.respond(openai_completion(ANSWER, model="qwen2.5-coder-32b-instruct"))
@@ -320,6 +328,7 @@ def test_a_local_endpoint_needs_no_key_nor_model_and_costs_nothing(sleeps):
     assert proposal.usage.dollars == 0 and proposal.usage.input_tokens == 1000
 
 
+@needs_llm
 def test_an_unpriced_model_costs_zero_with_a_warning():
     with OpenAIServer() as server:
         server.respond(openai_completion(ANSWER, model="my-finetune-v2"))
@@ -328,6 +337,7 @@ def test_an_unpriced_model_costs_zero_with_a_warning():
     assert proposal.usage.dollars == 0 and proposal.usage.output_tokens == 500
 
 
+@needs_llm
 def test_settings_come_from_arguments_then_environment_then_config_file(monkeypatch, tmp_path):
     (tmp_path / "config.toml").write_text(
         '[anthropic]\nmodel = "claude-from-file"\napi_key = "key-from-file"\nmax_attempts = 7\n\n'
@@ -367,6 +377,7 @@ def test_missing_sdk_gives_an_actionable_message(monkeypatch):
 # ----------------------------------------------------------------------------- registry
 
 
+@needs_llm
 def test_make_proposer_understands_names_models_and_urls(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     monkeypatch.setenv("OPENAI_API_KEY", "k")

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("IPython")
+import extras
+
+extras.module("IPython", "notebook")
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -50,7 +52,7 @@ def test_capture_then_optimize_the_last_session(shell, tmp_path, capsys):
 
 
 def test_optimize_in_the_background_returns_a_live_progress_view(shell, tmp_path):
-    pytest.importorskip("anywidget")
+    extras.module("anywidget", "notebook")
     shell.run_line_magic("kforge", f"capture tiny_cnn --device cpu --workdir {tmp_path / 'wd'} --name s2")
     view = shell.run_line_magic("kforge", "optimize --iterations 1 --ops relu --background --session s2")
     run = shell.user_ns["s2"].run

@@ -18,12 +18,17 @@ import torch
 import kforge
 from kforge import models
 
+import extras
+
 
 def _import_or_skip(name: str):
+    if name != "torchvision":   # transformers, diffusers
+        return extras.module(name, "models")
     try:
         return importlib.import_module(name)
     except Exception as exc:  # a CUDA-only torchvision raises RuntimeError/OSError on a CPU machine
-        pytest.skip(f"{name} does not import here: {type(exc).__name__}: {exc}")
+        pytest.skip(f"{name} does not import here: {type(exc).__name__}: {exc} (pip install torchvision, the "
+                    "build that matches your torch)")
 
 
 def _capture(model, inputs, tmp_path) -> tuple[dict[str, int], kforge.Cards]:

@@ -5,12 +5,13 @@ Skipped cleanly where there is no GPU (CI); run on the device with `pytest tests
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import pytest
 import torch
 
 from kforge import models
+
+import extras
 
 pytestmark = pytest.mark.gpu
 
@@ -25,10 +26,7 @@ pytestmark = pytest.mark.gpu
 def test_compare_decode_alternates_compiled_forwards_on_cuda(modes):
     """Plain eager and compiled forwards (reduce-overhead: CUDA graphs) alternate round by round in
     one process: every arm keeps its own compiled code (no recompile into eager), and all agree."""
-    try:
-        importlib.import_module("transformers")
-    except Exception as exc:
-        pytest.skip(f"transformers does not import here: {exc}")
+    extras.module("transformers", "models")
     from kforge.deploy._graph import compile_with
 
     model, ids = models.gemma4_e2b(device="cuda", dtype=torch.float32, layers=1, tokens=16,

@@ -14,7 +14,9 @@ from kforge.kernels._screen import screen
 from kforge.ops import TensorSig, Unsupported, Variant, get_spec
 from kforge.proposers.builtin import strategies_for
 
-MOE = pytest.importorskip("transformers.integrations.moe")
+import extras
+
+MOE = extras.module("transformers.integrations.moe", "models")
 TABLE = MOE.ALL_EXPERTS_FUNCTIONS._global_mapping
 ORIGINAL = TABLE.get("grouped_mm")
 BATCHED = TABLE.get("batched_mm")
@@ -383,7 +385,7 @@ def test_the_eager_baseline_runs_transformers_grouped_products_and_computes_what
 def test_a_twin_no_kernel_replaces_traces_the_references_values_without_its_loop(dtype, weights):
     """Where a kforge-compiled model's experts call has no kernel, AOTAutograd traces the twin: the reference's
     values without its data-dependent loop over the experts used (compiled, it must not break the graph)."""
-    from kforge.ops._definitions import _moe_gathered
+    from kforge.ops.families.moe_experts._spec import _moe_gathered
 
     torch.manual_seed(2)
     spec = get_spec("moe_experts")

@@ -18,6 +18,8 @@ from kforge.evaluate import Evaluation, Status
 from kforge.ops import CardStatus
 from kforge.ops._verdict import pool_timings
 from kforge.search._decide import LEAST_GAIN, TIMINGS_AGREE, Call, call
+
+import extras
 from kernel_files import kernel_source
 from scripted import ScriptedProposer
 
@@ -179,13 +181,15 @@ def test_a_store_of_one_confirmation_a_candidate_is_read_and_migrated(tmp_path):
 
 # ----------------------------------------------------------------------------- one number everywhere
 
+# two candidates timed 2.5x and 2.2x (confirmed at 2.2x): a winner; one timed once at 1.01x: no winner
+WON = [(Status.FASTER, 10.0, 25.0, 0.02), (Status.NO_GAIN, 20.0, 20.0, 0.02), (Status.FASTER, 10.0, 22.0, 0.02)]
+STAYED = [(Status.NO_GAIN, 10.0, 10.1, 0.01)]
+
 
 def test_each_winners_speedup_is_the_same_everywhere(tmp_path, capsys, monkeypatch):
     from kforge.views._data import card_rows, tree_nodes
-    from kforge.views._widgets import RunProgress
 
-    s, run = _searched(tmp_path, [(Status.FASTER, 10.0, 25.0, 0.02), (Status.NO_GAIN, 20.0, 20.0, 0.02),
-                                  (Status.FASTER, 10.0, 22.0, 0.02)], n=2)
+    s, run = _searched(tmp_path, WON, n=2)
     (r,) = s.results.winners
     figure = r.winner_speedup
     assert figure == pytest.approx(2.2)
@@ -196,8 +200,6 @@ def test_each_winners_speedup_is_the_same_everywhere(tmp_path, capsys, monkeypat
     row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
     assert row["winner_speedup"] == figure and row["best_candidate"] is None
     assert [n["speedup"] for n in tree_nodes(s.store, r.key) if n["winner"]] == [figure]
-    progress = RunProgress(run, control=False)
-    assert list(progress.best.values()) == [figure] and progress.best_candidates == {}
     manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
     assert [k["speedup"] for k in manifest["kernels"]] == [figure]
     s.close()
@@ -216,7 +218,7 @@ def test_a_card_that_stayed_on_eager_shows_no_speedup_of_its_own(tmp_path):
     from kforge.views._data import card_rows
 
     # the best candidate was timed once at 1.01x: no winner, and its timing is only ever a candidate's
-    s, run = _searched(tmp_path, [(Status.NO_GAIN, 10.0, 10.1, 0.01)])
+    s, run = _searched(tmp_path, STAYED)
     (r,) = s.results
     assert r.status is CardStatus.EAGER and r.winner_speedup is None and r.speedup_label == "-"
     assert r.best_candidate_speedup == pytest.approx(1.01)
@@ -226,8 +228,19 @@ def test_a_card_that_stayed_on_eager_shows_no_speedup_of_its_own(tmp_path):
     assert row["winner_speedup"] is None and row["best_candidate"] == pytest.approx(1.01)
     line = next(x for x in s.results.table().splitlines() if r.signature in x)
     assert " - " in line and "1.01x" in line and "x confirmed" not in line
-    from kforge.views._widgets import RunProgress
+    s.close()
 
+
+@extras.needs("notebook")
+def test_the_progress_view_shows_the_winners_figure_and_none_for_a_card_on_eager(tmp_path):
+    from kforge.views import RunProgress
+
+    s, run = _searched(tmp_path / "won", WON, n=2)
+    progress = RunProgress(run, control=False)
+    assert list(progress.best.values()) == [s.results.winners[0].winner_speedup] == [pytest.approx(2.2)]
+    assert progress.best_candidates == {}
+    s.close()
+    s, run = _searched(tmp_path / "stayed", STAYED)
     assert RunProgress(run, control=False).best == {}
     s.close()
 

@@ -15,6 +15,8 @@ import kforge
 from kforge.evaluate import Evaluation, Status
 from kforge.ops import CardStatus, CardVerdict
 from kforge.search import EventKind
+
+import extras
 from kernel_files import kernel_source
 from scripted import ScriptedProposer
 
@@ -218,7 +220,7 @@ def test_refused_candidates_are_failures_that_count(tmp_path, status):
 
 
 def test_progress_counts_what_was_done(tmp_path):
-    pytest.importorskip("anywidget")
+    extras.module("anywidget", "notebook")
     from kforge.views import progress
 
     s = _session(tmp_path)

@@ -15,6 +15,7 @@ from kforge.kernels._screen import screen
 from kforge.ops import TensorSig, Variant, get_spec
 from kforge.proposers.builtin import strategies_for
 
+import extras
 from fused_checks import captured, judged_and_placed
 
 
@@ -85,6 +86,7 @@ def test_gemma4_gives_one_card_for_each_query_and_key_norm(tmp_path):
     full-attention layer, its query (8 heads of 512) and key (1 head), each one call."""
     from kforge import models
 
+    extras.module("transformers", "models")
     model, ids = models.gemma4_e2b(dtype=torch.bfloat16, layers=1, tokens=16)
     s = kforge.Session(model, ids, device="cpu", workdir=tmp_path / "wd")
     s.capture(timing_budget_ms=2)

@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-pytest.importorskip("anywidget")
-pytest.importorskip("altair")
+import extras
+
+extras.module("anywidget", "notebook")
+extras.module("altair", "notebook")
 
 import kforge
 from kforge.evaluate import Evaluation, Status

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..ops import GRAPH_FUSED_OPS, LAYOUT_TWIN_OPS, Variant, is_channels_last_twin, placed_in_aten_graph
+from ..ops import Variant, is_fused, is_layout_twin, placed_in_aten_graph
 from ._dispatch import DISPATCHER
 from ._graph import GraphForward
 from ._launch import DeployedKernel
@@ -18,7 +18,7 @@ from ._runop import RUN_TABLE
 
 def _layout_twin(variant: Variant) -> bool:
     """An operator's or a fused operator's channels-last twin: the layout Inductor gives a compiled graph."""
-    return variant.op in LAYOUT_TWIN_OPS and is_channels_last_twin(variant)
+    return is_layout_twin(variant)
 
 
 def in_graph(variant: Variant) -> bool:
@@ -31,7 +31,7 @@ def in_graph(variant: Variant) -> bool:
 
 def not_in_eager(variant: Variant, model: Any) -> str | None:
     """Why an eager deployment for ``model`` cannot run ``variant``'s kernel (None: it can)."""
-    if variant.op in GRAPH_FUSED_OPS and _layout_twin(variant):
+    if is_fused(variant.op) and _layout_twin(variant):
         return ("laid out channels-last, as Inductor lays out the compiled graph; the eager model keeps the traced "
                 "layout, so it runs under torch.compile only (session.compile, Deployment.compile)")
     if in_graph(variant) and not isinstance(model, torch.nn.Module):

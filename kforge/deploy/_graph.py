@@ -27,8 +27,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import (FUSED_EPILOGUES, GRAPH_FUSED_OPS, Unsupported, get_spec, inplace_binder, placed_in_aten_graph, spec_for,
-                   without_prologue)
+from ..ops import (Epilogue, Unsupported, all_families, family_of, get_spec, inplace_binder, is_fused,
+                   placed_in_aten_graph, spec_for, without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
 from ._dispatch import _eager_only, _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
@@ -114,18 +114,18 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
     call under ``torch.no_grad()`` with it off, and guards on it), or forms the operator's binder does
     not take stay as they are. ``missed`` (when given) gets the variant of each call of a kernel's
     operator that stayed, as the graph has it: what a kernel that was never placed is compared with."""
-    # NB: fused operators (group_norm_silu) are placed in the ATen graph, where capture found them, with
+    # NB: fused operators (``Family.fused``) are placed in the ATen graph, where capture found them, with
     # the layouts Inductor gives the call (kforge.regions' ATen pass); not here
-    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if dk.variant.op not in GRAPH_FUSED_OPS}
+    table = {(dk.variant.op, variant_key(dk.variant)): dk for dk in kernels if not is_fused(dk.variant.op)}
     if not table:
         return []
     ops = {op for op, _ in table}
     # a call a fused kernel will take in the ATen graph (its first operator, read only by the epilogue,
     # with the fused variant's shapes) is left for it: a plain kernel here would leave no pair there
     # (strides aside: the fused kernel's are the ATen graph's, or its channels-last twin's)
-    fused = {(FUSED_EPILOGUES[dk.variant.op][0], _loose(without_prologue(dk.variant))): FUSED_EPILOGUES[dk.variant.op][1]
-             for dk in kernels if dk.variant.op in FUSED_EPILOGUES}
-    # likewise a call an operator's channels-last twin will take there (a group_norm no SiLU alone reads)
+    fused = {(epilogue.of, _loose(without_prologue(dk.variant))): epilogue
+             for dk in kernels if (epilogue := _epilogue_of(dk.variant.op)) is not None}
+    # likewise a call an operator's channels-last twin will take there (one its epilogue does not alone read)
     twins = {(dk.variant.op, _loose(dk.variant)) for dk in kernels if _is_twin(dk.variant)}
     # NB: a model's parameters require grad whatever the mode; in a graph traced under no_grad nothing
     # records gradients, so a kernel (which has no backward) may take them. Before this, no operator
@@ -152,7 +152,8 @@ def replace_calls(gm: torch.fx.GraphModule, kernels: Sequence[DeployedKernel],
                 loose = (spec.name, _loose(spec.variant(call, ())))
                 if loose in fused and _epilogue(node, fused[loose]) is not None:
                     continue
-                if loose in twins and _epilogue(node, "silu") is None and not (dk is not None and _is_twin(dk.variant)):
+                if loose in twins and not _read_by_an_epilogue(node, spec.name) \
+                        and not (dk is not None and _is_twin(dk.variant)):
                     continue
             if dk is None and missed is not None:
                 missed.append(spec.variant(call, ()))
@@ -227,7 +228,7 @@ def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
 
 def _is_twin(variant: Any) -> bool:
     """An operator's channels-last twin, which the ATen pass places (kforge.regions)."""
-    return variant.op not in GRAPH_FUSED_OPS and variant.op != "region" and placed_in_aten_graph(variant)
+    return not is_fused(variant.op) and variant.op != "region" and placed_in_aten_graph(variant)
 
 
 def _loose(variant: Any) -> tuple:
@@ -236,16 +237,27 @@ def _loose(variant: Any) -> tuple:
             tuple(sorted((k, str(v)) for k, v in variant.params if k != "inplace")))
 
 
-def _epilogue(node: torch.fx.Node, op: str) -> torch.fx.Node | None:
-    """The node applying ``op`` ("silu") to ``node``'s value when it is that value's only reader."""
-    if op != "silu" or len(node.users) != 1:
+def _epilogue_of(op: str) -> Epilogue | None:
+    family = family_of(op)
+    return family.epilogue if family is not None else None
+
+
+def _epilogue(node: torch.fx.Node, epilogue: Epilogue) -> torch.fx.Node | None:
+    """The node applying ``epilogue`` to ``node``'s value when it is that value's only reader, as the fused family
+    tells it in dynamo's graph (``Epilogue.reads``; None where it does not)."""
+    if epilogue.reads is None or len(node.users) != 1:
         return None
     (user,) = node.users
-    if _callable_of(user) is not torch.nn.functional.silu or not user.args or user.args[0] is not node:
+    if not user.args or user.args[0] is not node or not epilogue.reads(_callable_of(user), user):
         return None
-    if user.kwargs.get("inplace") or (len(user.args) > 1 and user.args[1] is True):
-        return None   # NB: an in-place SiLU writes into the group_norm's output, which the kernel never makes
     return user
+
+
+def _read_by_an_epilogue(node: torch.fx.Node, op: str) -> bool:
+    """Whether ``node`` (a call of ``op``) is read only by the epilogue of a fused family of ``op``: the ATen graph
+    then holds that fused operator's call, not a lone one a twin may take."""
+    return any(_epilogue(node, f.epilogue) is not None for f in all_families()
+               if f.epilogue is not None and f.epilogue.of == op)
 
 
 @dataclass

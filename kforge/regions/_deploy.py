@@ -20,19 +20,20 @@ import torch
 import torch.fx as fx
 
 from ..deploy._graph import inductor_lowers, keeps_traced_layout
-from ..ops import placed_in_aten_graph
-from ._finder import FoundRegion, find_fused, find_lone_group_norms, find_regions
+from ..ops import has_layout_twin, placed_in_aten_graph
+from ._finder import FoundRegion, find_fused, find_layout_twin_calls, find_regions
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
 
 
 def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
-    operator's or a pointwise region's variant is its channels-last twin, and each group_norm no SiLU
-    alone reads is one call, as its twin), so that what deploy finds has the keys capture gave.
+    operator's or a pointwise region's variant is its channels-last twin, and each call of an operator with a
+    layout twin that no fused operator takes (``find_layout_twin_calls``) is one call, as its twin), so that what
+    deploy finds has the keys capture gave.
 
-    ``plain_lone`` (deploy): a lone group_norm without a twin (a graph laid out as traced, or one reading
-    the graph's own input) is a call too, in its traced layout: where the dynamo graph's plain group_norm
+    ``plain_lone`` (deploy): such a lone call without a twin (a graph laid out as traced, or one reading
+    the graph's own input) is a call too, in its traced layout: where the dynamo graph's plain operator
     kernel stepped aside for a twin (``deploy._graph.replace_calls``), it is placed here instead. Capture
     leaves those out: the eager operator card already stands for them."""
     # NB: the nodes of a library function's call (traced through its graph twin: kforge.ops._functions) are its
@@ -41,7 +42,7 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
     fused = [f for f in find_fused(gm.graph) if not inside.intersection(f.nodes)]
     skip = frozenset(n for f in fused for n in f.nodes) | inside
     found = find_regions(gm.graph, skip=skip) + fused
-    lone = [f for f in find_lone_group_norms(gm.graph) if not inside.intersection(f.nodes)]
+    lone = [f for f in find_layout_twin_calls(gm.graph) if not inside.intersection(f.nodes)]
     # NB: an eager deployment's graph runs op by op in the layouts it was traced with: a twin would be handed
     # contiguous buffers and copy them (``deploy._graph.keeps_traced_layout``)
     channels_last = bool(found or lone) and not keeps_traced_layout() and inductor_lays_out_channels_last(gm)
@@ -72,8 +73,8 @@ def _in_function(node: fx.Node) -> bool:
 
 def _call_site(graph: fx.Graph, region: FoundRegion) -> fx.Node | None:
     """The node the kernel's call goes before: the region's first node that comes after every input it reads (a
-    fused operator's inputs may be made after its first node: rms_norm_rope's cos and sin, unsqueezed just before
-    the products that read them) and no later than its first output; None where there is none (then the region
+    fused operator's inputs may be made after its first node: a rotary embedding's cos and sin, unsqueezed just
+    before the products that read them) and no later than its first output; None where there is none (then the region
     stays as it is)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     after = max((order[n] for n in region.inputs if n in order), default=-1)
@@ -86,7 +87,7 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
     """Replace each region or fused operator of ``gm`` whose variant key is in ``kernels`` (key -> the
     kernel's ``DeployedKernel.run_name``) with a ``torch.ops.kforge.run`` call (``run_flexible`` for a
     channels-last twin); returns the keys replaced. ``missed`` (when given) gets each one of a kernel's
-    operator ("region", "group_norm_silu") that stayed, its variant: what an unplaced kernel is
+    operator ("region", a fused operator) that stayed, its variant: what an unplaced kernel is
     compared with (``deploy._graph.nearest_miss``).
 
     ``gm`` must be an ATen graph with "val" metadata (AOTAutograd's forward graph, or Inductor's
@@ -263,9 +264,9 @@ def region_pass(kernels: Iterable[Any]):
     A kernel it puts in is registered for ``kforge::run`` (else the call runs the region's reference)."""
     from ..deploy._runop import RUN_TABLE
 
-    # NB: every group_norm kernel: a plain one that stepped aside in dynamo's graph for a twin that the ATen
-    # graph then has no place for (partition's plain_lone) takes its call here
-    regions = {dk.variant.key: dk for dk in kernels if placed_in_aten_graph(dk.variant) or dk.variant.op == "group_norm"}
+    # NB: every kernel of an operator with a layout twin: a plain one that stepped aside in dynamo's graph for a twin
+    # that the ATen graph then has no place for (partition's plain_lone) takes its call here
+    regions = {dk.variant.key: dk for dk in kernels if placed_in_aten_graph(dk.variant) or has_layout_twin(dk.variant.op)}
     if not regions:
         return None
     table = {key: dk.run_name for key, dk in regions.items()}

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from ..ops import LAYOUT_TWIN_OPS, Variant, channels_last_strides
+from ..ops import Variant, channels_last_strides, has_layout_twin
 
 log = logging.getLogger("kforge.regions")
 
@@ -39,8 +39,8 @@ def inductor_lays_out_channels_last(gm: fx.GraphModule) -> bool:
 
 
 def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant | None:
-    """The channels-last form of a fused operator's (or a group_norm's) variant whose first input and
-    output are contiguous N,C,H,W, or of a pointwise region whose full-shape 4-d tensors are all contiguous (a
+    """The channels-last form of a variant of an operator with a layout twin (``Family.layout_twin``) whose first
+    input and output are contiguous N,C,H,W, or of a pointwise region whose full-shape 4-d tensors are all contiguous (a
     residual add + relu between convolutions); None where it has no such form (other ops, a
     reduction, other ranks: Inductor lays out only 2-d convolutions' graphs channels-last, a layout
     already other than contiguous).
@@ -50,7 +50,7 @@ def channels_last_twin(variant: Variant, given: Sequence[bool] = ()) -> Variant 
     given = tuple(given) + (False,) * (len(variant.inputs) - len(given))
     if variant.op == "region":
         return _region_twin(variant, given)
-    if variant.op not in LAYOUT_TWIN_OPS or not variant.inputs or variant.inputs[0] is None or not variant.outputs \
+    if not has_layout_twin(variant.op) or not variant.inputs or variant.inputs[0] is None or not variant.outputs \
             or given[0]:
         return None
     x, y = variant.inputs[0], variant.outputs[0]

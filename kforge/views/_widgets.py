@@ -17,14 +17,16 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import anywidget
-import ipywidgets
-import traitlets as t
-
 from ..search import EventKind
 from . import _data, _html
+from ._optional import require
 from ._snapshot import SnapshotDisplay
 from ._static import static_file
+
+# NB: through require, so that every way in (the dashboard, a display hook) says which extra to install
+anywidget = require("anywidget")
+ipywidgets = require("ipywidgets")
+t = require("traitlets")
 
 if TYPE_CHECKING:
     from ..ops import Cards

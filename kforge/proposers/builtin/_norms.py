@@ -3,7 +3,7 @@ where the row fits, Welford partials over many blocks where a group is large."""
 from __future__ import annotations
 
 from ...kernels import DeviceInfo
-from ...ops import PROLOGUE_OPS, TensorSig, Variant
+from ...ops import TensorSig, Variant, has_prologue
 from ._prelude import CPU, CUDA, cpu_io, cuda_types
 from ._strategy import cdiv, contiguous, fill, floats_only, prod, rows_of, strategy, vec_width
 
@@ -17,7 +17,7 @@ def _sigs(v: Variant) -> dict[str, TensorSig | None]:
         x, rm, rv, w, b = v.inputs
         sigs = {"x": x, "w": w, "b": b, "rm": rm, "rv": rv}
     if v.op in _GN_OPS:   # p: a per-channel bias added to x first (biased_group_norm_silu), else absent
-        x, p, w, b = v.inputs if v.op in PROLOGUE_OPS else (v.inputs[0], None, *v.inputs[1:])
+        x, p, w, b = v.inputs if has_prologue(v.op) else (v.inputs[0], None, *v.inputs[1:])
         sigs = {"x": x, "p": p, "w": w, "b": b}
     sigs.setdefault("b", None)
     sigs["y"] = v.outputs[0]
@@ -774,7 +774,7 @@ def _gn_tile_config(v: Variant, c: dict, d: DeviceInfo) -> dict:
           # (275.3 -> 231.8 us at [1,128,1024,1024]) and the plain ones 0-5.9% slower (75.5 -> 80.0 us at
           # [1,512,256,256]; gn_twins_*_h200_2026-12-03q.txt): on where the operator has the prologue
           default=lambda v, d: {"threads": 512, "vec": _gn_vmax(v), "waves": 4, "unroll": 1,
-                                "bound": int(v.op in PROLOGUE_OPS)},
+                                "bound": int(has_prologue(v.op))},
           valid=lambda v, c, d: (c["vec"] <= _gn_vmax(v) and _gn_dims(v)[1] // c["vec"] <= 1024
                                  and _gn_tile_threads(v, c["vec"], c["threads"]) <= 1024),
           fit=lambda v, d: 6.0,
