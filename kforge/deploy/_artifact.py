@@ -19,10 +19,17 @@ from typing import Any, Iterable
 import torch
 
 from .._version import __version__
-from ..kernels import CONTRACT_VERSION, backend_of, compile_source, device_info, verify_binary
+from ..kernels import (
+    CONTRACT_VERSION,
+    backend_of,
+    compile_source,
+    device_info,
+    verify_binary,
+)
 from ..ops import Card, Variant
 from ._deployment import Deployment
 from ._launch import DeployedKernel
+from ._replay import replay_enabled
 from ._select import DispatchCost, Winner, dispatch_cost, select_winners
 
 FORMAT = "kforge-artifact"
@@ -85,7 +92,7 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
                  "binary": lib.name, "binary_sha256": _sha256(lib),
                  "candidate_id": k.candidate_id, "speedup": k.speedup, "calls": k.calls,
                  "eager_us": k.eager_us, "kernel_us": k.kernel_us, "op_calls": k.op_calls}
-        if backend_of(device) == "cuda":
+        if backend_of(device) == "cuda" and replay_enabled():
             entry.update(_write_plan(root, stem, k, evaluator))
         entries.append(entry)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": __version__,
@@ -207,7 +214,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                 if not ev.status.is_correct:
                     skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
                     continue
-            if here["backend"] == "cuda":
+            if here["backend"] == "cuda" and replay_enabled():
                 # NB: a CUDA kernel is replayed from its launch plan, never loaded here: the artifact's own on this
                 # target, else one recorded now in the sandbox from the source
                 plan = _read_plan(root, e) if same_target else None

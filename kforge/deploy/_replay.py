@@ -9,6 +9,7 @@ driver says of the loaded function before the first launch: a plan that does not
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -236,6 +237,19 @@ def recorded_plan(variant: Variant, source: str, evaluator: Any, examples: Seque
     return out
 
 
+#: CUDA kernels deploy as replayed launch plans only where this is "1". Off by default: on the H100 (torch 2.11, 2026-12-06)
+#: every recording failed ("kf_launch returned error code 1 while it was recorded": the candidate's
+#: cudaGetLastError saw an error under the recorder), which left every CUDA winner on eager. Until the GPU tests of
+#: tests/test_gpu_replay.py pass, CUDA kernels load in the user's process as before, with the hole that leaves
+#: (tests/attacks.py's CUDA attack_libc_walk).
+REPLAY_ENV = "KFORGE_CUDA_REPLAY"
+
+
+def replay_enabled() -> bool:
+    """Whether CUDA winners deploy as replayed plans (``KFORGE_CUDA_REPLAY=1``) rather than loaded in this process."""
+    return os.environ.get(REPLAY_ENV, "0").strip() == "1"
+
+
 def deploy_winners(exported: Sequence[Any], evaluator: Any = None, examples_of: Any = lambda v: (), *,
                    warn: bool = True) -> tuple[list[Any], list[tuple[str, str]]]:
     """Each winner (``ExportedKernel``) as a ``DeployedKernel``, and ``(signature, reason)`` for those left on
@@ -245,7 +259,7 @@ def deploy_winners(exported: Sequence[Any], evaluator: Any = None, examples_of: 
 
     kernels, left = [], []
     for k in exported:
-        if not k.variant.device.startswith("cuda"):
+        if not k.variant.device.startswith("cuda") or not replay_enabled():
             kernels.append(DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup,
                                                       kernel_us=k.kernel_us))
             continue
