@@ -10,7 +10,15 @@ import torch
 
 from ..evaluate import bench
 from ._deployment import Deployment, not_in_eager
-from ._fallback import Arm, Compare, Comparison, FallbackReport, Outcome, interleaved, keep_faster
+from ._fallback import (
+    Arm,
+    Compare,
+    Comparison,
+    FallbackReport,
+    Outcome,
+    interleaved,
+    keep_faster,
+)
 from ._graph import compile_with, nearest_miss, no_recompile_limit
 from ._launch import DeployedKernel
 
@@ -213,10 +221,11 @@ def launch_paths(kernels: Sequence[DeployedKernel]) -> str:
     served by a worker process: a round trip a call), "replayed plan" (a CUDA candidate's recorded launches, from
     kforge's launcher), "C" or "Python" (a kernel loaded in this process: kforge's own, never a candidate's);
     several joined by " + "."""
+    from ._replay import PlanReplay
+
     def path(k: DeployedKernel) -> str:
-        served = getattr(k, "served", None)
-        if served is not None:
-            return "replayed plan" if type(served).__name__ == "PlanReplay" else "sandboxed worker"
+        if k.served is not None:
+            return "replayed plan" if isinstance(k.served, PlanReplay) else "sandboxed worker"
         return "C" if k.fast else "Python"
     return " + ".join(sorted({path(k) for k in kernels}))
 

@@ -11,15 +11,14 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol, Sequence
-
-from ..kernels import backend_of, device_info
-from ._result import Evaluation, Status
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
+from ..kernels import backend_of, device_info
 from ._judge import Job
+from ._result import Evaluation, Status
 
 if TYPE_CHECKING:
     from ..kernels._plan import LaunchPlan
@@ -200,39 +199,12 @@ class Evaluator:
 
     def run_job(self, job: Job) -> Evaluation:
         """Run ``job`` in the judge; a judge that dies or hangs is replaced and the job retried once."""
-        with self._lock:
-            start = time.perf_counter()
-            reason = ""
-            for _attempt in range(2):
-                try:
-                    if self._judge is None or not self._judge.alive():
-                        self._judge = _Judge(self.device)
-                except RuntimeError as exc:
-                    reason = str(exc)
-                    self._judge = None
-                    continue
-                judge = self._judge
-                wait_s = _COMPILE_ALLOWANCE_S + 2 * (job.timeout_s + 60.0)
-                try:
-                    judge.conn.send(job)
-                    if not judge.conn.poll(wait_s):
-                        reason = f"the judge gave no verdict within {wait_s:.0f} s and was replaced"
-                        self._replace(judge)
-                        continue
-                    tag, payload = judge.conn.recv()
-                except (EOFError, OSError, BrokenPipeError):
-                    judge.join(5)
-                    reason = _death_message(judge)
-                    self._replace(judge)
-                    continue
-                if tag == "done":
-                    return Evaluation.from_json(payload)
-                # NB: never raised into the user's process (a search would end there): the judge is
-                # replaced and the job tried once more; twice is an infra_error that says what broke
-                reason = f"the judge failed on this candidate (a kforge bug, please report it): {payload}"
-                self._replace(judge)
-            return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}",
-                              wall_s=time.perf_counter() - start)
+        start = time.perf_counter()
+        payload, reason = self._ask(job, "done", "verdict")
+        if payload is not None:
+            return Evaluation.from_json(payload)
+        return Evaluation(Status.INFRA_ERROR, f"not the candidate's fault, twice: {reason}",
+                          wall_s=time.perf_counter() - start)
 
     def record_variant(self, variant: "Variant", source: str, examples: Sequence = ()) -> "Recording":
         """``source``'s launches for ``variant``, recorded in a sandboxed runner (``_record.py``): the plan kforge's
@@ -240,7 +212,20 @@ class Evaluator:
         kernel; the machine's trouble, twice, is a Recording with ``infra`` set."""
         from ..kernels._plan import LaunchPlan
 
-        job = replace(self._job(variant, source, examples, 0), record=True)
+        payload, reason = self._ask(replace(self._job(variant, source, examples, 0), record=True), "recorded", "record")
+        if payload is None:
+            return Recording(None, f"it could not be recorded (not the kernel's fault, twice): {reason}", infra=True)
+        if "refused" in payload:
+            return Recording(None, str(payload["refused"]))
+        try:
+            return Recording(LaunchPlan.from_json(payload["plan"], payload["modules"]), "")
+        except (KeyError, TypeError, ValueError) as exc:
+            return Recording(None, f"its recorded plan is malformed ({exc})")
+
+    def _ask(self, job: Job, answer: str, noun: str) -> tuple[Any, str]:
+        """``job`` sent to the judge and its ``answer`` payload, or (None, why) after two tries: a judge that dies,
+        hangs or fails is replaced and the job tried once more (never raised into the user's process: a search would
+        end there)."""
         with self._lock:
             reason = ""
             for _attempt in range(2):
@@ -256,7 +241,7 @@ class Evaluator:
                 try:
                     judge.conn.send(job)
                     if not judge.conn.poll(wait_s):
-                        reason = f"the judge gave no record within {wait_s:.0f} s and was replaced"
+                        reason = f"the judge gave no {noun} within {wait_s:.0f} s and was replaced"
                         self._replace(judge)
                         continue
                     tag, payload = judge.conn.recv()
@@ -265,17 +250,12 @@ class Evaluator:
                     reason = _death_message(judge)
                     self._replace(judge)
                     continue
-                if tag != "recorded" or "error" in payload:
-                    reason = str(payload.get("error") if isinstance(payload, dict) else payload)
-                    self._replace(judge)
-                    continue
-                if "refused" in payload:
-                    return Recording(None, str(payload["refused"]))
-                try:
-                    return Recording(LaunchPlan.from_json(payload["plan"], payload["modules"]), "")
-                except (KeyError, TypeError, ValueError) as exc:
-                    return Recording(None, f"its recorded plan is malformed ({exc})")
-            return Recording(None, f"it could not be recorded (not the kernel's fault, twice): {reason}", infra=True)
+                if tag == answer and not (isinstance(payload, dict) and "error" in payload):
+                    return payload, ""
+                error = payload.get("error") if isinstance(payload, dict) and "error" in payload else payload
+                reason = f"the judge failed on this job (a kforge bug, please report it): {error}"
+                self._replace(judge)
+            return None, reason
 
     def _replace(self, judge: _Judge) -> None:
         judge.kill()
