@@ -40,6 +40,8 @@ typedef struct {
 } cudaLaunchConfig_t;
 
 extern cudaError_t cudaFuncGetParamInfo(const void* func, size_t index, size_t* offset, size_t* size);
+extern cudaError_t cudaPeekAtLastError(void);
+extern cudaError_t cudaGetLastError(void);
 
 enum { K_FATBIN = 1, K_FUNCTION = 2, K_LAUNCH = 3, K_MEMSET = 4, K_COPY = 5, K_ATTRIBUTE = 6, K_REFUSE = 7 };
 
@@ -181,12 +183,18 @@ static void record_launch(const void* stub, dim3 grid, dim3 block, size_t shared
     int f = function_of(stub);
     if (f < 0) { refuse("a launch of a kernel that was not registered"); return; }
     if (stream != stream_given) { refuse("a launch on another stream than the one kf_launch was given"); return; }
+    /* The layout is read by asking for parameters until the runtime says there is none more, and that last answer
+     * (cudaErrorInvalidValue) becomes the runtime's last error: the candidate's own cudaGetLastError after its
+     * launch would read it and fail the call (every recording on the H100 failed so). The probe's error is cleared
+     * when none was pending before it; an error already pending stays an error (its code may become the probe's). */
+    int pending = cudaPeekAtLastError() != 0;
     size_t offsets[MAX_PARAMS], sizes[MAX_PARAMS], total = 0;
     uint32_t n = 0;
     while (n < MAX_PARAMS && cudaFuncGetParamInfo(stub, n, &offsets[n], &sizes[n]) == 0) {
         if (offsets[n] + sizes[n] > total) total = offsets[n] + sizes[n];
         ++n;
     }
+    if (!pending) (void)cudaGetLastError();
     if (n == MAX_PARAMS || total > 32768) { refuse("a kernel with more parameters than kforge replays"); return; }
     if (n && !args) { refuse("a launch without its arguments"); return; }
     entry(K_LAUNCH, (uint32_t)(4 * 9 + 8 + 4 + 8 * n + 4 + total));
