@@ -237,17 +237,18 @@ def recorded_plan(variant: Variant, source: str, evaluator: Any, examples: Seque
     return out
 
 
-#: CUDA kernels deploy as replayed launch plans only where this is "1". Off by default: on the H100 (torch 2.11, 2026-12-06)
-#: every recording failed ("kf_launch returned error code 1 while it was recorded": the candidate's
-#: cudaGetLastError saw an error under the recorder), which left every CUDA winner on eager. Until the GPU tests of
-#: tests/test_gpu_replay.py pass, CUDA kernels load in the user's process as before, with the hole that leaves
-#: (tests/attacks.py's CUDA attack_libc_walk).
+#: CUDA kernels deploy as replayed launch plans unless this is "0". The replay was opt-in while every recording failed
+#: on the H100 (the recorder's parameter-layout probe left the runtime's last error set, which the candidate's own
+#: cudaGetLastError read); with that fixed, tests/test_gpu_replay.py passed on the H100 (torch 2.11, 2026-12-07).
+#: "0" loads CUDA candidates in the user's process instead (hash, binary wall and re-check only: the hole
+#: tests/attacks.py's CUDA attack_libc_walk shows is open there).
 REPLAY_ENV = "KFORGE_CUDA_REPLAY"
 
 
 def replay_enabled() -> bool:
-    """Whether CUDA winners deploy as replayed plans (``KFORGE_CUDA_REPLAY=1``) rather than loaded in this process."""
-    return os.environ.get(REPLAY_ENV, "0").strip() == "1"
+    """Whether CUDA winners deploy as replayed plans (the default) rather than loaded in this process
+    (``KFORGE_CUDA_REPLAY=0``)."""
+    return os.environ.get(REPLAY_ENV, "1").strip() != "0"
 
 
 def deploy_winners(exported: Sequence[Any], evaluator: Any = None, examples_of: Any = lambda v: (), *,
