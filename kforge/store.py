@@ -47,7 +47,9 @@ def timing_noise(evaluation: Evaluation) -> float:
 
 # 2: a candidate may have several confirmations (``confirmations`` keyed by candidate and index); a store of
 # schema 1 (one confirmation a candidate) is migrated when it is opened for writing, and read as it is otherwise.
-SCHEMA_VERSION = 2
+# 3: the candidates' column of the search's value is ``score`` (it was ``speedup``; a ratio is not 0 for a failure);
+# an older store is migrated when opened for writing, and read as it is otherwise (no reader takes that column).
+SCHEMA_VERSION = 3
 
 _CONFIRMATIONS_TABLE = """CREATE TABLE IF NOT EXISTS confirmations (
     candidate_id INTEGER NOT NULL REFERENCES candidates(id), idx INTEGER NOT NULL, evaluation TEXT NOT NULL,
@@ -69,7 +71,7 @@ CREATE TABLE IF NOT EXISTS candidates (
     intent TEXT NOT NULL DEFAULT '',
     source TEXT NOT NULL,
     status TEXT,
-    speedup REAL,
+    score REAL,
     evaluation TEXT,
     dollars REAL NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
@@ -100,7 +102,8 @@ CREATE TABLE IF NOT EXISTS llm_calls (
 class Candidate:
     """A candidate as recorded: the frozen row that views, exports and resumed searches read.
 
-    A candidate has one speedup (``estimate``). Once it has confirmations (timings taken after the
+    A candidate has one speedup (``estimate``), and one search value, its ``score``: that speedup, 0 when it
+    failed or is not evaluated yet. Once it has confirmations (timings taken after the
     search chose it, before its card is decided: one, or two where the first disagreed with the
     search's timing) that speedup is theirs alone: the search's own timing picked the candidate as the
     best of several, so it is biased upward by the noise that helped it win. Before any confirmation
@@ -159,8 +162,8 @@ class Candidate:
         return pool_timings([(e.speedup, timing_noise(e)) for e in self.timings])
 
     @property
-    def speedup(self) -> float:
-        """The pooled speedup (``estimate``); 0 for failures and before evaluation (the search's value)."""
+    def score(self) -> float:
+        """The search's value: the pooled speedup (``estimate``); 0 for failures and before evaluation."""
         est = self.estimate
         return est.speedup if est else 0.0
 
@@ -256,17 +259,20 @@ class Store:
     def _migrate(self) -> None:
         """Bring a store of an older schema to this one, in one transaction."""
         with self._lock:
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(confirmations)")}
-            if "idx" in columns:
+            confirmations = {row[1] for row in self._db.execute("PRAGMA table_info(confirmations)")}
+            candidates = {row[1] for row in self._db.execute("PRAGMA table_info(candidates)")}
+            if "idx" in confirmations and "score" in candidates:
                 return
-            # schema 1: one confirmation a candidate, keyed by the candidate alone
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("ALTER TABLE confirmations RENAME TO confirmations_schema1")
-                self._db.execute(_CONFIRMATIONS_TABLE)
-                self._db.execute("INSERT INTO confirmations (candidate_id, idx, evaluation, created_at) "
-                                 "SELECT candidate_id, 0, evaluation, created_at FROM confirmations_schema1")
-                self._db.execute("DROP TABLE confirmations_schema1")
+                if "idx" not in confirmations:   # schema 1: one confirmation a candidate, keyed by the candidate
+                    self._db.execute("ALTER TABLE confirmations RENAME TO confirmations_schema1")
+                    self._db.execute(_CONFIRMATIONS_TABLE)
+                    self._db.execute("INSERT INTO confirmations (candidate_id, idx, evaluation, created_at) "
+                                     "SELECT candidate_id, 0, evaluation, created_at FROM confirmations_schema1")
+                    self._db.execute("DROP TABLE confirmations_schema1")
+                if "score" not in candidates:    # schema 2 and older: the search's value was in ``speedup``
+                    self._db.execute("ALTER TABLE candidates RENAME COLUMN speedup TO score")
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -413,7 +419,7 @@ class Store:
     def set_evaluation(self, candidate_id: int, evaluation: Evaluation) -> None:
         # NB: the write boundary for text a candidate controls (its compile log, crash message, stderr).
         evaluation = replace(evaluation, message=redact(evaluation.message), compile_log=redact(evaluation.compile_log))
-        self._write("UPDATE candidates SET status = ?, speedup = ?, evaluation = ?, evaluated_at = ? WHERE id = ?",
+        self._write("UPDATE candidates SET status = ?, score = ?, evaluation = ?, evaluated_at = ? WHERE id = ?",
                     (evaluation.status.value, evaluation.score, json.dumps(evaluation.to_json()), time.time(),
                      candidate_id))
 
@@ -466,7 +472,7 @@ class Store:
     def best(self, card_key: str) -> Candidate | None:
         """The fastest candidate of a card whose standing evaluation says FASTER (ties: the first)."""
         faster = [c for c in self.candidates(card_key) if c.status is Status.FASTER]
-        return max(faster, key=lambda c: (c.speedup, -c.id)) if faster else None
+        return max(faster, key=lambda c: (c.score, -c.id)) if faster else None
 
     # ------------------------------------------------------------------ per-card verdicts
 

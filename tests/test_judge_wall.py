@@ -20,7 +20,7 @@ import kforge
 from kforge.capture import Card
 from kforge.evaluate import Evaluation, Evaluator, Status
 from kforge.evaluate import _arena, _judge
-from kforge.evaluate._arena import Arenas, Plan
+from kforge.evaluate._arena import ArenaLayout, Arenas
 from kforge.ops import TensorSig
 from kernel_files import kernel_source
 
@@ -60,9 +60,9 @@ def _job(source: str, card: Card = SOFTMAX, **kw) -> _judge.Job:
 
 def test_the_input_memfd_refuses_writes_through_any_descriptor_but_the_judges_mapping():
     sig = TensorSig((64,), "float32", (1,), "cpu")
-    plan = Plan([sig], [sig])
-    plan.add_group(2)
-    arenas = Arenas(plan, "cpu", [], torch.Generator().manual_seed(0))
+    layout = ArenaLayout([sig], [sig])
+    layout.add_group(2)
+    arenas = Arenas(layout, "cpu", [], torch.Generator().manual_seed(0))
     desc, inp, out, times = arenas.runner_fds()
     try:
         assert arenas.inputs_sealed
@@ -74,8 +74,8 @@ def test_the_input_memfd_refuses_writes_through_any_descriptor_but_the_judges_ma
                 mmap.mmap(writable, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(writable)
-        arenas.inputs(plan.groups[0], 0).fill_(3.0)   # the judge's own mapping still writes
-        assert float(arenas.inputs(plan.groups[0], 0).sum()) == 3.0 * 128
+        arenas.inputs(layout.groups[0], 0).fill_(3.0)   # the judge's own mapping still writes
+        assert float(arenas.inputs(layout.groups[0], 0).sum()) == 3.0 * 128
     finally:
         for fd in (desc, inp):
             os.close(fd)

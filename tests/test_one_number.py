@@ -170,12 +170,45 @@ def test_a_store_of_one_confirmation_a_candidate_is_read_and_migrated(tmp_path):
     assert [e.speedup for e in ro.candidate(cid).confirmations] == [1.9]
     ro.close()
     st = Store(wd)
-    assert st.get_meta("schema_version") == SCHEMA_VERSION == 2
+    assert st.get_meta("schema_version") == SCHEMA_VERSION == 3
     assert st.candidate(cid).estimate.speedup == pytest.approx(1.9)
     st.add_confirmation(cid, replace(conf, speedup=1.8))
     (c,) = st.candidates("card")
     assert [e.speedup for e in c.confirmations] == [1.9, 1.8] and c.first_speedup == 2.0
-    assert c.speedup == pytest.approx(math.sqrt(1.9 * 1.8))
+    assert c.score == pytest.approx(math.sqrt(1.9 * 1.8))
+    st.close()
+
+
+
+def test_a_store_whose_search_value_column_is_named_speedup_loads_and_migrates(tmp_path):
+    import sqlite3
+
+    from kforge.store import SCHEMA_VERSION, Store
+
+    wd = tmp_path / "old"
+    st = Store(wd)
+    first = st.add_candidate("card", None, "test", "src 1")
+    st.set_evaluation(first, Evaluation(Status.FASTER, "first", candidate_us=10.0, eager_us=20.0, speedup=2.0))
+    failed = st.add_candidate("card", first, "test", "src 2")
+    st.set_evaluation(failed, Evaluation(Status.WRONG_RESULT, "wrong", speedup=0.0))
+    st.close()
+    db = sqlite3.connect(wd / "kforge.db", isolation_level=None)   # the layout kforge wrote before schema 3
+    db.executescript("ALTER TABLE candidates RENAME COLUMN score TO speedup;"
+                     "UPDATE meta SET value = '2' WHERE key = 'schema_version';")
+    db.close()
+    ro = Store(wd, readonly=True)
+    assert [(c.id, c.score, c.status) for c in ro.candidates("card")] == [
+        (first, 2.0, Status.FASTER), (failed, 0.0, Status.WRONG_RESULT)]
+    ro.close()
+    st = Store(wd)
+    assert st.get_meta("schema_version") == SCHEMA_VERSION == 3
+    assert [(c.id, c.score) for c in st.candidates("card")] == [(first, 2.0), (failed, 0.0)]
+    (columns,) = [[r[1] for r in st._rows("PRAGMA table_info(candidates)")]]
+    assert "score" in columns and "speedup" not in columns
+    assert st._rows("SELECT score FROM candidates ORDER BY id") == [(2.0,), (0.0,)]
+    third = st.add_candidate("card", first, "test", "src 3")
+    st.set_evaluation(third, Evaluation(Status.FASTER, "third", candidate_us=10.0, eager_us=15.0, speedup=1.5))
+    assert st.candidate(third).score == 1.5 and st.best("card").id == first
     st.close()
 
 
@@ -196,10 +229,10 @@ def test_each_winners_speedup_is_the_same_everywhere(tmp_path, capsys, monkeypat
     frame = s.results.to_frame()
     assert frame.loc[frame.key == r.key, "winner_speedup"].item() == figure
     (card, cand), = s.winners()
-    assert cand.speedup == figure
+    assert cand.score == figure
     row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
     assert row["winner_speedup"] == figure and row["best_candidate"] is None
-    assert [n["speedup"] for n in tree_nodes(s.store, r.key) if n["winner"]] == [figure]
+    assert [n["score"] for n in tree_nodes(s.store, r.key) if n["winner"]] == [figure]
     manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
     assert [k["speedup"] for k in manifest["kernels"]] == [figure]
     s.close()

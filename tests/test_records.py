@@ -121,7 +121,7 @@ def test_the_confirmed_speedup_is_the_one_everywhere(tmp_path):
     table = s.results.table()
     assert f"{pooled:.2f}x confirmed" in table and f"{10.0 / pooled:.2f}" in table and "2.00x" not in table
     (card, cand), = s.winners()
-    assert cand.speedup == r.winner_speedup and cand.first_speedup == 2.0
+    assert cand.score == r.winner_speedup and cand.first_speedup == 2.0
     finished = [e for e in run.events if e.kind is EventKind.CARD_FINISHED][0]
     assert finished.data["winner_speedup"] == r.winner_speedup and finished.data["confirmed"] is True
     manifest = json.loads((s.export(tmp_path / "art") / "manifest.json").read_text())
@@ -130,7 +130,7 @@ def test_the_confirmed_speedup_is_the_one_everywhere(tmp_path):
 
     row = next(x for x in card_rows(s.cards, s.store) if x["key"] == r.key)
     assert row["winner_speedup"] == r.winner_speedup and row["status"] == "winner" and row["best_candidate"] is None
-    assert [(n["speedup"], n["winner"]) for n in tree_nodes(s.store, r.key)] == [(r.winner_speedup, True)]
+    assert [(n["score"], n["winner"]) for n in tree_nodes(s.store, r.key)] == [(r.winner_speedup, True)]
     s.close()
 
 
@@ -211,7 +211,7 @@ def test_refused_candidates_are_failures_that_count(tmp_path, status):
     _with_evaluator(s, [(status, 3.0), (Status.NO_GAIN, 1.0)])
     s.optimize(proposer=ScriptedProposer(_sources(2)), iterations=2, parallel=1, confirm=False)
     first, second = s.store.candidates()
-    assert first.is_evaluated and first.status is status and first.speedup == 0.0  # scored 0, not redone
+    assert first.is_evaluated and first.status is status and first.score == 0.0  # scored 0, not redone
     assert s.results.items[0].status is CardStatus.EAGER
     s.close()
 
@@ -232,15 +232,19 @@ def test_progress_counts_what_was_done(tmp_path):
     s.close()
 
 
-def test_search_policy_keyword_and_its_deprecated_name(tmp_path):
+def test_search_policy_keyword_and_the_old_names_refused(tmp_path):
+    import kforge.search
+
     s = _session(tmp_path)
     _with_evaluator(s, [])
-    with pytest.warns(DeprecationWarning, match="policy="):
-        run = s.optimize(proposer=ScriptedProposer(_sources(1)), strategy="linear", iterations=1)
-    assert run.policy.name == "linear"
+    with pytest.raises(TypeError, match="strategy"):
+        s.optimize(proposer=ScriptedProposer(_sources(1)), strategy="linear", iterations=1)
+    assert not s.store.candidates(), "a refused call searched nothing"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        s.optimize(proposer=ScriptedProposer(_sources(2)), policy="best_of_n", iterations=2)
+        run = s.optimize(proposer=ScriptedProposer(_sources(2)), policy="best_of_n", iterations=2)
+    assert run.policy.name == "best_of_n"
+    assert not hasattr(run, "strategy") and not hasattr(kforge.search, "make_strategy")
     s.close()
 
 
@@ -270,12 +274,12 @@ def test_export_and_load_leave_out_winners_that_cost_more_than_they_save(tmp_pat
 
 
 def _node(i: int, kernel_us: float, eager_us: float, spread: float = 0.01):
-    from kforge.search._tree import Node
+    from kforge.search import TreeNode
     from kforge.store import Candidate
 
     ev = Evaluation(Status.FASTER, "timed", candidate_us=kernel_us, eager_us=eager_us, eager_spread=spread,
                     speedup=eager_us / kernel_us)
-    return Node(Candidate(i, "k", None, "builtin", None, {}, "", f"src {i}", ev, 0.0, 0.0))
+    return TreeNode(Candidate(i, "k", None, "builtin", None, {}, "", f"src {i}", ev, 0.0, 0.0))
 
 
 def test_on_a_gpu_a_moved_baseline_ranks_winners_by_their_own_times():

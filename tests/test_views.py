@@ -203,11 +203,11 @@ def test_tree_of_hundreds_of_nodes_and_its_best_path(session):
     assert path[0] == ids[0] and path[-1] == ids[299]
     by_id = {n["id"]: n for n in tree.nodes}
     assert all(by_id[c]["parent"] == p for p, c in zip(path, path[1:]))
-    assert by_id[ids[7]]["status"] == "compile_error" and by_id[ids[7]]["speedup"] == 0.0
+    assert by_id[ids[7]]["status"] == "compile_error" and by_id[ids[7]]["score"] == 0.0
 
 
 def test_best_path_and_line_diff_helpers():
-    assert best_path([{"id": 1, "parent": None, "speedup": 0.0}]) == []
+    assert best_path([{"id": 1, "parent": None, "score": 0.0}]) == []
     assert line_diff("a\nb\n", "a\nb\n") == []
     diff = line_diff("a\nb\nc\n", "a\nB\nc\n")
     assert diff[0][0] == "@" and ["-", "b"] in diff and ["+", "B"] in diff
@@ -411,13 +411,13 @@ def test_a_reopened_session_shows_the_finished_search_whole(session):
 
 
 def test_best_path_only_to_a_candidate_faster_than_eager():
-    nodes = [{"id": 1, "parent": None, "speedup": 0.8, "status": "slower"},
-             {"id": 2, "parent": 1, "speedup": 0.95, "status": "no_gain"}]
+    nodes = [{"id": 1, "parent": None, "score": 0.8, "status": "slower"},
+             {"id": 2, "parent": 1, "score": 0.95, "status": "no_gain"}]
     assert best_path(nodes) == [], "no bold path when nothing beat eager"
-    nodes.append({"id": 3, "parent": 2, "speedup": 1.3, "status": "faster"})
+    nodes.append({"id": 3, "parent": 2, "score": 1.3, "status": "faster"})
     assert best_path(nodes) == [1, 2, 3]
     # once the card has a winner the path ends there, even where another candidate's timing was higher
-    nodes += [{"id": 4, "parent": 1, "speedup": 1.2, "status": "faster", "winner": True}]
+    nodes += [{"id": 4, "parent": 1, "score": 1.2, "status": "faster", "winner": True}]
     assert best_path(nodes) == [1, 4]
 
 

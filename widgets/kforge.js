@@ -354,23 +354,23 @@ function renderSearchTree(model, root, sel) {
     gNodes.append(rootG);
     for (const n of nodes) {
       const [x, y] = px(n.id);
-      const r = n.speedup > 0 ? 6 + 6 * Math.min(Math.max(n.speedup, 0.25), 3) / 3 : 6;
+      const r = n.score > 0 ? 6 + 6 * Math.min(Math.max(n.score, 0.25), 3) / 3 : 6;
       const color = STATUS_COLORS[n.status] || "#6e7781";
       const g = s("g", {
         class: `kf-node${n.id === selected ? " kf-node-selected" : ""}${best.has(n.id) ? " kf-node-best" : ""}`,
         transform: `translate(${x},${y})`, "data-id": n.id, "data-status": n.status,
       });
-      const shade = n.speedup > 0 ? 0.35 + 0.65 * Math.min(n.speedup, 2) / 2 : 0.9;
+      const shade = n.score > 0 ? 0.35 + 0.65 * Math.min(n.score, 2) / 2 : 0.9;
       g.append(s("circle", { r: r + 4, class: "kf-halo" }));
       g.append(s("circle", {
         r, fill: color, "fill-opacity": n.status === "pending" ? 0.25 : shade, stroke: color,
         "stroke-dasharray": n.status === "pending" ? "3 2" : "none",
       }));
       const t = s("text", { y: r + 11, "text-anchor": "middle", class: "kf-node-label" });
-      t.textContent = n.speedup > 0 ? `${n.speedup.toFixed(2)}×` : `#${n.id}`;
+      t.textContent = n.score > 0 ? `${n.score.toFixed(2)}×` : `#${n.id}`;
       g.append(t);
       const tip = s("title");
-      tip.textContent = `#${n.id} ${n.status}${n.speedup > 0 ? ` ${n.speedup.toFixed(2)}× (candidate timing${n.winner ? "; the card's winner" : ""})` : ""}\n${n.strategy}\n${n.intent}`;
+      tip.textContent = `#${n.id} ${n.status}${n.score > 0 ? ` ${n.score.toFixed(2)}× (candidate timing${n.winner ? "; the card's winner" : ""})` : ""}\n${n.strategy}\n${n.intent}`;
       g.append(tip);
       g.addEventListener("click", (ev) => {
         ev.stopPropagation();

@@ -19,11 +19,9 @@
 #include <pythread.h>
 #include <string.h>
 
-#include "kforge.h"
+#include "kforge.h"   /* the kernel ABI: kf_tensor, kf_launch_fn */
 
 #define KF_MAX_TENSORS 16
-
-typedef int (*kf_launch_fn)(const kf_tensor*, int, const kf_tensor*, int, const double*, int, void*, void*);
 
 typedef struct {
     PyObject_HEAD

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..evaluate._arena import Arenas, Plan
+from ..evaluate._arena import Arenas, ArenaLayout
 from ..evaluate._frames import Code, Op, ProtocolError
 from ..evaluate._judge import RunnerStartError, start_runner
 from ..evaluate._runner import RunnerGone, RunnerProcess, RunnerTimeout
@@ -126,7 +126,7 @@ class KernelWorker:
         self.variant = variant
         self.timeout_s = timeout_s
         self.owner = os.getpid()
-        plan = Plan(variant.inputs, variant.outputs)
+        plan = ArenaLayout(variant.inputs, variant.outputs)
         group = plan.add_group(1)
         self._arenas = Arenas(plan, "cpu", param_vector(variant), torch.Generator().manual_seed(0))
         self._ins = [None if sig is None else self._arenas.inputs(group, i)[0] for i, sig in enumerate(variant.inputs)]

@@ -61,8 +61,8 @@ class Group:
     out_stride: int
 
 
-class Plan:
-    """Where every tensor of every layout lives, decided before any memory is allocated."""
+class ArenaLayout:
+    """Where every tensor of every layout lives in the arenas, decided before any memory is allocated."""
 
     def __init__(self, inputs: Sequence[TensorSig | None], outputs: Sequence[TensorSig]):
         self.inputs = list(inputs)
@@ -148,6 +148,8 @@ class Plan:
         return None
 
 
+
+
 def _describe(slot: KfTensor, sig: TensorSig | None, offset: int | None) -> None:
     if sig is None or offset is None:
         slot.data = NULL_OFFSET
@@ -212,25 +214,25 @@ class _Memfd:
 
 
 class Arenas:
-    """The memory of one plan, on the CPU (memfd) or on a CUDA device (IPC)."""
+    """The memory of one layout, on the CPU (memfd) or on a CUDA device (IPC)."""
 
-    def __init__(self, plan: Plan, device: str, params: Sequence[float], generator: torch.Generator):
-        self.plan = plan
+    def __init__(self, layout: ArenaLayout, device: str, params: Sequence[float], generator: torch.Generator):
+        self.layout = layout
         self.device = device
         self.cuda = device.startswith("cuda")
-        out_total = plan.out_bytes + PAGE
-        desc = plan.descriptor(params)
+        out_total = layout.out_bytes + PAGE
+        desc = layout.descriptor(params)
         self._desc = _Memfd("kforge-desc", len(desc), runner_writes=False)
         self._desc.tensor[:len(desc)] = torch.frombuffer(bytearray(desc), dtype=torch.uint8)
-        self._times = _Memfd("kforge-times", 8 * max(plan.n_layouts, 1))
-        self.times = self._times.tensor[:8 * plan.n_layouts].view(torch.float64)
+        self._times = _Memfd("kforge-times", 8 * max(layout.n_layouts, 1))
+        self.times = self._times.tensor[:8 * layout.n_layouts].view(torch.float64)
         self.pattern = torch.randint(0, 256, (PAGE,), dtype=torch.uint8, generator=generator)
         self._mem: list[_Memfd] = []
         if self.cuda:
-            self.inp = _cuda_arena(device, "inputs", plan.in_bytes)
+            self.inp = _cuda_arena(device, "inputs", layout.in_bytes)
             self.out = _cuda_arena(device, "outputs", out_total)
         else:
-            self._mem = [_Memfd("kforge-inputs", plan.in_bytes, runner_writes=False),
+            self._mem = [_Memfd("kforge-inputs", layout.in_bytes, runner_writes=False),
                          _Memfd("kforge-outputs", out_total)]
             self.inp, self.out = self._mem[0].tensor, self._mem[1].tensor
         #: whether no runner can write the inputs however it reopens or maps them (CPU, where the kernel seals)
@@ -239,12 +241,12 @@ class Arenas:
         self._expected: dict[int, torch.Tensor] = {}
         # NB: the pattern goes only where canaries_broken() looks (guard, canary page, canary zone);
         # every output's own extent is poisoned before any call, so writing it twice would be waste.
-        for g in plan.groups:
-            for o, sig in enumerate(plan.outputs):
+        for g in layout.groups:
+            for o, sig in enumerate(layout.outputs):
                 rows, expected, end = self._slots(g, o)
                 rows[:, :2 * PAGE].copy_(expected[:2 * PAGE].expand(g.count, 2 * PAGE))
                 rows[:, end:].copy_(expected[end:].expand(g.count, expected.numel() - end))
-        self.out[plan.out_bytes:plan.out_bytes + PAGE].copy_(self.pattern)
+        self.out[layout.out_bytes:layout.out_bytes + PAGE].copy_(self.pattern)
 
     # ---- what a runner is given
     def runner_fds(self) -> tuple[int, int, int, int]:
@@ -265,12 +267,12 @@ class Arenas:
     # ---- typed views over a group
     def inputs(self, group: Group, i: int) -> torch.Tensor:
         """Input ``i`` of every set of ``group``: shape (count, *shape)."""
-        sig = self.plan.inputs[i]
-        return self._view(self.inp, sig, group.in_base + self.plan.in_offsets[i], group.in_stride, group.count)
+        sig = self.layout.inputs[i]
+        return self._view(self.inp, sig, group.in_base + self.layout.in_offsets[i], group.in_stride, group.count)
 
     def outputs(self, group: Group, o: int) -> torch.Tensor:
-        sig = self.plan.outputs[o]
-        return self._view(self.out, sig, group.out_base + self.plan.out_offsets[o], group.out_stride, group.count)
+        sig = self.layout.outputs[o]
+        return self._view(self.out, sig, group.out_base + self.layout.out_offsets[o], group.out_stride, group.count)
 
     def _view(self, arena: torch.Tensor, sig: TensorSig, offset: int, stride: int, count: int,
               flat: bool = False) -> torch.Tensor:
@@ -282,23 +284,23 @@ class Arenas:
         return typed.as_strided((count, *sig.shape), (stride // size, *sig.stride), offset // size)
 
     def flat_inputs(self, group: Group, i: int) -> torch.Tensor:
-        sig = self.plan.inputs[i]
-        return self._view(self.inp, sig, group.in_base + self.plan.in_offsets[i], group.in_stride, group.count,
+        sig = self.layout.inputs[i]
+        return self._view(self.inp, sig, group.in_base + self.layout.in_offsets[i], group.in_stride, group.count,
                           flat=True)
 
     def poison(self, group: Group, round_: int) -> None:
         """Fill every output of ``group`` (its whole extent) with round ``round_``'s poison."""
-        for o, sig in enumerate(self.plan.outputs):
-            view = self._view(self.out, sig, group.out_base + self.plan.out_offsets[o], group.out_stride,
+        for o, sig in enumerate(self.layout.outputs):
+            view = self._view(self.out, sig, group.out_base + self.layout.out_offsets[o], group.out_stride,
                               group.count, flat=True)
             view.fill_(poison_value(torch_dtype(sig.dtype), round_))
 
     def _slots(self, group: Group, o: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Output ``o``'s slots in ``group`` as rows, the pattern they hold outside the output, and where
         the output ends in a slot."""
-        sig = self.plan.outputs[o]
-        slot_start = group.out_base + self.plan.out_offsets[o] - 2 * PAGE
-        slot = self.plan.out_slot[o]
+        sig = self.layout.outputs[o]
+        slot_start = group.out_base + self.layout.out_offsets[o] - 2 * PAGE
+        slot = self.layout.out_slot[o]
         rows = self.out.as_strided((group.count, slot), (group.out_stride, 1), slot_start)
         if slot not in self._expected:
             self._expected[slot] = self.pattern.repeat(slot // PAGE)
@@ -307,15 +309,15 @@ class Arenas:
     def canaries_broken(self, group: Group) -> dict[int, int]:
         """{set index: first output whose canaries changed} for the sets of ``group`` (empty: intact)."""
         first_bad = torch.full((group.count,), -1, dtype=torch.int64, device=self.out.device)
-        for o in reversed(range(len(self.plan.outputs))):
+        for o in reversed(range(len(self.layout.outputs))):
             rows, expected, end = self._slots(group, o)
             bad = (rows[:, :2 * PAGE] != expected[:2 * PAGE]).any(dim=1) | (rows[:, end:] != expected[end:]).any(dim=1)
             first_bad = torch.where(bad, torch.full_like(first_bad, o), first_bad)
-        if group is self.plan.groups[-1]:
+        if group is self.layout.groups[-1]:
             # the guard page after the last slot of the arena belongs to the last output of the last set
-            tail = self.out[self.plan.out_bytes:self.plan.out_bytes + PAGE]
+            tail = self.out[self.layout.out_bytes:self.layout.out_bytes + PAGE]
             if not torch.equal(tail, self.pattern) and int(first_bad[-1]) < 0:
-                first_bad[-1] = len(self.plan.outputs) - 1
+                first_bad[-1] = len(self.layout.outputs) - 1
         rows = torch.nonzero(first_bad >= 0).flatten().tolist()
         return {r: int(first_bad[r]) for r in rows}
 

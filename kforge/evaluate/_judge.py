@@ -33,7 +33,7 @@ from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, cache
 from ..kernels._compile import uses_cublaslt
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
 from ..timing import BusyWindow, Timing
-from ._arena import Arenas, Group, Plan, extent, poison_value
+from ._arena import ArenaLayout, Arenas, Group, extent, poison_value
 from ._checks import compare, reference_outputs, within_sets
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
 from ._result import Evaluation, Status
@@ -381,7 +381,7 @@ class _Trial:
             return self.fail(Status.WRONG_RESULT, f"{self.phase}: the kernel modified an input (a write into "
                              f"read-only input memory faulted; the runner {ex.describe()})")
         if where == 2:
-            o = self.arenas.plan.output_at(off)
+            o = self.arenas.layout.output_at(off)
             which = f"output {o}" if o is not None else "its outputs"
             return self.fail(Status.WRONG_RESULT, f"{self.phase}: the kernel wrote outside {which} (into a guard "
                              f"page; the runner {ex.describe()})")
@@ -440,16 +440,16 @@ class _Trial:
         # NB: a fresh draw order per evaluation of the card: no two candidates see one timed set.
         self.gen.manual_seed((job.seed ^ 0x5EED) + 7919 * card.uses)
         with phases("arena"):
-            plan = Plan(variant.inputs, variant.outputs)
-            self.val = val = plan.add_group(2 * len(card.sets))
-            self.timed = plan.add_group(timing_sets(plan.set_bytes, device))
-            self.arenas = arenas = Arenas(plan, device, param_vector(variant), self.gen)
+            layout = ArenaLayout(variant.inputs, variant.outputs)
+            self.val = val = layout.add_group(2 * len(card.sets))
+            self.timed = layout.add_group(timing_sets(layout.set_bytes, device))
+            self.arenas = arenas = Arenas(layout, device, param_vector(variant), self.gen)
             for s, (_, raw) in enumerate(card.sets):
                 for i, t in enumerate(raw):
                     if t is not None:
                         arenas.inputs(val, i)[2 * s:2 * s + 2].copy_(t.unsqueeze(0).expand(2, *t.shape))
-            for o, sig in enumerate(plan.outputs):
-                view = arenas._view(arenas.out, sig, val.out_base + plan.out_offsets[o], val.out_stride, val.count,
+            for o, sig in enumerate(layout.outputs):
+                view = arenas._view(arenas.out, sig, val.out_base + layout.out_offsets[o], val.out_stride, val.count,
                                     True)
                 view[0::2].fill_(poison_value(torch_dtype(sig.dtype), 0))
                 view[1::2].fill_(poison_value(torch_dtype(sig.dtype), 1))
@@ -719,7 +719,7 @@ class _Trial:
         arenas = self.arenas
         views: list[torch.Tensor | None] = []
         written: list[torch.Tensor | None] = []
-        for i, sig in enumerate(arenas.plan.inputs):
+        for i, sig in enumerate(arenas.layout.inputs):
             if sig is None:
                 views.append(None)
                 written.append(None)
@@ -781,7 +781,7 @@ class _Trial:
         if bad:
             row, o = next(iter(bad.items()))
             raise self.fail(Status.WRONG_RESULT, f"{label}: the kernel wrote outside output {o} (set {row})")
-        for o in range(len(arenas.plan.outputs)):
+        for o in range(len(arenas.layout.outputs)):
             got = arenas.outputs(group, o)
             if within_sets(self.spec, got, [outs[o] for outs in eager_outs]):
                 continue   # NB: every set within tolerance, decided in one sync; else set by set says what
@@ -920,7 +920,7 @@ def start_runner(backend: str, arenas: Arenas, cpu_s: int, cublaslt: bool = Fals
     so_path = os.path.join(private, LIBRARY_NAME)
     desc, inp, out, times = arenas.runner_fds()
     fds = tuple(f for f in (desc, inp, out, times) if f >= 0)
-    memory = runner_memory(arenas.plan.in_bytes + arenas.plan.out_bytes, cuda, threads_allowed(os.environ))
+    memory = runner_memory(arenas.layout.in_bytes + arenas.layout.out_bytes, cuda, threads_allowed(os.environ))
     args = [str(desc), str(inp), str(out), str(times), so_path, private, str(cpu_s), str(memory.rlimit)]
     try:
         if cuda:
@@ -962,13 +962,13 @@ def _start_runner(job: Job, arenas: Arenas, recorder: Path | None = None) -> tup
 def runner_sandbox(device: str = "cpu") -> Sandbox:
     """What the runner's sandbox holds on this machine for ``device``'s backend (for ``kforge doctor``).
 
-    Starts one runner with a one-element plan and no candidate, reads its ready frame, stops it.
+    Starts one runner with a one-element layout and no candidate, reads its ready frame, stops it.
     """
     sig = TensorSig((1,), "float32", (1,), device if device.startswith("cuda") else "cpu")
-    plan = Plan([sig], [sig])
-    plan.add_group(1)
+    layout = ArenaLayout([sig], [sig])
+    layout.add_group(1)
     job = Job(0, {}, "", "cuda" if device.startswith("cuda") else "cpu", device, "", timeout_s=30.0)
-    arenas = Arenas(plan, device, [], torch.Generator().manual_seed(0))
+    arenas = Arenas(layout, device, [], torch.Generator().manual_seed(0))
     try:
         runner, sandbox = _start_runner(job, arenas)
     except _Infra as exc:

@@ -21,11 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels import cache_dir, find_nvcc
+from ..kernels import INCLUDE_DIR, cache_dir, find_nvcc
 from ..kernels._compile import run_tool
 from ._frames import FRAME_BYTES, Code, Frame, Op, ProtocolError, Sandbox, check_answer
 
 RUNNER_SOURCE = Path(__file__).parent / "runner" / "runner.c"
+RUNNER_HEADER = INCLUDE_DIR / "kforge.h"   # the kernel ABI runner.c includes: its bytes are in the runner's key
 RECORDER_SOURCE = Path(__file__).parent / "runner" / "recorder.c"
 RECORD_NAME = "record.bin"   # in a recording runner's private folder: what its calls did (kernels/_plan.py)
 LOG_TAIL_BYTES = 8192
@@ -52,12 +53,12 @@ def _build_command(backend: str, src: Path, out: Path) -> list[str]:
         nvcc = find_nvcc()
         if nvcc is None:
             raise RunnerBuildError("nvcc was not found: install the CUDA toolkit or set CUDA_HOME")
-        return [nvcc, "-O2", "-x", "cu", "-std=c++17", "-DKF_RUNNER_CUDA", "-cudart", "static", "-o", str(out),
-                str(src), "-ldl"]
+        return [nvcc, "-O2", "-x", "cu", "-std=c++17", "-DKF_RUNNER_CUDA", "-cudart", "static", f"-I{INCLUDE_DIR}",
+                "-o", str(out), str(src), "-ldl"]
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RunnerBuildError("no C compiler was found: install gcc or set CC")
-    return [*shlex.split(cc), "-O2", "-std=gnu11", "-o", str(out), str(src), "-ldl"]
+    return [*shlex.split(cc), "-O2", "-std=gnu11", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), "-ldl"]
 
 
 def _recorder_command(src: Path, out: Path) -> list[str]:
@@ -80,6 +81,16 @@ def recorder_library() -> tuple[Path, str]:
     return runner_binary("recorder")
 
 
+def build_key(backend: str) -> str:
+    """What names the built runner for ``backend`` in the cache (``"recorder"``: the CUDA recorder): the bytes of
+    the sources it is built from (runner.c with kforge.h, or recorder.c) and the backend."""
+    if backend == "recorder":
+        source = RECORDER_SOURCE.read_bytes()
+    else:
+        source = RUNNER_SOURCE.read_bytes() + RUNNER_HEADER.read_bytes()
+    return hashlib.sha256(source + backend.encode()).hexdigest()[:16]
+
+
 def runner_binary(backend: str) -> tuple[Path, str]:
     """The runner for ``backend`` (built on first use) and its recorded sha256, checked now (``backend``
     "recorder": the CUDA recorder library)."""
@@ -89,8 +100,7 @@ def runner_binary(backend: str) -> tuple[Path, str]:
             return path, digest
         del _BUILT[backend]
     src = RECORDER_SOURCE if backend == "recorder" else RUNNER_SOURCE
-    source = src.read_bytes()
-    key = hashlib.sha256(source + backend.encode()).hexdigest()[:16]
+    key = build_key(backend)
     folder = cache_dir().parent / "runner"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / (f"recorder-{key}.so" if backend == "recorder" else f"runner-{backend}-{key}")
@@ -102,7 +112,8 @@ def runner_binary(backend: str) -> tuple[Path, str]:
         out = Path(tmp) / "runner"
         try:
             command = _recorder_command(src, out) if backend == "recorder" else _build_command(backend, src, out)
-            # NB: the compiler's jail, as for candidates: it reads the runner's source folder and writes only here
+            # NB: the compiler's jail, as for candidates: it reads the runner's source folder (and, as every build
+            # in the jail, kforge's include folder) and writes only here
             proc = run_tool(command, 300.0, workdir=Path(tmp), readable=(src.parent,))
         except (subprocess.TimeoutExpired, OSError) as exc:
             raise RunnerBuildError(f"the {backend} runner could not be built ({exc}): check the compiler") from None

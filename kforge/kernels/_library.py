@@ -9,10 +9,12 @@ import torch
 
 from ..ops import DTYPE_CODES, dtype_name
 
-MAX_DIMS = 8
+MAX_DIMS = 8   # KF_MAX_DIMS
 
 
 class KfTensor(ctypes.Structure):
+    """``kf_tensor`` of include/kforge.h, the one declaration of the kernel ABI (tests/test_abi.py compares the two)."""
+
     _fields_ = [("data", ctypes.c_void_p), ("ndim", ctypes.c_int32), ("dtype", ctypes.c_int32),
                 ("sizes", ctypes.c_int64 * MAX_DIMS), ("strides", ctypes.c_int64 * MAX_DIMS)]
 

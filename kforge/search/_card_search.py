@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import random
+import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ..evaluate import Evaluation, Evaluator
 from ..kernels import compile_source
@@ -20,10 +20,9 @@ from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, Prop
 from ..store import Candidate, Store, is_infra_failure
 from ._decide import decide
 from ._events import EventKind
-from ._tree import Node, Tree
-
-if TYPE_CHECKING:
-    from ._run import OptimizationRun
+from ._ledger import RunLedger
+from ._settings import RunSettings
+from ._tree import Tree, TreeNode
 
 # NB: failures outside the candidates' control (the evaluator's infrastructure) in a row that end a card.
 MAX_INFRA_FAILURES = 3
@@ -48,20 +47,25 @@ def budget_units_left(store: Store, card_key: str, iterations: int) -> int:
     return max(iterations - (len(candidates) - redo + failed), 0) + waiting
 
 
-def _attempt(node: Node) -> Attempt:
+def _attempt(node: TreeNode) -> Attempt:
     c = node.candidate
     return Attempt(c.id, c.source, c.intent, c.measured, c.strategy, c.config)
 
 
 class CardSearch:
-    """State and steps shared by both ways of proposing: the tree, budgets, store, events."""
+    """State and steps shared by both ways of proposing: the tree, budgets, store, events.
 
-    def __init__(self, run: "OptimizationRun", card: Card, evaluator: Evaluator):
-        self.owner, self.card, self.evaluator = run, card, evaluator
-        self.store, self.budget, self.proposer = run.store, run.budget, run.proposer
+    What it tells the run goes through the run's ``RunLedger`` alone (``gate``, ``stopping``, ``publish``).
+    """
+
+    def __init__(self, settings: RunSettings, ledger: RunLedger, card: Card, evaluator: Evaluator):
+        self.settings, self.ledger, self.card, self.evaluator = settings, ledger, card, evaluator
+        self.store, self.budget, self.proposer = settings.store, settings.budget, settings.proposer
+        self.policy = settings.policy
         self.tree = Tree(self.store.candidates(card.key))
         self.seen = {n.candidate.source for n in self.tree.nodes.values()}
-        self.rng = random.Random(f"{run.seed}:{card.key}")
+        self._lock = threading.Lock()   # NB: the proposal pool's threads share seen, repeats, failure counts
+        self.rng = random.Random(f"{settings.seed}:{card.key}")
         self.best = max((n.score for n in self.tree.evaluated if n.candidate.status and n.candidate.status.is_win),
                         default=0.0)
         self.failures = 0           # proposer failures in a row
@@ -84,9 +88,9 @@ class CardSearch:
 
     def _out_of_budget(self) -> bool:
         """True (with the reason set) when the run stops or a dollar, time or failure budget is reached."""
-        if not self.owner._gate():
+        if not self.ledger.gate():
             self.reason = "stopped"
-        elif self.owner._over_dollars():
+        elif self.settings.over_dollars():
             self.reason = "dollar budget reached"
         elif (self.budget.seconds_per_card is not None
               and time.monotonic() - self.started > self.budget.seconds_per_card):
@@ -112,16 +116,16 @@ class CardSearch:
         self.tree.update(replace(candidate, evaluation=ev))
         self.infra_failures = 0 if counts else self.infra_failures + 1
         self.evaluated += counts
-        self.owner._emit(EventKind.EVALUATED, self.card.key, candidate.id, ev.summary(), status=ev.status.value,
-                       speedup=ev.score if counts else 0.0, parent_id=candidate.parent_id, counts=counts)
+        self.ledger.publish(EventKind.EVALUATED, self.card.key, candidate.id, ev.summary(), status=ev.status.value,
+                            score=ev.score if counts else 0.0, parent_id=candidate.parent_id, counts=counts)
         if counts and ev.status.is_win and ev.speedup > self.best:
             self.best = ev.speedup
-            self.owner._emit(EventKind.NEW_BEST, self.card.key, candidate.id, f"{ev.speedup:.2f}x over eager",
-                           speedup=ev.speedup)
+            self.ledger.publish(EventKind.NEW_BEST, self.card.key, candidate.id, f"{ev.speedup:.2f}x over eager",
+                                speedup=ev.speedup)
         return ev
 
-    def request(self, parent: Node, seed: int) -> ProposalRequest:
-        tree, backend, device = self.tree, self.evaluator.backend, self.owner.device
+    def request(self, parent: TreeNode, seed: int) -> ProposalRequest:
+        tree, backend, device = self.tree, self.evaluator.backend, self.settings.device
         tried = tuple(_attempt(n) for n in tree.nodes.values())  # pending ones too (no evaluation yet)
         siblings = tuple(_attempt(ch) for ch in parent.children if ch.candidate.is_evaluated)
         if parent.candidate is None:
@@ -129,7 +133,7 @@ class CardSearch:
         lineage = tuple(_attempt(n) for n in parent.path()[1:-1])
         return ProposalRequest(self.card, backend, device, _attempt(parent), lineage, siblings, seed, tried)
 
-    def propose(self, parent: Node, request: ProposalRequest) -> Candidate | ProposerError | str:
+    def propose(self, parent: TreeNode, request: ProposalRequest) -> Candidate | ProposerError | str:
         """Ask the proposer, and store at once what was paid for (thread-safe).
 
         Returns the stored candidate, the proposer's error, or a message for a repeated source.
@@ -140,12 +144,12 @@ class CardSearch:
             return exc                 # NB: no call paid for, no budget used
         except ProposerError as exc:
             self._record_call(exc)
-            with self.owner._lock:
+            with self._lock:
                 meta = f"proposer_failures:{self.card.key}"
                 self.store.set_meta(meta, int(self.store.get_meta(meta) or 0) + 1)
             return exc
         call_id = self._record_call(proposal)
-        with self.owner._lock:
+        with self._lock:
             if proposal.source in self.seen:
                 self.repeats += 1
                 return "the proposer repeated a candidate already evaluated; not evaluated again"
@@ -176,22 +180,22 @@ class CardSearch:
         except Exception:  # the evaluator reports compile errors with their log
             pass
 
-    def adopt(self, parent: Node, outcome: Candidate | ProposerError | str) -> Candidate | None:
+    def adopt(self, parent: TreeNode, outcome: Candidate | ProposerError | str) -> Candidate | None:
         """In the search thread: put a stored candidate into the tree, or report the failure."""
         if isinstance(outcome, ProposerExhausted):
             if not self.exhausted:     # NB: once: proposals in flight at once may each say so
                 self.exhausted = True
                 self.reason = f"nothing left to propose: {outcome}"
-                self.owner._emit(EventKind.EXHAUSTED, self.card.key, parent.id, str(outcome))
+                self.ledger.publish(EventKind.EXHAUSTED, self.card.key, parent.id, str(outcome))
             return None
         if not isinstance(outcome, Candidate):
             self.failures += 1
-            self.owner._emit(EventKind.PROPOSER_FAILED, self.card.key, parent.id, str(outcome))
+            self.ledger.publish(EventKind.PROPOSER_FAILED, self.card.key, parent.id, str(outcome))
             return None
         self.failures = 0
         self.tree.add(outcome)
-        self.owner._emit(EventKind.PROPOSED, self.card.key, outcome.id, outcome.intent, parent_id=parent.id,
-                       strategy=outcome.strategy)
+        self.ledger.publish(EventKind.PROPOSED, self.card.key, outcome.id, outcome.intent, parent_id=parent.id,
+                            strategy=outcome.strategy)
         return outcome
 
     def _can_propose(self, inflight: int, unstored: int) -> bool:
@@ -204,11 +208,11 @@ class CardSearch:
     def run(self) -> None:
         card = self.card
         waiting = sum(1 for n in self.tree.nodes.values() if not n.candidate.is_evaluated)
-        self.owner._emit(EventKind.CARD_STARTED, card.key, message=card.signature, resumed=len(self.tree),
-                       budget=max(self.budget.iterations - self.attempts, 0) + waiting)
+        self.ledger.publish(EventKind.CARD_STARTED, card.key, message=card.signature, resumed=len(self.tree),
+                            budget=max(self.budget.iterations - self.attempts, 0) + waiting)
         # Proposals stored but never evaluated for good (a killed process, an infrastructure failure): first.
         for node in list(self.tree.nodes.values()):
-            if not node.candidate.is_evaluated and self.owner._gate():
+            if not node.candidate.is_evaluated and self.ledger.gate():
                 self.evaluate(node.candidate)
         self.started = time.monotonic()
         pool = cf.ThreadPoolExecutor(max_workers=max(1, self.budget.parallel), thread_name_prefix="kforge-propose")
@@ -219,8 +223,8 @@ class CardSearch:
         if self.failures >= self.budget.max_proposer_failures:
             self.reason = f"{self.failures} proposer failures in a row"
         verdict = decide(self)
-        self.owner._emit(EventKind.CARD_FINISHED, card.key, verdict.winner_id, verdict.reason,
-                       **verdict.to_json(), evaluated=self.evaluated, ended=self.reason)
+        self.ledger.publish(EventKind.CARD_FINISHED, card.key, verdict.winner_id, verdict.reason,
+                            **verdict.to_json(), evaluated=self.evaluated, ended=self.reason)
 
     def grow(self, pool: cf.ThreadPoolExecutor) -> None:
         raise NotImplementedError
@@ -233,19 +237,19 @@ class PooledSearch(CardSearch):
     last verdict: ``parallel`` copies of "revise the best" would all revise the same candidate.
     """
 
-    def _propose_and_build(self, parent: Node, request: ProposalRequest) -> Candidate | ProposerError | str:
+    def _propose_and_build(self, parent: TreeNode, request: ProposalRequest) -> Candidate | ProposerError | str:
         outcome = self.propose(parent, request)
         if isinstance(outcome, Candidate):
             self.build(outcome.source)
         return outcome
 
     def grow(self, pool: cf.ThreadPoolExecutor) -> None:
-        inflight: dict[cf.Future, Node] = {}
-        lookahead = getattr(self.owner.policy, "lookahead", True)
+        inflight: dict[cf.Future, TreeNode] = {}
+        lookahead = getattr(self.policy, "lookahead", True)
         try:
             while not self._out_of_budget():
                 while self._can_propose(len(inflight), len(inflight)) and (lookahead or not inflight):
-                    parent = self.owner.policy.select(self.tree, self.rng)
+                    parent = self.policy.select(self.tree, self.rng)
                     request = self.request(parent, seed=self.attempts + len(inflight))
                     for n in parent.path():
                         n.pending += 1
@@ -258,7 +262,7 @@ class PooledSearch(CardSearch):
                     for n in parent.path():
                         n.pending -= 1
                     candidate = self.adopt(parent, fut.result())
-                    if candidate is not None and not self.owner.stopping:  # else kept; evaluated on resume
+                    if candidate is not None and not self.ledger.stopping:  # else kept; evaluated on resume
                         self.evaluate(candidate)
         finally:
             for fut in inflight:
@@ -273,11 +277,11 @@ class InlineSearch(CardSearch):
 
     def grow(self, pool: cf.ThreadPoolExecutor) -> None:
         inflight: dict[cf.Future, Candidate] = {}
-        lookahead = getattr(self.owner.policy, "lookahead", True)
+        lookahead = getattr(self.policy, "lookahead", True)
         try:
             while not self._out_of_budget():
                 while self._can_propose(len(inflight), 0) and (lookahead or not inflight):
-                    parent = self.owner.policy.select(self.tree, self.rng)
+                    parent = self.policy.select(self.tree, self.rng)
                     outcome = self.propose(parent, self.request(parent, seed=self.attempts))
                     candidate = self.adopt(parent, outcome)
                     if candidate is not None:
@@ -287,7 +291,7 @@ class InlineSearch(CardSearch):
                 done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: inflight[f].id):
                     candidate = inflight.pop(fut)
-                    if not self.owner.stopping:  # else kept in the store; evaluated when the run resumes
+                    if not self.ledger.stopping:  # else kept in the store; evaluated when the run resumes
                         self.evaluate(candidate)
         finally:
             for fut in inflight:

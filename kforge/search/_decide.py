@@ -188,7 +188,7 @@ def decide(search: "CardSearch") -> CardVerdict:
     """Decide the card of ``search``, store the verdict, and return it."""
     store, card, tree = search.store, search.card, search.tree
     stored = store.result(card.key)
-    can_confirm = search.budget.confirm and not search.owner.stopping
+    can_confirm = search.budget.confirm and not search.ledger.stopping
     if stored is not None and search.evaluated == 0 and not (
             can_confirm and stored.status.has_winner and not stored.confirmed):
         return stored

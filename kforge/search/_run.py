@@ -1,15 +1,13 @@
 """An optimization run: searches card after card, blocking or in a background thread.
 
 Every proposal is written to the store before it is evaluated and every evaluation as soon as it
-completes, so a killed process resumes where it stopped without evaluating or paying twice.
+completes, so a killed process resumes where it stopped without evaluating or paying twice. The
+run's state, events and counts have one owner, its ``RunLedger`` (``_ledger.py``).
 """
 from __future__ import annotations
 
-import enum
 import threading
 import traceback
-import warnings
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..evaluate import Evaluator
@@ -18,47 +16,18 @@ from ..proposers._base import Proposer
 from ..store import Store
 from ._card_search import InlineSearch, PooledSearch, budget_units_left, proposes_inline
 from ._events import Event, EventKind, Progress
+from ._ledger import RunLedger, RunState
 from ._planner import PlannedCard
+from ._settings import Budget, RunSettings
 from ._tree import SearchPolicy
-
-
-class RunState(str, enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PAUSED = "paused"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FINISHED = "finished"
-    FAILED = "failed"
-
-    @property
-    def is_done(self) -> bool:
-        return self in (RunState.STOPPED, RunState.FINISHED, RunState.FAILED)
-
-
-@dataclass(frozen=True)
-class Budget:
-    iterations: int = 50               # candidates per card (proposer failures count too)
-    dollars: float | None = None       # LLM spending for the whole run
-    seconds_per_card: float | None = None
-    parallel: int = 1                  # proposals in flight at once
-    max_proposer_failures: int = 3     # consecutive failures before a card gives up
-    confirm: bool = True               # re-time the best candidate before declaring it the winner
 
 
 class OptimizationRun:
     """Handle of a running (or finished) optimization: pause, resume, stop, wait, subscribe."""
 
     def __init__(self, *, store: Store, evaluator: Evaluator | Sequence[Evaluator], proposer: Proposer,
-                 policy: SearchPolicy | None = None, planned: Sequence[PlannedCard], device: DeviceInfo,
-                 budget: Budget, seed: int = 0, on_event: Callable[[Event], None] | None = None,
-                 strategy: SearchPolicy | None = None):
-        if strategy is not None:
-            warnings.warn("OptimizationRun(strategy=...) is now policy=... (a search policy; built-in kernel "
-                          "families are the strategies)", DeprecationWarning, stacklevel=2)
-            policy = policy or strategy
-        if policy is None:
-            raise TypeError("OptimizationRun needs policy= (a search policy such as MCTS())")
+                 policy: SearchPolicy, planned: Sequence[PlannedCard], device: DeviceInfo,
+                 budget: Budget, seed: int = 0, on_event: Callable[[Event], None] | None = None):
         self.store = store
         # NB: one evaluator per device; with several, cards are searched concurrently, one per device.
         self.evaluators = list(evaluator) if isinstance(evaluator, (list, tuple)) else [evaluator]
@@ -69,39 +38,26 @@ class OptimizationRun:
         self.device = device
         self.budget = budget
         self.seed = seed
-        self.events: list[Event] = []
-        self.error: BaseException | None = None
-        self.left_out: list[tuple[str, str]] = []   # (card key, why): planned cards no evaluator could judge
-        self.state = RunState.PENDING
-        self._subscribers: list[Callable[[Event], None]] = [on_event] if on_event else []
-        self._resume = threading.Event()
-        self._resume.set()
-        self._stop = threading.Event()
+        self.ledger = RunLedger([on_event] if on_event else [])
+        self.settings = RunSettings(store, proposer, policy, budget, device, seed, store.dollars())
         self._thread: threading.Thread | None = None
-        self._dollars_at_start = store.dollars()
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ control
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback(event)`` for every future event (from the run's thread)."""
-        with self._lock:
-            self._subscribers.append(callback)
+        self.ledger.subscribe(callback)
 
     def pause(self) -> None:
         """Finish the evaluation in progress, then wait until resume() or stop()."""
-        if not self.state.is_done:
-            self._resume.clear()
+        self.ledger.ask_pause()
 
     def resume(self) -> None:
-        self._resume.set()
+        self.ledger.ask_resume()
 
     def stop(self) -> None:
         """Stop after the evaluation in progress; proposals in flight are kept in the store."""
-        self._stop.set()
-        self._resume.set()
-        if not self.state.is_done:
-            self.state = RunState.STOPPING
+        self.ledger.ask_stop()
 
     def wait(self, timeout: float | None = None) -> "OptimizationRun":
         """Block until the run ends; re-raise the exception that ended it, if any."""
@@ -112,14 +68,38 @@ class OptimizationRun:
         return self
 
     @property
+    def state(self) -> RunState:
+        return self.ledger.state
+
+    @property
+    def events(self) -> list[Event]:
+        """The events published so far (a copy)."""
+        return self.ledger.events
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the run, if one did."""
+        return self.ledger.error
+
+    @property
+    def left_out(self) -> list[tuple[str, str]]:
+        """(card key, why): planned cards no evaluator of the run could judge."""
+        return self.ledger.left_out
+
+    @property
     def done(self) -> bool:
         return self.state.is_done
 
     @property
+    def stopping(self) -> bool:
+        return self.ledger.stopping
+
+    @property
     def dollars(self) -> float:
-        return self.store.dollars() - self._dollars_at_start
+        return self.settings.dollars()
 
     def start(self, background: bool) -> "OptimizationRun":
+        self.ledger.begin()   # NB: here, in the caller's thread: a second start() raises at once
         if background:
             self._thread = threading.Thread(target=self._main, name="kforge-optimize", daemon=True)
             self._thread.start()
@@ -137,44 +117,26 @@ class OptimizationRun:
     @property
     def progress(self) -> Progress:
         """How far the run has got: evaluations and proposer failures apart, of a total planned at its start."""
-        return Progress.of(list(self.events), cards_total=len(self.planned), iterations=self.budget.iterations)
+        return Progress.of(self.events, cards_total=len(self.planned), iterations=self.budget.iterations)
 
     def __repr__(self) -> str:
-        progress = self.progress
-        evaluated, failed = progress.evaluated, progress.proposer_failures
+        evaluated, failed = self.ledger.evaluated, self.ledger.proposer_failures
         said = f", {failed} proposer failure{'s' * (failed != 1)}" if failed else ""
         return (f"<kforge run {self.state.value}: {len(self.planned)} card{'s' * (len(self.planned) != 1)}, "
                 f"{evaluated} evaluation{'s' * (evaluated != 1)}{said}, ${self.dollars:.2f}>")
 
     # ------------------------------------------------------------------ the loop
 
-    @property
-    def strategy(self) -> SearchPolicy:
-        """Deprecated name of ``policy``."""
-        warnings.warn("OptimizationRun.strategy is now .policy", DeprecationWarning, stacklevel=2)
-        return self.policy
-
-    def _emit(self, kind: EventKind, card_key: str | None = None, candidate_id: int | None = None,
-              message: str = "", **data) -> None:
-        event = Event(kind, card_key, candidate_id, message, data)
-        self.events.append(event)
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for cb in subscribers:
-            try:
-                cb(event)
-            except Exception:  # a broken view must not kill the search
-                traceback.print_exc()
-
     def _main(self) -> None:
-        self.state = RunState.RUNNING
-        # NB: the run's total is planned once, here, from the plan and the budgets; progress only shrinks it, with
-        # a reason (a card that stopped early, a run that ended): recounting it per card made it jump (206 -> 84)
-        planned = {pc.card.key: budget_units_left(self.store, pc.card.key, self.budget.iterations)
-                   for pc in self.planned}
-        self._emit(EventKind.RUN_STARTED, message=f"{len(self.planned)} cards, policy {self.policy.name}, "
-                   f"proposer {self.proposer.name}", planned=planned)
+        publish = self.ledger.publish
+        left_out: list[tuple[str, str]] = []
         try:
+            # NB: the run's total is planned once, here, from the plan and the budgets; progress only shrinks it,
+            # with a reason (a card that stopped early, a run that ended): recounting it per card made it jump
+            planned = {pc.card.key: budget_units_left(self.store, pc.card.key, self.budget.iterations)
+                       for pc in self.planned}
+            publish(EventKind.RUN_STARTED, message=f"{len(self.planned)} cards, policy {self.policy.name}, "
+                    f"proposer {self.proposer.name}", planned=planned)
             queue = list(self.planned)
             lock = threading.Lock()
             errors: list[BaseException] = []
@@ -182,14 +144,14 @@ class OptimizationRun:
             def work(evaluator: Evaluator) -> None:
                 while not errors:
                     with lock:
-                        if not queue or self._stop.is_set() or self._over_dollars():
+                        if not queue or self.ledger.stopping or self.settings.over_dollars():
                             return
                         pc = self._take(queue, evaluator)
                         if pc is None:
                             return
                     try:
                         search = InlineSearch if proposes_inline(self.proposer) else PooledSearch
-                        search(self, pc.card, evaluator).run()
+                        search(self.settings, self.ledger, pc.card, evaluator).run()
                     except BaseException as exc:
                         errors.append(exc)
 
@@ -204,18 +166,17 @@ class OptimizationRun:
                     t.join()
             if errors:
                 raise errors[0]
-            if not self._stop.is_set() and not self._over_dollars():
-                self.left_out = [(pc.card.key, f"judged on {self.store.get_meta('hardware:' + pc.card.key)}, which "
-                                  "no evaluator of this run has") for pc in queue]
-            if self._over_dollars():
-                self._emit(EventKind.BUDGET_REACHED, message=f"dollar budget ${self.budget.dollars:.2f} reached")
-            self.state = RunState.STOPPED if self._stop.is_set() else RunState.FINISHED
+            if not self.ledger.stopping and not self.settings.over_dollars():
+                left_out = [(pc.card.key, f"judged on {self.store.get_meta('hardware:' + pc.card.key)}, which "
+                             "no evaluator of this run has") for pc in queue]
+            if self.settings.over_dollars():
+                publish(EventKind.BUDGET_REACHED, message=f"dollar budget ${self.budget.dollars:.2f} reached")
+            self.ledger.finish(left_out)
         except BaseException as exc:  # surfaces through wait() and the ERROR event
-            self.error = exc
-            self.state = RunState.FAILED
-            self._emit(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            self.ledger.fail(exc)
+            publish(EventKind.ERROR, message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         finally:
-            self._emit(EventKind.RUN_FINISHED, message=self.state.value, left_out=list(self.left_out))
+            publish(EventKind.RUN_FINISHED, message=self.state.value, left_out=self.left_out)
 
     def _take(self, queue: list[PlannedCard], evaluator: Evaluator) -> PlannedCard | None:
         """The first planned card this evaluator may judge, taken from the queue.
@@ -234,22 +195,3 @@ class OptimizationRun:
                     self.store.set_meta(f"hardware:{pc.card.key}", hardware)
                 return queue.pop(i)
         return None
-
-    def _over_dollars(self) -> bool:
-        return self.budget.dollars is not None and self.dollars >= self.budget.dollars
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    def _gate(self) -> bool:
-        """Wait while paused; False once the run should stop."""
-        if not self._resume.is_set():
-            self.state = RunState.PAUSED
-            self._emit(EventKind.PAUSED)
-            self._resume.wait()
-            if not self._stop.is_set():
-                self.state = RunState.RUNNING
-                self._emit(EventKind.RESUMED)
-        return not self._stop.is_set()
-

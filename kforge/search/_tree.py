@@ -1,7 +1,7 @@
 """The search tree of one card, rebuilt from the store, and the search policies that grow it.
 
-Node = candidate, edge = one revision, value = speedup over eager (failures 0). The root stands
-for eager itself; its children are first candidates.
+A ``TreeNode`` is a candidate, an edge one revision, the value the candidate's ``score`` (its speedup
+over eager, 0 for failures). The root stands for eager itself; its children are first candidates.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from ..store import Candidate
 
 
 @dataclass
-class Node:
+class TreeNode:
     candidate: Candidate | None           # None for the root (eager)
-    parent: "Node | None" = None
-    children: list["Node"] = field(default_factory=list)
+    parent: "TreeNode | None" = None
+    children: list["TreeNode"] = field(default_factory=list)
     visits: int = 0
     total: float = 0.0
     pending: int = 0                      # proposals in flight below this node (virtual loss)
@@ -28,13 +28,13 @@ class Node:
 
     @property
     def score(self) -> float:
-        return self.candidate.speedup if self.candidate else 1.0
+        return self.candidate.score if self.candidate else 1.0
 
     @property
     def mean(self) -> float:
         return self.total / self.visits if self.visits else 0.0
 
-    def path(self) -> list["Node"]:
+    def path(self) -> list["TreeNode"]:
         node, out = self, []
         while node is not None:
             out.append(node)
@@ -44,30 +44,30 @@ class Node:
 
 class Tree:
     def __init__(self, candidates: Iterable[Candidate] = ()):
-        self.root = Node(None, visits=1, total=1.0)
-        self.nodes: dict[int, Node] = {}
+        self.root = TreeNode(None, visits=1, total=1.0)
+        self.nodes: dict[int, TreeNode] = {}
         for c in candidates:
             self.add(c)
 
-    def add(self, candidate: Candidate) -> Node:
+    def add(self, candidate: Candidate) -> TreeNode:
         parent = self.nodes.get(candidate.parent_id) if candidate.parent_id is not None else self.root
-        node = Node(candidate, parent or self.root)
+        node = TreeNode(candidate, parent or self.root)
         node.parent.children.append(node)
         self.nodes[candidate.id] = node
         if candidate.is_evaluated:
-            self.backup(node, candidate.speedup)
+            self.backup(node, candidate.score)
         return node
 
-    def update(self, candidate: Candidate) -> Node:
+    def update(self, candidate: Candidate) -> TreeNode:
         """Put the candidate's evaluation in the tree (one that does not count leaves the node pending)."""
         node = self.nodes[candidate.id]
         node.candidate = candidate
         if candidate.is_evaluated:
-            self.backup(node, candidate.speedup)
+            self.backup(node, candidate.score)
         return node
 
     @staticmethod
-    def backup(node: Node, value: float) -> None:
+    def backup(node: TreeNode, value: float) -> None:
         for n in node.path():
             n.visits += 1
             n.total += value
@@ -76,10 +76,10 @@ class Tree:
         return len(self.nodes)
 
     @property
-    def evaluated(self) -> list[Node]:
+    def evaluated(self) -> list[TreeNode]:
         return [n for n in self.nodes.values() if n.candidate and n.candidate.is_evaluated]
 
-    def best(self) -> Node | None:
+    def best(self) -> TreeNode | None:
         scored = [n for n in self.evaluated if n.candidate.status and n.candidate.status.is_correct]
         return max(scored, key=lambda n: (n.score, -n.id)) if scored else None
 
@@ -94,7 +94,7 @@ class SearchPolicy(Protocol):
     name: str
     lookahead: bool  # may pick again before the pending candidates are evaluated
 
-    def select(self, tree: Tree, rng: random.Random) -> Node:
+    def select(self, tree: Tree, rng: random.Random) -> TreeNode:
         """The node whose candidate the proposer revises next (the root: propose a first candidate)."""
 
 
@@ -112,21 +112,21 @@ class MCTS:
     def __init__(self, c: float = 0.7, k: float = 1.0, alpha: float = 0.5, root_children: int = 2):
         self.c, self.k, self.alpha, self.root_children = c, k, alpha, root_children
 
-    def _can_widen(self, node: Node) -> bool:
+    def _can_widen(self, node: TreeNode) -> bool:
         n = node.visits + node.pending
         limit = max(1, math.ceil(self.k * n ** self.alpha))
         if node.candidate is None:
             limit = max(limit, self.root_children)
         return len(node.children) + node.pending < limit
 
-    def _uct(self, child: Node, parent: Node, lo: float, hi: float) -> float:
+    def _uct(self, child: TreeNode, parent: TreeNode, lo: float, hi: float) -> float:
         visits = child.visits + child.pending
         if visits == 0:
             return float("inf")
         q = (child.total / visits - lo) / (hi - lo) if hi > lo else 0.5
         return q + self.c * math.sqrt(math.log(max(parent.visits + parent.pending, 1)) / visits)
 
-    def select(self, tree: Tree, rng: random.Random) -> Node:
+    def select(self, tree: Tree, rng: random.Random) -> TreeNode:
         lo, hi = tree.value_range()
         node = tree.root
         while True:
@@ -143,7 +143,7 @@ class LinearRefinement:
     name = "linear"
     lookahead = False  # revising "the best" means nothing until the last revision is scored
 
-    def select(self, tree: Tree, rng: random.Random) -> Node:
+    def select(self, tree: Tree, rng: random.Random) -> TreeNode:
         best = tree.best()
         if best is not None:
             return best
@@ -158,11 +158,9 @@ class BestOfN:
     name = "best_of_n"
     lookahead = True
 
-    def select(self, tree: Tree, rng: random.Random) -> Node:
+    def select(self, tree: Tree, rng: random.Random) -> TreeNode:
         return tree.root
 
-
-Strategy = SearchPolicy  # NB: the old name, kept for code written before the rename
 
 POLICIES = {"mcts": MCTS, "linear": LinearRefinement, "best_of_n": BestOfN}
 
@@ -176,11 +174,3 @@ def make_policy(policy: str | SearchPolicy) -> SearchPolicy:
             raise ValueError(f"unknown search policy {policy!r}; choose one of {', '.join(POLICIES)}") from None
     return policy
 
-
-def make_strategy(strategy: str | SearchPolicy) -> SearchPolicy:
-    """Deprecated: use make_policy."""
-    import warnings
-
-    warnings.warn("make_strategy is now make_policy (search policies are not kernel strategies)",
-                  DeprecationWarning, stacklevel=2)
-    return make_policy(strategy)

@@ -39,13 +39,13 @@ class CardRow:
 
 
 @dataclass(frozen=True)
-class TreeNode:
-    """One candidate of a search tree, small enough to ship hundreds at once."""
+class TreeRow:
+    """One candidate of a search tree as the tree view shows it, small enough to ship hundreds at once."""
 
     id: int
     parent: int | None
     status: str               # an evaluation status, or "pending" before evaluation
-    speedup: float            # the candidate's timings pooled (a candidate timing, not the card's); 0 for failures
+    score: float              # the candidate's timings pooled (a candidate timing, not the card's); 0 for failures
     winner: bool              # the card's verdict installs this candidate: its speedup is the card's
     intent: str
     strategy: str
@@ -62,7 +62,7 @@ def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> l
     for c in store.candidates():
         counts[c.card_key] = counts.get(c.card_key, 0) + 1
         if c.status is not None and c.status.is_correct:
-            best[c.card_key] = max(best.get(c.card_key, 0.0), c.speedup)
+            best[c.card_key] = max(best.get(c.card_key, 0.0), c.score)
     dollars: dict[str, float] = {}
     for call in store.llm_calls():
         if call.card_key:
@@ -106,7 +106,7 @@ def tree_nodes(store: "Store", card_key: str) -> list[dict[str, Any]]:
     """Every candidate of a card's search tree, without sources (those are fetched on demand)."""
     verdict = store.result(card_key)
     winner = verdict.winner_id if verdict is not None and verdict.status.has_winner else None
-    return [asdict(TreeNode(c.id, c.parent_id, c.status.value if c.status else "pending", c.speedup,
+    return [asdict(TreeRow(c.id, c.parent_id, c.status.value if c.status else "pending", c.score,
                             c.id == winner, _first_line(c.intent), c.strategy or ""))
             for c in store.candidates(card_key)]
 
@@ -117,10 +117,10 @@ def best_path(nodes: list[dict[str, Any]]) -> list[int]:
     by_id = {n["id"]: n for n in nodes}
     node: dict[str, Any] | None = next((n for n in nodes if n.get("winner")), None)
     if node is None:
-        correct = [n for n in nodes if n["speedup"] > 1.0 and n.get("status", "faster") == "faster"]
+        correct = [n for n in nodes if n["score"] > 1.0 and n.get("status", "faster") == "faster"]
         if not correct:
             return []
-        node = max(correct, key=lambda n: (n["speedup"], -n["id"]))
+        node = max(correct, key=lambda n: (n["score"], -n["id"]))
     path = []
     while node is not None:
         path.append(node["id"])

@@ -100,7 +100,7 @@ def search_tree(nodes: Sequence[dict[str, Any]], best: Sequence[int], selected: 
         for n in kids.get(parent, []):
             weight = "font-weight: 600; " if n["id"] in on_best else ""
             mark = " ◀ shown" if n["id"] == selected else ""
-            speed = f" {n['speedup']:.2f}×" if n["speedup"] > 0 else ""
+            speed = f" {n['score']:.2f}×" if n["score"] > 0 else ""
             speed += " (the card's winner)" if n.get("winner") else ""
             # NB: wrapped, with a hanging indent: a long intent must not run out of a narrow output
             lines.append(f'<div style="{weight}padding-left: {depth * 16 + 16}px; text-indent: -16px; '

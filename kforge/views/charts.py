@@ -66,7 +66,7 @@ def speedup_over_iterations(session: "Session") -> Any:
         if c.card_key not in labels:
             continue
         count[c.card_key] = count.get(c.card_key, 0) + 1
-        best[c.card_key] = max(best.get(c.card_key, 0.0), c.speedup)
+        best[c.card_key] = max(best.get(c.card_key, 0.0), c.score)
         rows.append({"card": labels[c.card_key], "iteration": count[c.card_key],
                      "best speedup": best[c.card_key], "status": c.status.value if c.status else "pending"})
     title = "Best candidate timing per card (unconfirmed; ◆ the card's speedup)"

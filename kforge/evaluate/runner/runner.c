@@ -6,7 +6,8 @@
  * cross-checks the times with its own clock. No Python, no torch.
  *
  * Built by kforge/evaluate/_runner.py: gcc for the CPU backend; nvcc -x cu -DKF_RUNNER_CUDA with
- * cudart linked statically for the CUDA backend (so this file is also valid C++).
+ * cudart linked statically for the CUDA backend (so this file is also valid C++); both with
+ * kforge/kernels/include on the include path, for kforge.h.
  *
  * argv: chan_fd desc_fd in_fd out_fd times_fd so_path private_dir cpu_seconds mem_bytes
  *       [device in_handle_hex in_offset out_handle_hex out_offset]          (CUDA only)
@@ -42,17 +43,8 @@
 #include <cuda_runtime.h>
 #endif
 
-#define KF_MAX_DIMS 8
-typedef struct kf_tensor {
-    void* data;
-    int32_t ndim;
-    int32_t dtype;
-    int64_t sizes[KF_MAX_DIMS];
-    int64_t strides[KF_MAX_DIMS];
-} kf_tensor;
-
-typedef int (*kf_launch_fn)(const kf_tensor*, int, const kf_tensor*, int, const double*, int, void*, void*);
-typedef size_t (*kf_workspace_fn)(void);
+/* the kernel ABI (kf_tensor, kf_launch_fn, kf_workspace_fn): the candidates' own header */
+#include "kforge.h"
 
 /* ---- frames: 64 bytes, little-endian, the same layout both ways (see _frames.py) */
 #define KF_MAGIC 0x4E52464Bu /* "KFRN" */

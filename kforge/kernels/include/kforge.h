@@ -17,6 +17,10 @@
  * - workspace: scratch memory of kf_workspace_bytes() bytes (optional export), uninitialised.
  * - stream: a cudaStream_t on the CUDA backend (launch only on it), NULL on the CPU backend.
  * - return 0 on success; on CUDA return (int)cudaGetLastError() after launching.
+ *
+ * The ABI below (kf_tensor, the dtype codes, the entry points' types) is the only declaration of
+ * it: kforge's runner and its dispatch front include this header too, and tests/test_abi.py checks
+ * the Python side (kforge/kernels/_library.py, kforge/ops/_signature.py) against it.
  */
 #ifndef KFORGE_H
 #define KFORGE_H
@@ -24,6 +28,7 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#define KF_CONTRACT_VERSION 1
 #define KF_MAX_DIMS 8
 
 typedef struct kf_tensor {
@@ -51,6 +56,11 @@ enum kf_dtype {
 #else
 #define KF_ENTRY __attribute__((visibility("default")))
 #endif
+
+/* the entry points' types, as the harness finds them (dlsym) */
+typedef int (*kf_launch_fn)(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
+                            const double* params, int n_params, void* workspace, void* stream);
+typedef size_t (*kf_workspace_fn)(void);
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
