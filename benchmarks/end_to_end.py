@@ -64,7 +64,6 @@ def _diagnose(s: kforge.Session, model, inputs, device: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     out: dict = {}
-    kernels, _, _ = s._deployable(True)
     call = (lambda m: m(inputs))  # noqa: E731
 
     def gpu_by_kernel(fn) -> dict[str, float]:
@@ -111,9 +110,9 @@ def _decode(s: kforge.Session, model, prompt, args, modes, e2e, save) -> dict:
 
     from kforge.deploy import Deployment
     from kforge.deploy._graph import compile_with, no_recompile_limit
-    from kforge.deploy._report import _patched_eagerly
+    from kforge.deploy._select import _patched_eagerly
 
-    kernels, _, _ = s._deployable(not args.no_guard)   # the set end_to_end started from
+    kernels = list(s._deployable(not args.no_guard).kernels)   # the set end_to_end started from
     kept = {r.mode: set(r.kept) for r in e2e.fallback}
 
     def kept_in(mode: str) -> list | None:

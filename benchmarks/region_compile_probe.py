@@ -109,7 +109,8 @@ def main() -> None:
     if not regions:
         raise SystemExit("no region cards")
     s.optimize(cards=[regions[0].key], iterations=args.iterations, confirm=False)
-    kernels, _, skipped = s._deployable(True)
+    ready = s._deployable(True)
+    kernels, skipped = list(ready.kernels), ready.skipped
     say(f"# region {regions[0].signature[:100]} share {regions[0].share:.3f} calls {regions[0].calls}; "
         f"{len(kernels)} kernel(s) {skipped}")
     if not kernels:

@@ -206,10 +206,10 @@ def _decode(s, model, prompt, report, modes: tuple, args, save) -> dict:
 
     from kforge.deploy import Deployment
     from kforge.deploy._graph import compile_with, no_recompile_limit
-    from kforge.deploy._report import _patched_eagerly
+    from kforge.deploy._select import _patched_eagerly
     from kforge.models import compare_decode, decode_steps, forward_as
 
-    kernels, _, _ = s._deployable(all_winners=True)
+    kernels = list(s._deployable(all_winners=True).kernels)
     kept = {f.mode: set(f.kept) for f in report.fallback}
     eager_ks = [dk for dk in kernels if _patched_eagerly(dk.variant.op)
                 and ("eager" not in kept or dk.variant.signature in kept["eager"])]

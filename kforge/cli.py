@@ -169,7 +169,7 @@ def check_optimize_args(args: argparse.Namespace) -> list[str] | None:
 def _end_to_end_modes(spec: str) -> tuple[str, ...] | None:
     """--end-to-end's modes: the torch.compile modes to time beside eager (eager is always timed), or None for
     none at all."""
-    from .deploy._report import MODES
+    from .deploy import MODES
 
     known = ("eager", *MODES)
     words = [w.strip() for w in (spec or "").split(",") if w.strip()]

@@ -12,8 +12,7 @@ from .capture import Batches, CaptureError, CaptureLimits, Cards, capture_cards
 from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
-    from .deploy import Deployment, DispatchCost
-    from .deploy._report import EndToEnd
+    from .deploy import Deployment, DeploymentPlan, DispatchCost, EndToEnd, ReadyKernels
     from .evaluate import Evaluator
     from .kernels import DeviceInfo
     from .search import OptimizationRun, Results
@@ -178,13 +177,12 @@ class Session:
                  dollars: float | None = None, seconds_per_card: float | None = None, parallel: int = 4,
                  ops: Sequence[str] | None = None, cards: Sequence[str] | None = None, include_vendor: bool = False,
                  max_cards: int | None = None, background: bool = False, seed: int = 0, confirm: bool = True,
-                 devices: Sequence[str] | None = None, cluster: Any = None, on_event: Callable | None = None,
-                 strategy: Any = None) -> "OptimizationRun":
+                 devices: Sequence[str] | None = None, cluster: Any = None, on_event: Callable | None = None
+                 ) -> "OptimizationRun":
         """Search for faster kernels for the planned cards.
 
         proposer: "builtin" (no network, no key), "anthropic[:model]", "openai[:model]",
-        "local:<url>" or a Proposer. policy (the search policy): "mcts", "linear" or "best_of_n"
-        (``strategy=`` is its deprecated name). Budgets:
+        "local:<url>" or a Proposer. policy (the search policy): "mcts", "linear" or "best_of_n". Budgets:
         ``iterations`` candidates per card, ``dollars`` for the run, ``seconds_per_card``.
         ``cards`` picks cards by key (prefixes work); otherwise vendor-backed cards are skipped
         unless ``include_vendor``. With ``background=True`` it returns at once; use the returned
@@ -199,12 +197,6 @@ class Session:
         from .proposers import make_proposer
         from .search import Budget, OptimizationRun, make_policy, plan
 
-        if strategy is not None:
-            import warnings
-
-            warnings.warn("optimize(strategy=...) is now optimize(policy=...): a search policy; the built-in "
-                          "kernel families are the strategies", DeprecationWarning, stacklevel=2)
-            policy = strategy
         if iterations < 1:
             raise ValueError("iterations must be at least 1")
         if dollars is not None and dollars <= 0:
@@ -283,33 +275,25 @@ class Session:
 
     # ------------------------------------------------------------------ deploy
 
-    def _compiled_winners(self, all_winners: bool = True, dispatch_cost: DispatchCost | None = None
-                          ) -> tuple[list, list[tuple[str, str]]]:
-        from .deploy import ExportedKernel
-        from .deploy._select import Winner, select_winners
-        from .deploy._select import dispatch_cost as cost_here
-        from .kernels import backend_of, compile_source
+    def deployment_plan(self, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
+                        ) -> "DeploymentPlan":
+        """What ``apply()`` and ``export()`` start from: every card's winner with what it is expected to save per
+        forward (``kernels``), less the operators whose winners save less than dispatching them costs the host
+        (``left_out``, each with why; ``all_winners=True`` leaves none out). ``compile()`` and ``end_to_end()``
+        start from it with ``all_winners=True``, their model-level checks in place of the filter."""
+        from .deploy import plan_deployment
 
-        backend = backend_of(self.device)
-        verdicts = self.store.results()
-        found = {card.key: (card, cand) for card, cand in self.winners()}
-        winners = [Winner(card, verdicts[key].eager_us or card.eager_us,
-                          verdicts[key].kernel_us or card.eager_us / max(verdicts[key].winner_speedup or 1.0, 1e-9))
-                   for key, (card, cand) in found.items()]
-        skipped: list[tuple[str, str]] = []
-        if not all_winners and winners:
-            winners, skipped = select_winners(self.cards, winners, cost_here(self.device, dispatch_cost))
-        op_calls: dict[str, int] = {}
-        for card in self.cards:
-            op_calls[card.op] = op_calls.get(card.op, 0) + card.calls
-        out = []
-        for w in winners:
-            cand = found[w.card.key][1]
-            built = compile_source(cand.source, backend, self.evaluator.arch)
-            out.append(ExportedKernel(w.card.variant, cand.source, built.path, cand.id, verdicts[w.card.key].winner_speedup,
-                                      calls=w.card.calls, eager_us=w.eager_us, kernel_us=w.kernel_us,
-                                      op_calls=op_calls[w.card.op]))
-        return out, skipped
+        return plan_deployment(self.cards, self.store, device=self.device, all_winners=all_winners,
+                               dispatch_cost=dispatch_cost)
+
+    def _deployable(self, all_winners: bool, dispatch_cost: DispatchCost | None = None) -> "ReadyKernels":
+        """The deployment plan's kernels ready in this process (a CPU kernel served by a sandboxed worker, a CUDA
+        kernel replayed from its recorded launch plan), each re-checked here against eager on its card's captured
+        examples and fresh inputs; those that are not, left out with why (``kforge.deploy.make_ready``)."""
+        from .deploy import make_ready
+
+        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost)
+        return make_ready(plan, self.evaluator if plan.kernels else None, self.store)
 
     def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False,
               dispatch_cost: DispatchCost | None = None) -> "Deployment":
@@ -333,87 +317,18 @@ class Session:
         installed only if the model is measurably faster with them, since the captured forward's own cost
         (guards, the graph run op by op) can exceed what they save; ``all_winners=True`` skips that check.
         """
-        from .deploy import Deployment
+        from .deploy import graph_forward_pays
 
         if scope not in ("model", "process"):
             raise ValueError("scope is 'model' or 'process'")
         model = model if model is not None else self.model
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
-        exported, skipped = self._compiled_winners(all_winners, dispatch_cost)
-        kernels, unreplayable = self._deployed(exported)
-        skipped = skipped + unreplayable
-        kernels, refused = self._rechecked(kernels)
-        if not all_winners and scope == "model":
-            kernels, slower = self._graph_forward_pays(model, kernels)
-            refused += slower
-        return Deployment(kernels, model if scope == "model" else None, skipped + refused).install()
-
-    def _graph_forward_pays(self, model: Any, kernels: list) -> tuple[list, list[tuple[str, str]]]:
-        """``kernels`` less the region and fused-operator ones when the model, timed on the session's inputs
-        with all of them and with the operator kernels alone, is not measurably faster with them; a reason
-        for each one left out. Without the session's inputs, or for another model than the session's, nothing
-        is timed (they stay)."""
-        from .deploy._deployment import in_graph
-        from .deploy._fallback import interleaved
-        from .deploy._graph import no_recompile_limit
-        from .deploy._report import eager_arms
-
-        graphed = [k for k in kernels if in_graph(k.variant)]
-        if not graphed or model is not self.model or self.batches == [None]:
-            return kernels, []
-        args, kwargs = self._inputs()
-        operators = [k for k in kernels if k not in graphed]
-        build = eager_arms(model, lambda m: m(*args, **kwargs))
-        with no_recompile_limit(), torch.no_grad():
-            cmp = interleaved(self.device)(build(kernels), build(operators))
-        for k in kernels:
-            k.reset_calls()
-        if cmp.faster:
-            return kernels, []
-        why = (f"the model with its {len(graphed)} region/fused kernel(s) in the captured forward ran "
-               f"{cmp.ratio()} against without them, timed on the session's inputs: left out "
-               "(apply(all_winners=True) installs them anyway)")
-        return operators, [(k.variant.signature, why) for k in graphed]
-
-    def _deployed(self, exported: list) -> tuple[list, list[tuple[str, str]]]:
-        """The winners as DeployedKernels (a CPU kernel served by a sandboxed worker, a CUDA kernel replayed from
-        the launch plan recorded in a sandboxed runner: ``deploy._replay``), and a reason for each CUDA kernel
-        that cannot be replayed (it stays on eager; nothing of it is loaded here)."""
-        from .deploy._replay import deploy_winners
-
-        cuda = any(k.variant.device.startswith("cuda") for k in exported)
-        return deploy_winners(exported, self.evaluator if cuda else None,
-                              lambda v: self.evaluator.examples_for(self.cards[v.key], self.store))
-
-    def _rechecked(self, kernels: list) -> tuple[list, list[tuple[str, str]]]:
-        """The kernels that still match eager when called in this process, on the card's captured
-        examples and fresh inputs (``deploy._recheck``), and a reason for each one refused."""
-        from .deploy._recheck import example_paths_of, refuse_failing
-
-        return refuse_failing(kernels, lambda v: example_paths_of(self.store, v.key))
-
-    def _deployable(self, all_winners: bool) -> tuple[list, list[float], list[tuple[str, str]]]:
-        """The winners as DeployedKernels, each one's expected saving per forward (calls x (eager -
-        kernel), from its verdict), and the winners the dispatch-cost filter left out."""
-        from dataclasses import replace
-
-        exported, skipped = self._compiled_winners(all_winners)
-        verdicts = self.store.results()
-        timed, saving = [], {}
-        for k in exported:
-            card = self.cards[k.variant.key]
-            v = verdicts.get(card.key)
-            eager = (v.eager_us if v is not None else None) or card.eager_us
-            kernel = (v.kernel_us if v is not None else None) or eager / max(k.speedup or 1.0, 1e-9)
-            timed.append(replace(k, kernel_us=kernel))
-            saving[k.variant.key] = card.calls * (eager - kernel)
-        kernels, unreplayable = self._deployed(timed)
-        skipped = skipped + unreplayable
-        gains = [saving[dk.variant.key] for dk in kernels]
-        kept, refused = self._rechecked(kernels)
-        gains = [g for dk, g in zip(kernels, gains) if dk in kept]
-        return kept, gains, skipped + refused
+        ready = self._deployable(all_winners, dispatch_cost)
+        # NB: timed on the session's inputs: another model, or none, has nothing to time and keeps them
+        if not all_winners and scope == "model" and model is self.model and self.batches != [None]:
+            ready = graph_forward_pays(ready, model, self._forward(), self.device)
+        return ready.deployment(model if scope == "model" else None).install()
 
     def _inputs(self) -> tuple[tuple, dict]:
         from .capture import split_batch
@@ -422,6 +337,11 @@ class Session:
             raise CaptureError("this needs the model and its inputs: Session(model, inputs), or for a stored "
                                "session Session.open(workdir, model=model, inputs=inputs)")
         return split_batch(self.batches[0])
+
+    def _forward(self) -> Callable[[Any], Any]:
+        """``forward(model)``: the model run on the session's first example batch."""
+        args, kwargs = self._inputs()
+        return lambda m: m(*args, **kwargs)
 
     def compile(self, model: Any = None, *, guard: bool = True, backend: str = "inductor",
                 **torch_compile_kwargs: Any) -> Any:
@@ -437,29 +357,13 @@ class Session:
         matches and a kept set that moves the output from eager's further than plain compile does. ``result.kforge_backend.graphs`` lists what
         each compiled graph got. ``backend="eager"`` skips Inductor (debugging).
         """
-        from .deploy._fallback import interleaved
-        from .deploy._graph import compile_with, no_recompile_limit
-        from .deploy._report import check_compiled, compiled_arms, relative_difference
+        from .deploy import compile_checked
 
         model = model if model is not None else self.model
-        kernels, gains, _ = self._deployable(all_winners=True)
-        if not guard or not kernels:
-            return compile_with(model, kernels, backend=backend, **torch_compile_kwargs)
-        args, kwargs = self._inputs()
-        mode = torch_compile_kwargs.pop("mode", None)
-        forward = lambda m: m(*args, **kwargs)  # noqa: E731
-        make, made = compiled_arms(model, forward, mode, backend, **torch_compile_kwargs)
-        with no_recompile_limit(), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried (and the A/A control)
-            reference = forward(model)
-            none = make([])
-            plain_diff = relative_difference(reference, forward(made[()]), model)
-            kept, _, report, _, _ = check_compiled(kernels, gains, make, made, interleaved(self.device), mode or "default",
-                                                none, forward, reference, plain_diff, model=model)
-        compiled = made.get(tuple(sorted(dk.run_name for dk in kept)))
-        if compiled is None:
-            compiled = compile_with(model, kept, backend=backend, mode=mode, **torch_compile_kwargs)
-        object.__setattr__(compiled, "kforge_fallback", report)
-        return compiled
+        ready = self._deployable(all_winners=True)
+        forward = self._forward() if guard and ready.kernels else None
+        return compile_checked(model, ready, forward, device=self.device, guard=guard, backend=backend,
+                               **torch_compile_kwargs)
 
     def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
                    guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,
@@ -477,17 +381,17 @@ class Session:
         (``last_end_to_end``), which its display shows beside the cards."""
         import sys
 
-        from .deploy._report import measure
+        from .deploy import measure
 
         if progress is True:
             say = lambda line: print(f"kforge end_to_end: {line}", file=sys.stderr, flush=True)  # noqa: E731
         else:
             say = progress or None
         args, kwargs = self._inputs()
-        kernels, gains, skipped = self._deployable(all_winners or guard)  # the check replaces the filter
-        table = measure(self.model, args, kwargs, kernels, gains, device=self.device, modes=modes, compile=compile,
-                        guard=guard, backend=compile_backend, compare=compare, skipped=skipped, on_mode=on_mode,
-                        progress=say)
+        ready = self._deployable(all_winners or guard)  # the check replaces the filter
+        table = measure(self.model, args, kwargs, ready.kernels, ready.expected_savings_us, device=self.device,
+                        modes=modes, compile=compile, guard=guard, backend=compile_backend, compare=compare,
+                        skipped=ready.skipped, on_mode=on_mode, progress=say)
         self.last_end_to_end = table
         return table
 
@@ -499,11 +403,10 @@ class Session:
         more than they save (``dispatch_cost`` as in ``apply``); ``all_winners=True`` exports every
         winner.
         """
-        from .deploy import export_artifact
+        from .deploy import export_plan
 
-        exported = self._compiled_winners(all_winners, dispatch_cost)[0]
-        cuda = any(k.variant.device.startswith("cuda") for k in exported)
-        return export_artifact(path, exported, self.device, self.evaluator if cuda else None)
+        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost)
+        return export_plan(path, plan, self.device, self.evaluator if plan.kernels else None)
 
     def __enter__(self) -> "Session":
         return self

@@ -378,11 +378,11 @@ def test_a_capture_after_apply_leaves_the_deployment_its_calls(tmp_path):
 def test_another_threads_call_during_a_capture_is_not_the_captures(tmp_path):
     import threading
 
-    from kforge.capture._capture import CaptureLimits, _Recorder
+    from kforge.capture._capture import CaptureLimits, _CallRecorder
 
     model, x = _model()
     layer = model.layers[1]   # calls the module's global
-    rec = _Recorder(None, CaptureLimits(), [0], set(), model=model)
+    rec = _CallRecorder(None, CaptureLimits(), [0], set(), model=model)
     got = []
     with torch.no_grad(), rec:
         th = threading.Thread(target=lambda: got.append(layer(x)))
@@ -469,11 +469,11 @@ def test_a_deployment_installed_during_a_capture_leaves_the_capture_the_calls_it
     for, so the capture never saw them (found by review)."""
     import threading
 
-    from kforge.capture._capture import CaptureLimits, _Recorder
+    from kforge.capture._capture import CaptureLimits, _CallRecorder
 
     s, model, x, cards = _session_with_winners(tmp_path)
     other, y = _model(t=16)   # other signatures: the deployment's kernels take none of its calls
-    rec, deps = _Recorder(None, CaptureLimits(), [0], set(), model=other), []
+    rec, deps = _CallRecorder(None, CaptureLimits(), [0], set(), model=other), []
     with torch.no_grad(), rec:
         worker = threading.Thread(target=lambda: deps.append(s.apply(all_winners=True)))
         worker.start()
@@ -516,7 +516,7 @@ def test_a_graph_node_left_without_its_kernel_runs_the_library_function_not_the_
     from kforge.deploy._runop import RUN_TABLE, _run_impl
 
     s, model, x, cards = _session_with_winners(tmp_path)
-    kernels, _, _ = s._deployable(True)
+    kernels = s._deployable(True).kernels
     dk = next(k for k in kernels if k.variant.op == "gated_delta_rule")
     (ins, _), = s.store.load_examples(next(c.key for c in cards if c.variant == dk.variant))[:1]
     ran = []
@@ -606,7 +606,7 @@ def test_a_session_on_generate_captures_the_prompt_and_the_decode_steps_and_deco
             got = wrapper(ids)
         assert sorted(dk.calls for dk in dep.kernels) == [1, new - 1]
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        kernels, _, _ = s._deployable(all_winners=True)
+        kernels = list(s._deployable(all_winners=True).kernels)
         arms = {"eager": lambda: contextlib.nullcontext(), "eager + kforge": lambda: Deployment(kernels, model).install()}
         result = models.compare_decode(model, ids, new, arms, rounds=2)
     arm = result["eager + kforge"]

@@ -11,6 +11,7 @@ import ctypes
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -276,3 +277,22 @@ def test_the_recorder_records_calls_and_refuses_what_a_replay_cannot_do():
     assert "scale_k" in record.functions[launch.function][1]
     assert record.refusals == ("a copy to or from host memory (cudaMemcpyAsync of kind other than device to device)",
                                "a launch on another stream than the one kf_launch was given")
+
+
+@needs_nvcc
+def test_the_dispatch_cost_probe_has_a_launch_plan_of_its_own_device_code():
+    """With replay on, the dispatch cost is measured through a replayed plan as winners are served: the probe's plan is
+    written by kforge from its own library's fat binary (no recording), one launch with its two pointers as slots."""
+    from kforge.deploy._replay import fatbin_of
+    from kforge.deploy._select import _PROBE_CUDA, _probe_plan
+    from kforge.kernels import compile_source
+
+    built = compile_source(_PROBE_CUDA, "cuda", "sm_90")
+    plan = _probe_plan(built.path, (32, 64))
+    assert plan.modules[0][:4] == b"\x50\xed\x55\xba" and plan.launches == 1
+    plan.check({("input", 0): 32 * 64 * 4, ("output", 0): 32 * 64 * 4})
+    assert LaunchPlan.from_json(plan.to_json(), plan.modules) == plan
+    (step,) = plan.steps
+    assert [(o, s) for o, s, _ in step.pointers] == [(0, ("input", 0)), (8, ("output", 0))]
+    with pytest.raises(ValueError, match="nv_fatbin"):
+        fatbin_of(Path(sys.executable).resolve().read_bytes())

@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from kforge.capture import Card
-from kforge.deploy import _select
-from kforge.deploy._select import DispatchCost, Winner, dispatch_cost, measure_dispatch_cost, select_winners
+from kforge.deploy import LeftBy, PlannedKernel, _select, choose
+from kforge.deploy._select import DispatchCost, dispatch_cost, measure_dispatch_cost
+
+
+def _winner(card: Card, eager_us: float, kernel_us: float, op_calls: int) -> PlannedKernel:
+    return PlannedKernel(card.variant, "", None, eager_us / kernel_us, card.calls, op_calls, eager_us, kernel_us)
 
 
 def test_frequent_small_winner_is_skipped_and_big_one_kept():
@@ -15,18 +19,19 @@ def test_frequent_small_winner_is_skipped_and_big_one_kept():
     other_muls = Card.for_call("mul", torch.randn(4, 4), 2.0, calls=300)
     big = Card.for_call("group_norm", torch.randn(1, 8, 4, 4), 4, calls=2)
     cost = DispatchCost(hit_us=9.5, miss_us=2.5)
-    kept, skipped = select_winners([small, other_muls, big],
-                                   [Winner(small, 20.0, 11.0), Winner(big, 3000.0, 200.0)], cost)
-    assert [w.card for w in kept] == [big]
-    (sig, why), = skipped
-    assert sig == small.signature and why == ("saves 36.0 us per forward but dispatching mul costs about 788.0 us "
-                                              "(304 calls); apply(all_winners=True) installs it anyway")
+    plan = choose([_winner(small, 20.0, 11.0, small.calls + other_muls.calls), _winner(big, 3000.0, 200.0, big.calls)],
+                  device="cpu", dispatch_cost_given=cost)
+    assert [k.variant for k in plan.kernels] == [big.variant] and plan.dispatch_cost == cost
+    (left,) = plan.left_out
+    assert left.signature == small.signature and left.by is LeftBy.DISPATCH_COST
+    assert left.reason == ("saves 36.0 us per forward but dispatching mul costs about 788.0 us "
+                           "(304 calls); apply(all_winners=True) installs it anyway")
 
 
 def test_no_cost_keeps_everything():
     c = Card.for_call("relu", torch.randn(3), calls=10)
-    kept, skipped = select_winners([c], [Winner(c, 5.0, 4.9)], DispatchCost(0.0, 0.0))
-    assert kept and not skipped
+    plan = choose([_winner(c, 5.0, 4.9, c.calls)], device="cpu", dispatch_cost_given=DispatchCost(0.0, 0.0))
+    assert plan.kernels and not plan.left_out
 
 
 def test_region_winners_cost_no_eager_dispatch():

@@ -1,11 +1,36 @@
-"""Deploy: run the winners inside the unmodified model; export and reload them."""
+"""Deploy: run the winners inside the unmodified model; export and reload them.
+
+A deployment starts from one ``DeploymentPlan`` (``plan_deployment`` for a session, ``plan_of_artifact`` for an
+exported artifact), which ``make_ready`` turns into kernels ready in this process (``ReadyKernels``)."""
 from __future__ import annotations
 
-from ._artifact import ArtifactError, ExportedKernel, export_artifact, load_artifact, read_manifest
+from ._artifact import (
+    ArtifactError,
+    ExportedKernel,
+    export_artifact,
+    export_plan,
+    load_artifact,
+    plan_of_artifact,
+    read_manifest,
+)
 from ._deployment import Deployment
+from ._deployment_plan import (
+    DeploymentPlan,
+    LeftBy,
+    LeftOut,
+    PlannedKernel,
+    ReadyKernels,
+    choose,
+    make_ready,
+    plan_deployment,
+)
 from ._graph import GraphForward, register_aten_pass
 from ._launch import DeployedKernel
+from ._report import MODES, EndToEnd, compile_checked, graph_forward_pays, measure
 from ._select import DispatchCost, measure_dispatch_cost
 
-__all__ = ["ArtifactError", "DeployedKernel", "Deployment", "DispatchCost", "ExportedKernel", "GraphForward",
-           "export_artifact", "load_artifact", "measure_dispatch_cost", "read_manifest", "register_aten_pass"]
+__all__ = ["MODES", "ArtifactError", "DeployedKernel", "Deployment", "DeploymentPlan", "DispatchCost", "EndToEnd",
+           "ExportedKernel", "GraphForward", "LeftBy", "LeftOut", "PlannedKernel", "ReadyKernels", "choose",
+           "compile_checked", "export_artifact", "export_plan", "graph_forward_pays", "load_artifact", "make_ready",
+           "measure", "measure_dispatch_cost", "plan_deployment", "plan_of_artifact", "read_manifest",
+           "register_aten_pass"]

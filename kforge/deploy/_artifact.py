@@ -26,11 +26,12 @@ from ..kernels import (
     device_info,
     verify_binary,
 )
-from ..ops import Card, Variant
+from ..ops import Variant
 from ._deployment import Deployment
+from ._deployment_plan import DeploymentPlan, LeftBy, LeftOut, PlannedKernel, choose, left_out
 from ._launch import DeployedKernel
 from ._replay import replay_enabled
-from ._select import DispatchCost, Winner, dispatch_cost, select_winners
+from ._select import DispatchCost
 
 FORMAT = "kforge-artifact"
 FORMAT_VERSION = 1
@@ -69,6 +70,19 @@ class ExportedKernel:
     op_calls: int = 0               # and the calls of its operator per forward, all variants
     plan: Any = None                # CUDA: its LaunchPlan (kernels/_plan.py), or why it has none (str); None: not asked
 
+    @classmethod
+    def of(cls, planned: PlannedKernel, binary: Path) -> "ExportedKernel":
+        """A deployment plan's kernel with the binary built from its source."""
+        return cls(planned.variant, planned.source, binary, planned.candidate_id, planned.winner_speedup,
+                   calls=planned.calls, eager_us=planned.eager_us, kernel_us=planned.kernel_us,
+                   op_calls=planned.op_calls)
+
+    @property
+    def planned(self) -> PlannedKernel:
+        """The deployment plan's record of this kernel (what its manifest entry holds besides its files)."""
+        return PlannedKernel(self.variant, self.source, self.candidate_id, self.speedup, self.calls, self.op_calls,
+                             self.eager_us, self.kernel_us)
+
 
 def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str, evaluator: Any = None) -> Path:
     """Write ``kernels`` (validated winners) to the folder ``path``; returns it. A CUDA kernel is written with its
@@ -87,11 +101,8 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         src, lib = root / "kernels" / f"{stem}{ext}", root / "kernels" / f"{stem}.so"
         src.write_text(k.source)
         shutil.copyfile(verify_binary(k.binary), lib)  # NB: a changed cache entry never reaches an artifact
-        entry = {"variant": k.variant.to_json(), "signature": k.variant.signature,
-                 "source": src.name, "source_sha256": _sha256(src),
-                 "binary": lib.name, "binary_sha256": _sha256(lib),
-                 "candidate_id": k.candidate_id, "speedup": k.speedup, "calls": k.calls,
-                 "eager_us": k.eager_us, "kernel_us": k.kernel_us, "op_calls": k.op_calls}
+        entry = {**k.planned.to_json(), "source": src.name, "source_sha256": _sha256(src),
+                 "binary": lib.name, "binary_sha256": _sha256(lib)}
         if backend_of(device) == "cuda" and replay_enabled():
             entry.update(_write_plan(root, stem, k, evaluator))
         entries.append(entry)
@@ -99,6 +110,21 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
                 "contract": CONTRACT_VERSION, "target": _target(device), "kernels": entries}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
+
+
+def build_kernels(plan: DeploymentPlan, evaluator: Any) -> list[ExportedKernel]:
+    """The plan's kernels, each with the binary built from its source for ``evaluator``'s architecture."""
+    return [ExportedKernel.of(k, compile_source(k.source, backend_of(k.variant.device), evaluator.arch).path)
+            for k in plan.kernels]
+
+
+def export_plan(path: str | Path, plan: DeploymentPlan, device: str, evaluator: Any = None) -> Path:
+    """Write the kernels of ``plan`` to the artifact folder ``path`` (``export_artifact``), built for ``evaluator``'s
+    architecture; ``kforge.load`` reads the plan back (``plan_of_artifact``). ``evaluator`` is needed only where the
+    plan has kernels (a CUDA kernel's launch plan is recorded by it)."""
+    exported = build_kernels(plan, evaluator) if plan.kernels else []
+    cuda = any(k.variant.device.startswith("cuda") for k in exported)
+    return export_artifact(path, exported, device, evaluator if cuda else None)
 
 
 def _write_plan(root: Path, stem: str, k: ExportedKernel, evaluator: Any) -> dict[str, Any]:
@@ -167,6 +193,18 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def plan_of_artifact(path: str | Path, *, device: str | None = None, all_winners: bool = False,
+                     dispatch_cost: DispatchCost | None = None, manifest: dict | None = None) -> DeploymentPlan:
+    """The deployment plan of an exported artifact in this process: its kernels as export wrote them
+    (``PlannedKernel.from_json``, the inverse of ``PlannedKernel.to_json``) through the same ``choose`` that plans a
+    session's, the dispatch cost measured here (or given). ``manifest``: the artifact's, already read."""
+    root = Path(path)
+    manifest = read_manifest(root) if manifest is None else manifest
+    here_device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    winners = [PlannedKernel.from_json(e, (root / "kernels" / e["source"]).read_text()) for e in manifest["kernels"]]
+    return choose(winners, device=here_device, all_winners=all_winners, dispatch_cost_given=dispatch_cost)
+
+
 def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
                   install: bool = True, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
                   ) -> Deployment:
@@ -177,7 +215,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
     target (architecture, backend or torch version); True always; False never. As in
     ``Session.apply``, an operator's kernels are left out when dispatching it costs this host more
     than they save (``all_winners=True`` installs them anyway), the cost measured in this process
-    unless ``dispatch_cost`` or ``KFORGE_DISPATCH_COST`` gives it.
+    unless ``dispatch_cost`` or ``KFORGE_DISPATCH_COST`` gives it (``plan_of_artifact``).
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -189,13 +227,17 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
         raise ArtifactError(f"the artifact holds {built['backend']} kernels but this process runs on "
                             f"{here['backend']}: export it again from a session on this backend")
     check = (not same_target) if revalidate is None else revalidate
+    plan = plan_of_artifact(root, device=here_device, all_winners=all_winners, dispatch_cost=dispatch_cost,
+                            manifest=manifest)
+    entry_of = {Variant.from_json(e["variant"]).key: e for e in manifest["kernels"]}
     kernels: list[DeployedKernel] = []
-    entries, skipped = _worth_dispatching(manifest["kernels"], here_device, all_winners, dispatch_cost)
+    left: list[LeftOut] = []
     evaluator = None
     try:
-        for e in entries:
-            variant = _retarget(Variant.from_json(e["variant"]), here_device)
-            source = (root / "kernels" / e["source"]).read_text()
+        for k in plan.kernels:
+            e = entry_of[k.key]
+            variant = _retarget(k.variant, here_device)
+            source = k.source
             if same_target:
                 binary = root / "kernels" / e["binary"]
             else:
@@ -203,7 +245,7 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     binary = compile_source(source, here["backend"], here["arch"] if here["backend"] == "cuda"
                                             else "native").path
                 except Exception as exc:
-                    skipped.append((variant.signature, f"does not build for {here['arch']}: {exc}"))
+                    left.append(LeftOut(k.signature, LeftBy.BUILD, f"does not build for {here['arch']}: {exc}"))
                     continue
             if check:
                 if evaluator is None:
@@ -212,72 +254,42 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     evaluator = Evaluator(here_device)
                 ev = evaluator.evaluate_variant(variant, source)
                 if not ev.status.is_correct:
-                    skipped.append((variant.signature, f"re-validation on this machine: {ev.summary()}"))
+                    left.append(LeftOut(k.signature, LeftBy.REVALIDATION, f"re-validation on this machine: {ev.summary()}"))
                     continue
             if here["backend"] == "cuda" and replay_enabled():
                 # NB: a CUDA kernel is replayed from its launch plan, never loaded here: the artifact's own on this
                 # target, else one recorded now in the sandbox from the source
-                plan = _read_plan(root, e) if same_target else None
-                if plan is None or (isinstance(plan, str) and "plan" not in e and "not_replayable" not in e):
+                launch_plan = _read_plan(root, e) if same_target else None
+                if launch_plan is None or (isinstance(launch_plan, str) and "plan" not in e
+                                           and "not_replayable" not in e):
                     if evaluator is None:
                         from ..evaluate import Evaluator
 
                         evaluator = Evaluator(here_device)
                     from ._replay import recorded_plan
 
-                    plan = recorded_plan(variant, source, evaluator)
-                exported = ExportedKernel(variant, source, binary, e.get("candidate_id"), e.get("speedup"),
-                                          kernel_us=e.get("kernel_us"), plan=plan)
+                    launch_plan = recorded_plan(variant, source, evaluator)
+                exported = ExportedKernel(variant, source, binary, k.candidate_id, k.winner_speedup,
+                                          kernel_us=k.kernel_us, plan=launch_plan)
                 from ._replay import deploy_winners
 
-                got, left = deploy_winners([exported], warn=False)
+                got, unreplayable = deploy_winners([exported], warn=False)
                 kernels += got
-                skipped += left
+                left += left_out(unreplayable, LeftBy.REPLAY)
                 continue
             kernels.append(DeployedKernel.from_binary(variant, binary, e["binary_sha256"] if same_target else None,
-                                                      e.get("candidate_id"), e.get("speedup"), kernel_us=e.get("kernel_us")))
+                                                      k.candidate_id, k.winner_speedup, kernel_us=k.kernel_us))
     finally:
         if evaluator is not None:
             evaluator.close()
-    for sig, why in skipped:
-        warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=2)
+    for lo in plan.left_out + tuple(left):
+        warnings.warn(f"kforge: {lo.signature} stays on eager: {lo.reason}", stacklevel=2)
     from ._recheck import refuse_failing
 
+    plan = plan.leaving_out(left)
     kernels, refused = refuse_failing(kernels)   # NB: fresh inputs only: an artifact carries no examples
-    dep = Deployment(kernels, model, skipped + refused)
+    dep = Deployment(kernels, model, plan.leaving_out(left_out(refused, LeftBy.RECHECK)).skipped)
     return dep.install() if install else dep
-
-
-def _worth_dispatching(entries: list[dict], device: str, all_winners: bool, cost: DispatchCost | None
-                       ) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The dispatch-cost filter of ``Session.apply`` on a manifest's kernels (those that carry timings)."""
-    timed = [e for e in entries if e.get("calls") and e.get("eager_us") and e.get("kernel_us")]
-    if all_winners or not timed:
-        return entries, []
-    winners, cards = {}, []
-    for i, e in enumerate(timed):
-        card = Card(Variant.from_json(e["variant"]), e["calls"], e["eager_us"], 0.0, None)
-        winners[i] = Winner(card, e["eager_us"], e["kernel_us"])
-        cards.append(card)
-    op_calls = {}
-    for e, card in zip(timed, cards):
-        op_calls[card.op] = max(op_calls.get(card.op, 0), e.get("op_calls") or 0)
-    kept, skipped = select_winners(cards + _unseen_calls(cards, op_calls), list(winners.values()),
-                                   dispatch_cost(device, cost))
-    keep = {id(w) for w in kept}
-    chosen = [e for i, e in enumerate(timed) if id(winners[i]) in keep]
-    return [e for e in entries if e not in timed] + chosen, skipped
-
-
-def _unseen_calls(cards: list, op_calls: dict[str, int]) -> list:
-    """Stand-in cards for an operator's calls that have no kernel (they pay the guard's miss cost)."""
-    out = []
-    for op, n in op_calls.items():
-        mine = [c for c in cards if c.op == op]
-        rest = n - sum(c.calls for c in mine)
-        if rest > 0:
-            out.append(Card(mine[0].variant, rest, 0.0, 0.0, None))
-    return out
 
 
 def _retarget(variant: Variant, device: str) -> Variant:

@@ -202,6 +202,25 @@ class PlanReplay:
         """Nothing to stop (the modules stay loaded while the process may still hold graphs that launch them)."""
 
 
+def fatbin_of(library: bytes) -> bytes:
+    """The first fat binary of a CUDA shared library's ``.nv_fatbin`` section, for kforge's own kernels (a candidate's
+    device code comes from its recording, never from its file). ValueError where there is none."""
+    if library[:4] != b"\x7fELF" or library[4] != 2:
+        raise ValueError("not a 64-bit ELF library")
+    shoff, = struct.unpack_from("<Q", library, 0x28)
+    entsize, count, names = struct.unpack_from("<HHH", library, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", library, shoff + i * entsize) for i in range(count)]
+    strtab = headers[names][4]
+    for name, _type, _flags, _addr, offset, size, *_ in headers:
+        end = library.index(b"\0", strtab + name)
+        if library[strtab + name:end] == b".nv_fatbin" and size >= 16:
+            magic, _version, header, body = struct.unpack_from("<IHHQ", library, offset)
+            if magic != 0xBA55ED50 or header + body > size:
+                raise ValueError("the library's .nv_fatbin section does not start with a fat binary")
+            return bytes(library[offset:offset + header + body])
+    raise ValueError("the library has no .nv_fatbin section")
+
+
 def _bytes(sig) -> int:
     from ..evaluate._arena import extent
 

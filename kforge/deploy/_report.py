@@ -9,7 +9,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..evaluate import bench
-from ._deployment import Deployment, not_in_eager
+from ._deployment import Deployment, in_graph, not_in_eager
+from ._deployment_plan import LeftBy, LeftOut, ReadyKernels
 from ._fallback import (
     Arm,
     Compare,
@@ -387,14 +388,24 @@ def placed(make: Callable[[Sequence[DeployedKernel]], Arm], made: dict, kernels:
             tuple(nearest_miss(k.variant, missed) or "" for k in outside), copied)
 
 
+@dataclass(frozen=True)
+class CompiledCheck:
+    """One compile mode's model-level check (``check_compiled``): the kernels kept, their comparison with plain
+    compile (None: nothing timed), the report (None with ``guard=False``), and the kept set's output difference from
+    eager's and from the float64 model's (None: nothing kept, or not computed)."""
+
+    kept: tuple[DeployedKernel, ...]
+    comparison: Comparison | None
+    report: FallbackReport | None
+    output_rel_diff: float | None
+    float64_rel_diff: float | None
+
+
 def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], make: Callable, made: dict,
                    compare: Compare, mode: str, none: Arm, forward: Callable[[Any], Any], reference: Any,
                    plain_diff: float | None, guard: bool = True, reference64: torch.Tensor | None = None,
-                   plain_err64: float | None = None, model: Any = None
-                   ) -> tuple[list[DeployedKernel], Comparison | None, FallbackReport | None, float | None,
-                              float | None]:
-    """One compile mode's model-level check: (kept kernels, their comparison with plain compile, the
-    report, their output's difference from eager's and from float64's). Kernels no compiled graph calls are left out
+                   plain_err64: float | None = None, model: Any = None) -> CompiledCheck:
+    """One compile mode's model-level check. Kernels no compiled graph calls are left out
     untimed; where some are placed, a second plain compilation (``make.control``, when the builder has
     one) is the A/A control whose gap every saving must exceed; the set the timing keeps is dropped if it
     changes the model's output (``wrong_output``)."""
@@ -420,7 +431,62 @@ def check_compiled(kernels: Sequence[DeployedKernel], gains: Sequence[float], ma
             if report is not None:
                 report = replace(report, kept=(), wrong_output=why)
             kept, diff, err64 = [], None, None
-    return list(kept), cmp, report, diff, err64
+    return CompiledCheck(tuple(kept), cmp, report, diff, err64)
+
+
+def graph_forward_pays(ready: ReadyKernels, model: Any, forward: Callable[[Any], Any], device: str) -> ReadyKernels:
+    """``ready`` less its region and fused-operator kernels when ``model``, timed with all of them and with the
+    operator kernels alone (``forward(model)``, interleaved, in this process), is not measurably faster with them:
+    the forward captured as a graph that runs them costs something of its own (guards, the graph run op by op),
+    which can exceed what they save. Each one left out says by how much."""
+    # NB: the timer is looked up at the call (a test puts its own in its place)
+    from . import _fallback
+
+    kernels = list(ready.kernels)
+    graphed = [k for k in kernels if in_graph(k.variant)]
+    if not graphed:
+        return ready
+    operators = [k for k in kernels if k not in graphed]
+    build = eager_arms(model, forward)
+    with no_recompile_limit(), torch.no_grad():
+        cmp = _fallback.interleaved(device)(build(kernels), build(operators))
+    for k in kernels:
+        k.reset_calls()
+    if cmp.faster:
+        return ready
+    why = (f"the model with its {len(graphed)} region/fused kernel(s) in the captured forward ran "
+           f"{cmp.ratio()} against without them, timed on the session's inputs: left out "
+           "(apply(all_winners=True) installs them anyway)")
+    return ready.leaving_out(LeftOut(k.variant.signature, LeftBy.GRAPH_FORWARD, why) for k in graphed)
+
+
+def compile_checked(model: Any, ready: ReadyKernels, forward: Callable[[Any], Any] | None, *, device: str,
+                    guard: bool = True, backend: str = "inductor", **torch_compile_kwargs: Any) -> Any:
+    """``model`` compiled with ``ready``'s kernels in its graphs (``Session.compile``). With ``guard`` (and kernels)
+    the compiled forward (``forward(compiled)``) keeps only the kernels that make it measurably faster than plain
+    compile in the same mode and leave its output where plain compile's is (``check_compiled``); the result's
+    ``kforge_fallback`` is that check's report."""
+    # NB: the timer is looked up at the call (a test puts its own in its place)
+    from . import _fallback
+
+    kernels = list(ready.kernels)
+    if not guard or not kernels:
+        return compile_with(model, kernels, backend=backend, **torch_compile_kwargs)
+    if forward is None:
+        raise ValueError("the guarded compile times the model's forward: pass forward= (or guard=False)")
+    mode = torch_compile_kwargs.pop("mode", None)
+    make, made = compiled_arms(model, forward, mode, backend, **torch_compile_kwargs)
+    with no_recompile_limit(), torch.no_grad():  # NB: one dynamo cache entry per kernel set tried (and the A/A control)
+        reference = forward(model)
+        none = make([])
+        plain_diff = relative_difference(reference, forward(made[()]), model)
+        checked = check_compiled(kernels, ready.expected_savings_us, make, made, _fallback.interleaved(device),
+                                 mode or "default", none, forward, reference, plain_diff, model=model)
+    compiled = made.get(tuple(sorted(dk.run_name for dk in checked.kept)))
+    if compiled is None:
+        compiled = compile_with(model, list(checked.kept), backend=backend, mode=mode, **torch_compile_kwargs)
+    object.__setattr__(compiled, "kforge_fallback", checked.report)
+    return compiled
 
 
 def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKernel], gains: Sequence[float], *,
@@ -544,15 +610,17 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     if kernels:
                         say(f"{label}: compiling the model with {len(kernels)} kernel(s), then timing it against "
                             f"plain {label}" + (" (and an A/A control)" if guard else ""))
-                    ckept, ccmp, creport, cdiff, cerr64 = ([], None, None, None, None) if not kernels else check_compiled(
+                    checked = CompiledCheck((), None, None, None, None) if not kernels else check_compiled(
                         kernels, gains, make, made, compare, mode, plain, forward, reference, plain_diff, guard,
                         reference64, plain_err64, model)
-                    if creport is not None:
-                        reports.append(creport)
-                    none = None if ckept else no_kernel_kept(len(kernels), creport)
+                    if checked.report is not None:
+                        reports.append(checked.report)
+                    ckept, ccmp = checked.kept, checked.comparison
+                    none = None if ckept else no_kernel_kept(len(kernels), checked.report)
                     compiled_rows.append(Row(f"{label} + kforge", ccmp.with_paired_us if ckept else None,
-                                             label, ccmp if ckept else None, cdiff, len(ckept),
-                                             float64_rel_diff=cerr64 if ckept else plain_err64, no_kernel=none))
+                                             label, ccmp if ckept else None, checked.output_rel_diff, len(ckept),
+                                             float64_rel_diff=checked.float64_rel_diff if ckept else plain_err64,
+                                             no_kernel=none))
                     if compile_us is None:
                         compile_us = vs_eager.with_paired_us
                         compile_kforge_us = ccmp.with_paired_us if ckept else compile_us

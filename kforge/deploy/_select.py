@@ -1,4 +1,5 @@
-"""Which winners are worth installing: a kernel's saving must exceed what dispatch costs the host.
+"""What dispatching a kernel costs the host, which the deployment plan weighs each operator's winners against
+(``_deployment_plan.choose``: a kernel's saving must exceed it).
 
 The cost is measured where it is paid: in this process, on the device in use, through the
 dispatch path in use (the C front and launcher, or the Python guard and ctypes), once per process,
@@ -8,16 +9,21 @@ device and path (``measure_dispatch_cost``). ``KFORGE_DISPATCH_COST="hit_us,miss
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
+from pathlib import Path
 
 import torch
 
-from ..ops import Card, get_spec
+from ..ops import get_spec
 from ..timing import bench_many
 from ._fast import dispatch_type
+
+if TYPE_CHECKING:
+    from ..kernels._plan import LaunchPlan
 
 ENV = "KFORGE_DISPATCH_COST"
 
@@ -115,7 +121,11 @@ def _path() -> str:
 
 def _where(device: str) -> str:
     """How a deployed kernel's call is served on ``device``: through its worker on the CPU."""
-    return _path() + (", served by a worker" if not device.startswith("cuda") else "")
+    if not device.startswith("cuda"):
+        return _path() + ", served by a worker"
+    from ._replay import replay_enabled
+
+    return _path() + (", replayed plan" if replay_enabled() else ", loaded in process")
 
 
 def measure_dispatch_cost(device: str = "cpu", *, calls: int = 200, reps: int = 15) -> DispatchCost:
@@ -147,6 +157,7 @@ def _measure(device: str, calls: int, reps: int) -> DispatchCost:
     from ._deployment import Deployment
     from ._dispatch import DISPATCHER, variant_key
     from ._launch import DeployedKernel
+    from ._replay import RecordedKernel, replay_enabled
 
     cuda = device.startswith("cuda")
     backend = "cuda" if cuda else "cpu"
@@ -162,7 +173,14 @@ def _measure(device: str, calls: int, reps: int) -> DispatchCost:
         rows += 1
     other = torch.randn(*_PROBE_OTHER, device=device)
     # NB: on the CPU served by a worker, as every deployed CPU kernel is: the hit cost includes its round trip
-    kernel = DeployedKernel(variant, Kernel(built.path)) if cuda else DeployedKernel.from_binary(variant, built.path)
+    # and on CUDA through the path a winner takes: its launch plan replayed by kforge's launcher, or (replay off) the
+    # library loaded in this process
+    if not cuda:
+        kernel = DeployedKernel.from_binary(variant, built.path)
+    elif replay_enabled():
+        kernel = DeployedKernel(variant, RecordedKernel(_probe_plan(built.path, x.shape)))
+    else:
+        kernel = DeployedKernel(variant, Kernel(built.path))
     probe, eager = _Probe(calls, eager=False), _Probe(calls, eager=True)
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -192,6 +210,18 @@ def _measure(device: str, calls: int, reps: int) -> DispatchCost:
                         f"measured on {device}, {_where(device)}")
 
 
+def _probe_plan(library: "Path | str", shape: "tuple[int, ...] | torch.Size") -> "LaunchPlan":
+    """The CUDA probe's launch plan, written here rather than recorded (kforge's own kernel: one launch of
+    ``probe_softmax`` with its two pointers filled in per call); the replay checks the layout against the driver's."""
+    from ..kernels._plan import LaunchPlan, PlanStep
+    from ._replay import fatbin_of
+
+    rows, cols = shape
+    step = PlanStep("launch", 0, (1, 1, 1), (32, 1, 1), 0, False, ((0, 8), (8, 8), (16, 8), (24, 8)),
+                    struct.pack("<QQqq", 0, 0, rows, cols), ((0, ("input", 0), 0), (8, ("output", 0), 0)))
+    return LaunchPlan((fatbin_of(Path(library).read_bytes()),), ((0, "_Z13probe_softmaxPKfPfll"),), (step,), 1, 1)
+
+
 def _probe_output(kernel, x: torch.Tensor) -> torch.Tensor:
     """The probe kernel's own result for ``x`` (it must compute the softmax it stands in for)."""
     out = kernel((x,))[0]
@@ -215,13 +245,6 @@ def dispatch_cost(device: str, override: DispatchCost | None = None) -> Dispatch
     return measure_dispatch_cost(device)
 
 
-@dataclass(frozen=True)
-class Winner:
-    card: Card
-    eager_us: float     # eager and kernel time of one call, measured in the same evaluation
-    kernel_us: float
-
-
 def _patched_eagerly(op: str) -> bool:
     """Whether installing a winner of ``op`` patches torch callables or hooks a library's function (a region's
     does neither: it runs in the model's graph, and costs no eager dispatch)."""
@@ -230,33 +253,3 @@ def _patched_eagerly(op: str) -> bool:
         return any(t is not None for t in spec.targets) or bool(spec.functions)
     except KeyError:
         return True
-
-
-def select_winners(cards: Iterable[Card], winners: Sequence[Winner], cost: DispatchCost
-                   ) -> tuple[list[Winner], list[tuple[str, str]]]:
-    """Keep an operator's winners only if, per forward, they save more than patching it costs.
-
-    Patching an operator puts every call of it behind the guard, so the cost counts all its
-    calls (misses) plus the extra of the dispatched ones. Returns (kept, skipped with a reason).
-    """
-    calls_by_op: dict[str, int] = {}
-    for card in cards:
-        calls_by_op[card.op] = calls_by_op.get(card.op, 0) + card.calls
-    by_op: dict[str, list[Winner]] = {}
-    for w in winners:
-        by_op.setdefault(w.card.op, []).append(w)
-    kept, skipped = [], []
-    for op, ws in by_op.items():
-        if not _patched_eagerly(op):
-            kept.extend(ws)
-            continue
-        hits = sum(w.card.calls for w in ws)
-        saving = sum(w.card.calls * (w.eager_us - w.kernel_us) for w in ws)
-        overhead = hits * cost.hit_us + (calls_by_op.get(op, hits) - hits) * cost.miss_us
-        if saving > overhead:
-            kept.extend(ws)
-        else:
-            why = (f"saves {saving:.1f} us per forward but dispatching {op} costs about {overhead:.1f} us "
-                   f"({calls_by_op.get(op, hits)} calls); apply(all_winners=True) installs it anyway")
-            skipped.extend((w.card.signature, why) for w in ws)
-    return kept, skipped
