@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,18 @@ from ._launch import DeployedKernel, _device
 from ..ops import OpSpec, Unsupported, Variant, get_spec, inplace_binder, torch_dtype
 from ..ops._functions import PASS, FunctionEntry, Hooks, hook_functions, pop_handler, push_handler
 
-if TYPE_CHECKING:
-    from ._deployment import Deployment
+
+
+class Deployment(Protocol):
+    """What the dispatcher reads of a deployment (``_deployment.Deployment`` is the one kforge makes): typed here so
+    that the dispatcher does not import the module that imports it."""
+
+    kernels: Sequence[DeployedKernel]
+    model: Any
+    _scope: threading.local
+
+    @property
+    def active(self) -> bool: ...
 
 _OWNERS: tuple[Any, ...] = (torch, F, torch._C._nn, torch.special, torch.Tensor)
 

@@ -23,12 +23,22 @@ import functools
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from ._registry import OpSpec
+
+
+class OpSpec(Protocol):
+    """What this module reads of an operator's spec (``_registry.OpSpec`` is the one kforge registers): typed here
+    so that this module does not import the registry that imports it."""
+
+    name: str
+    functions: Sequence[FunctionTarget]
+
+    def bind(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def run_eager(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
