@@ -572,7 +572,7 @@ def test_a_convolutions_bias_moves_into_the_fused_kernel_where_inductor_would_pe
     only reader is the group_norm, the fused card is ``biased_group_norm_silu``: its kernel takes the
     convolution's output before the bias, and the bias, and the convolution runs without it. (Forced on the
     CPU, where Inductor keeps the bias inside mkldnn's convolution.)"""
-    import kforge.ops.families.group_norm._match as match
+    import kforge.ops.families.group_norm._pattern as match
 
     monkeypatch.setattr(match, "inductor_peels_conv_bias", lambda device: True)
     s, model, x = _captured(_Peel, (2, 4, 9, 7), tmp_path)
@@ -640,7 +640,7 @@ def test_a_kernel_from_before_the_bias_prologue_still_takes_its_calls(tmp_path, 
     """A store searched before the prologue existed has a kernel for the plain fused twin of a call that is now
     ``biased_group_norm_silu``: the ATen pass places it there as before (the convolution keeps its bias), so a
     search a user paid for is not lost."""
-    import kforge.ops.families.group_norm._match as match
+    import kforge.ops.families.group_norm._pattern as match
     from kforge.ops import without_prologue
     from kforge.proposers.builtin._strategy import get_strategy
 

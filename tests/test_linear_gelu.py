@@ -43,13 +43,13 @@ class _Shared(_FeedForward):
 def _linear_gelu_on_the_cpu(monkeypatch):
     """The finder gives CPU graphs no linear_gelu card by default (no CPU design beats MKL's GEMM); these tests
     check the finder and the placement on the CPU."""
-    import kforge.ops.families.linear_gelu._match as match
+    import kforge.ops.families.linear_gelu._pattern as match
 
     monkeypatch.setattr(match, "LINEAR_GELU_ON_CPU", True)
 
 
 def test_a_cpu_graph_gets_no_linear_gelu_card_by_default(tmp_path, monkeypatch):
-    import kforge.ops.families.linear_gelu._match as match
+    import kforge.ops.families.linear_gelu._pattern as match
 
     monkeypatch.setattr(match, "LINEAR_GELU_ON_CPU", False)
     torch.manual_seed(0)

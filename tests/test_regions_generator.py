@@ -10,7 +10,7 @@ import torch
 from kforge.evaluate._checks import compare
 from kforge.kernels import Kernel, compile_source, param_vector
 from kforge.ops import TensorSig, Unsupported, get_spec
-from kforge.regions import Node, Ref, RegionIR, generate, plan_region, region_plan, region_variant
+from kforge.regions import Node, Ref, RegionIR, generate, plan_region, plan_variant, region_variant
 from kforge.regions._codegen import math_knobs
 from kforge.regions._ir import OPS
 from kforge.regions._spec import region_ir
@@ -171,7 +171,7 @@ def test_every_cpu_choice_matches_eager(seed, variant):
             assert m.ok, f"{config}: {m.message}"
 
 
-HALF_CASES = [c for c in CASES if math_knobs(region_plan(c[1]))[1]]
+HALF_CASES = [c for c in CASES if math_knobs(plan_variant(c[1]))[1]]
 
 
 def test_random_regions_have_16_bit_chains_to_round_or_not():
@@ -193,14 +193,14 @@ def test_math_knobs_are_offered_only_where_they_change_the_kernel():
     from kforge.regions._generator import default_config, valid_config
 
     gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
-    f32 = [v for _, v in CASES if not any(math_knobs(region_plan(v)))]
+    f32 = [v for _, v in CASES if not any(math_knobs(plan_variant(v)))]
     assert f32, "the random regions should include some with no 16-bit node"
     for v in f32[:5]:
         base = default_config(v, gpu)
         assert base.get("fast", 0) == 0 and base.get("round", 1) == 1
         assert not valid_config(v, {**base, "fast": 1}, gpu)
         assert not valid_config(v, {**base, "round": 0}, gpu)
-    fast = [v for _, v in CASES if math_knobs(region_plan(v))[0]]
+    fast = [v for _, v in CASES if math_knobs(plan_variant(v))[0]]
     assert fast
     source = generate(fast[0], "cuda", {"fast": 1})
     assert "kf_tanh_approx" in source or "__expf" in source or "__logf" in source
@@ -237,8 +237,8 @@ def _norm_variants():
     ]
     found = [capture_regions(fn, [ins], examples_per_variant=0) for fn, *ins in chains]
     return [v for _, v in CASES if region_ir(v).reduction is not None
-            and region_plan(v).red_op in ("softmax", "log_softmax", "layer_norm")] + [
-        r.variant for f in found for r in f.records if region_plan(r.variant).red_op in REDUCE]
+            and plan_variant(v).red_op in ("softmax", "log_softmax", "layer_norm")] + [
+        r.variant for f in found for r in f.records if plan_variant(r.variant).red_op in REDUCE]
 
 
 def test_cached_norm_rows_take_their_statistics_in_two_passes():
@@ -250,9 +250,9 @@ def test_cached_norm_rows_take_their_statistics_in_two_passes():
 
     gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
     norms = _norm_variants()
-    assert {region_plan(v).red_op for v in norms} >= {"softmax", "layer_norm"}, "the random regions should hold norms"
+    assert {plan_variant(v).red_op for v in norms} >= {"softmax", "layer_norm"}, "the random regions should hold norms"
     for v in norms:
-        plan = region_plan(v)
+        plan = plan_variant(v)
         cached = {"threads": 128, "tpr": 32, "vec": 1, "split": 1, "cache": 1}
         if not valid_config(v, {**cached, "fast": 0, "round": 1}, gpu):
             continue
@@ -262,7 +262,7 @@ def test_cached_norm_rows_take_their_statistics_in_two_passes():
         assert "in two passes" not in one and "st_add(&st" in one
         if plan.red_op == "softmax":
             assert "* inv_)" in two and "expf(cp[it][l] - m_)" in two
-    sums = [v for _, v in CASES if region_ir(v).reduction is not None and region_plan(v).red_op in ("sum", "mean")]
+    sums = [v for _, v in CASES if region_ir(v).reduction is not None and plan_variant(v).red_op in ("sum", "mean")]
     assert sums
     src = generate(sums[0], "cuda", None, gpu)
     assert src.count("__shfl_xor_sync(0xffffffffu, st.") == 1, "a sum shuffles its one field only"
@@ -272,7 +272,7 @@ def test_fast_reaches_a_softmax_only_where_every_output_is_16_bit():
     from kforge.regions._codegen import fast_reduction
 
     for v in _norm_variants():
-        plan = region_plan(v)
+        plan = plan_variant(v)
         half = all(s.dtype in ("bfloat16", "float16") for s in plan.outputs)
         assert fast_reduction(plan) == (plan.red_op in ("softmax", "log_softmax") and half)
         if fast_reduction(plan):
@@ -291,12 +291,12 @@ def test_two_pass_sources_compile_for_sm90():
     gpu = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
     jobs = []
     for op in ("softmax", "log_softmax", "layer_norm"):
-        v = next((v for v in _norm_variants() if region_plan(v).red_op == op), None)
+        v = next((v for v in _norm_variants() if plan_variant(v).red_op == op), None)
         if v is None:
             continue
         for c in ({"threads": 128, "tpr": 8, "vec": 1, "split": 1, "cache": 1},
                   {"threads": 256, "tpr": 256, "vec": 1, "split": 1, "cache": 1}):
-            c = {**c, "fast": int(math_knobs(region_plan(v))[0]), "round": 1}
+            c = {**c, "fast": int(math_knobs(plan_variant(v))[0]), "round": 1}
             if valid_config(v, c, gpu):
                 jobs.append(generate(v, "cuda", c, gpu))
     assert len(jobs) >= 3
@@ -323,7 +323,7 @@ def test_a_channels_last_pointwise_region_is_walked_in_memory_order():
 
     variant = _channels_last_add_relu_scale()
     assert variant.outputs[0].stride == (240, 1, 48, 16)
-    plan = region_plan(variant)
+    plan = plan_variant(variant)
     assert plan.shape == (2, 5, 3, 16)
     assert [flat_offset(plan, s.shape, s.stride, "i") for s in plan.inputs] == ["(i)", "(i)", "(((i) % 16L) * 1L)"]
     for seed in (0, 1):

@@ -9,7 +9,7 @@ import torch
 from kforge.evaluate._checks import compare
 from kforge.kernels import Kernel, compile_source, device_info, param_vector
 from kforge.ops import get_spec
-from kforge.regions import generate, region_plan
+from kforge.regions import generate, plan_variant
 from kforge.regions._generator import default_config, valid_config
 
 pytestmark = pytest.mark.gpu
@@ -18,7 +18,7 @@ from test_regions_generator import CASES  # noqa: E402
 
 
 def _configs(variant, info):
-    plan = region_plan(variant)
+    plan = plan_variant(variant)
     base = default_config(variant, info)
     if plan.red is None:
         tries = [{}, {"vec": 1}, {"waves": 4, "threads": 128}, {"fast": 0, "round": 1}, {"fast": 1, "round": 1}]

@@ -53,7 +53,7 @@ class _VariantRecord:
     examples: list[tuple[list[str | None], list[str]]] = field(default_factory=list)
 
 
-class _Recorder(TorchFunctionMode):
+class _CallRecorder(TorchFunctionMode):
     """Sees every torch call in the model; records the ones a spec claims.
 
     NB: while a claimed call runs, this mode is popped, so the calls it makes internally
@@ -252,11 +252,11 @@ def capture_cards(model: Callable, batches: Sequence[Any], *, device: str, store
     outside: collections.Counter[str] = collections.Counter()
     with torch.no_grad():
         for i, batch in enumerate(batches):
-            rec = _Recorder(store, limits, stored, seen, model=model)
+            rec = _CallRecorder(store, limits, stored, seen, model=model)
             with rec:
                 _run(model, batch)
             if check_repeatable:
-                again = _Recorder(None, limits, [0], set(), model=model)
+                again = _CallRecorder(None, limits, [0], set(), model=model)
                 with again:
                     _run(model, batch)
                 if again.sequence != rec.sequence:
@@ -422,7 +422,7 @@ def _attribute(model: Callable, batches: Sequence[Any], limits: CaptureLimits, d
             totals: dict[str, float] = collections.defaultdict(float)
             for batch in batches:
                 timer = _CallTimer(device, clock)
-                with _Recorder(None, limits, [0], set(), timer, model=model):
+                with _CallRecorder(None, limits, [0], set(), timer, model=model):
                     _run(model, batch)
                 for key, us in timer.per_key_us().items():
                     totals[key] += us

@@ -1,5 +1,5 @@
 """Reading the nodes of an ATen FX graph (AOTAutograd's forward, with "val" metadata): what the region finder and
-the families' matchers share."""
+the pattern matcher (``_pattern``) share."""
 from __future__ import annotations
 
 from typing import Any
@@ -35,13 +35,3 @@ def rank(x: Any) -> int:
 
 def is_scalar(x: Any) -> bool:
     return isinstance(x, (int, float, bool)) and not isinstance(x, torch.Tensor)
-
-
-def is_call(x: Any, *targets) -> bool:
-    """Whether ``x`` is a node calling one of ``targets``."""
-    return isinstance(x, fx.Node) and x.op == "call_function" and x.target in targets
-
-
-def tensor_nodes(*xs: Any) -> bool:
-    """Whether every one of ``xs`` is a node whose value is a tensor."""
-    return all(isinstance(t, fx.Node) and isinstance(val(t), torch.Tensor) for t in xs)

@@ -3,7 +3,8 @@
 A family lives in a folder of its own (``kforge/ops/families/<name>/``) and holds everything kforge knows about
 it: its spec (targets, bind, reference, sampling, tolerance), its role in the model's graph as fields (the epilogue
 of which operator, the operator it is without its bias prologue, whether it has a channels-last twin, which graph
-its kernels go into), its matching in the ATen graph, the modules of its built-in strategies, and a one-line doc.
+its kernels go into), its pattern in the ATen graph (torch functions, traced: ``kforge.ops._pattern``), the modules
+of its built-in strategies, and a one-line doc.
 The finder, the graph passes and the strategy library loop over ``all_families()`` and name none.
 """
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ._registry import OpSpec, register
+from ._aten import val
+from ._pattern import Pattern, PatternMatch
+from ._registry import OpSpec, Unsupported, register
 from ._signature import Variant
 
 # Where a family's kernels go in graph mode: "dynamo", like any operator (a node of dynamo's graph, a function's
@@ -48,9 +51,6 @@ class FusedMatch:
     peeled: fx.Node | None = None
 
 
-Match = Callable[[fx.Graph], "list[FusedMatch]"]
-
-
 @dataclass(frozen=True)
 class Family:
     """One operator and its role in kforge: registered with ``register_family`` from its folder.
@@ -58,10 +58,13 @@ class Family:
     ``graph``: see ``GRAPHS``. ``epilogue``: a fused operator's epilogue (``Epilogue``). ``prologue_of``: the
     family it is without its per-channel bias prologue (its second input, the bias of the convolution that made
     its first). ``layout_twin``: its cards get a channels-last twin where Inductor lays a graph out channels-last
-    (kforge.regions._layout). ``match``: its calls in an ATen graph with "val" metadata (a fused family's
-    pattern; for an operator with a layout twin, the calls that twin may take); None where another family's
-    match finds it or it is not found in graphs. ``strategies``: the modules of the built-in library that hold its
-    CPU and CUDA strategies (imported by ``kforge.proposers.builtin``). ``doc``: one line."""
+    (kforge.regions._layout). ``pattern``: its calls in an ATen graph, written as torch functions of its binder's
+    parameters and traced (``kforge.ops._pattern.Pattern``; a fused family's calls, or for an operator with a layout
+    twin the calls that twin may take; ``find``); None where it is not found in graphs, or is found as another
+    family's call with a prologue. ``peel``: a prologue family's predicate, on the first input of a call of
+    ``prologue_of``: the bias node its kernel takes (None: that call stays the plain family's). ``strategies``: the
+    modules of the built-in library that hold its CPU and CUDA strategies (imported by
+    ``kforge.proposers.builtin``). ``doc``: one line."""
 
     spec: OpSpec
     doc: str
@@ -69,7 +72,8 @@ class Family:
     epilogue: Epilogue | None = None
     prologue_of: str | None = None
     layout_twin: bool = False
-    match: Match | None = None
+    pattern: Pattern | None = None
+    peel: Callable[[fx.Node], fx.Node | None] | None = None
     strategies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -84,6 +88,42 @@ class Family:
     def fused(self) -> bool:
         """A fused operator: found and placed in the ATen graph only, never in dynamo's."""
         return self.graph == "aten"
+
+    def find(self, graph: fx.Graph) -> list[FusedMatch]:
+        """Its calls in ``graph`` (an ATen graph with "val" metadata), in graph order: each occurrence of its
+        ``pattern`` as a call of it, or of the family with a prologue whose ``peel`` takes it; for an operator that
+        a fused family takes with its epilogue, only the calls no such family takes."""
+        if self.pattern is None:
+            return []
+        prologues = [f for f in _FAMILIES.values() if f.prologue_of == self.name and f.peel is not None]
+        taken = {n for f in _FAMILIES.values() if not self.fused and f.epilogue is not None
+                 and f.epilogue.of == self.name and f.pattern is not None for m in f.pattern.find(graph) for n in m.nodes}
+        found = []
+        for m in self.pattern.find(graph):
+            if m.output in taken:
+                continue
+            fm = self._call(m, prologues)
+            if fm is not None:
+                found.append(fm)
+        return found
+
+    def _call(self, m: PatternMatch, prologues: list[Family]) -> FusedMatch | None:
+        values = {k: val(v) if isinstance(v, fx.Node) else v for k, v in m.values.items()}
+        family, nodes, peeled = self, dict(m.values), None
+        for p in prologues:
+            first = m.values[self.spec.inputs[0]]
+            bias = p.peel(first)
+            if bias is not None:
+                family, peeled = p, first
+                nodes[p.spec.inputs[1]] = bias
+                values[p.spec.inputs[1]] = val(bias)
+                break
+        spec = family.spec
+        try:
+            variant = spec.variant(spec.bind(**values), [val(m.output)])
+        except (Unsupported, TypeError, ValueError):
+            return None
+        return FusedMatch(variant, m.nodes, tuple(nodes[k] for k in spec.inputs), (m.output,), peeled=peeled)
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -3,14 +3,14 @@ each searched as one fused kernel."""
 from __future__ import annotations
 
 from ._ir import OPS, Node, Ref, RegionIR
-from ._plan import Plan, plan_region
+from ._plan import RegionPlan, plan_region
 from ._spec import REGION_SPEC, RegionSpec, region_ir, region_variant
-from ._generator import generate, region_plan, register_strategies
+from ._generator import generate, plan_variant, register_strategies
 
 register_strategies()  # the region.* strategies join the built-in library
 
-__all__ = ["OPS", "Node", "Ref", "RegionIR", "Plan", "plan_region", "REGION_SPEC", "RegionSpec", "region_ir",
-           "region_variant", "generate", "region_plan"]
+__all__ = ["OPS", "Node", "Ref", "RegionIR", "RegionPlan", "plan_region", "REGION_SPEC", "RegionSpec",
+           "region_ir", "region_variant", "generate", "plan_variant"]
 
 from ._capture import RegionCapture, capture_regions, covered_op_calls, region_cards  # noqa: E402
 from ._finder import FoundRegion, find_regions  # noqa: E402

@@ -48,7 +48,7 @@ class RegionCapture:
 class _GraphRun:
     """The callable the recorder hands back for one graph: runs it, counting its regions."""
 
-    def __init__(self, gm: fx.GraphModule, regions: list[FoundRegion], owner: "_Recorder"):
+    def __init__(self, gm: fx.GraphModule, regions: list[FoundRegion], owner: "_GraphRecorder"):
         self.gm, self.regions, self.owner = gm, regions, owner
         self.watch: dict[fx.Node, list[tuple[FoundRegion, int]]] = collections.defaultdict(list)
         for r in regions:
@@ -143,7 +143,9 @@ def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
     return getattr(interp, n.op)(n.target, args, kwargs)
 
 
-class _Recorder:
+class _GraphRecorder:
+    """The torch.compile backend of graph capture: records each graph's regions and fused operators (``_GraphRun``)."""
+
     def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None):
         self.examples_per_variant = examples_per_variant
         self.max_tensor_bytes = max_tensor_bytes
@@ -186,7 +188,7 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
     """
     from ..capture import split_batch
 
-    rec = _Recorder(examples_per_variant, max_tensor_bytes)
+    rec = _GraphRecorder(examples_per_variant, max_tensor_bytes)
     # NB: a library function an operator names is traced as its graph twin, so that its nodes can be told apart
     # (partition leaves them to the function's operator card)
     specs = function_specs()
@@ -209,11 +211,11 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
 def covered_op_calls(variant: Variant) -> collections.Counter:
     """The operator-card keys one call of the region stands for (its operators run op by op)."""
     from ..capture._capture import CaptureLimits
-    from ..capture._capture import _Recorder as _OpRecorder
+    from ..capture._capture import _CallRecorder
 
     spec = get_spec(variant.op)
     inputs = spec.random_inputs(variant, seed=0)
-    rec = _OpRecorder(None, CaptureLimits(), [0], set())
+    rec = _CallRecorder(None, CaptureLimits(), [0], set())
     with torch.no_grad(), rec:
         spec.reference(inputs, variant.param_dict)   # a region's reference is its IR run op by op
     return collections.Counter(rec.sequence)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from ..kernels._offsets import lin
 from ._ir import Node
-from ._plan import Plan
+from ._plan import RegionPlan
 
 Config = dict[str, Any]
 
@@ -118,7 +118,7 @@ def _round(dtype: str, name: str) -> str:
     return ""
 
 
-def node_lines(plan: Plan, nodes: Sequence[int], cuda: bool, red_value: str | None = None, *,
+def node_lines(plan: RegionPlan, nodes: Sequence[int], cuda: bool, red_value: str | None = None, *,
                fast: bool = False, round_each: bool = True) -> list[str]:
     """``float tN = ...;`` for each node (inputs are ``aI``); the reduction's value is ``red_value``.
 
@@ -144,7 +144,7 @@ def math_choices(c: Config) -> dict[str, bool]:
     return {"fast": bool(int(c.get("fast", 0))), "round_each": bool(int(c.get("round", 1)))}
 
 
-def math_knobs(plan: Plan) -> tuple[bool, bool]:
+def math_knobs(plan: RegionPlan) -> tuple[bool, bool]:
     """(``fast`` offered, ``round`` offered) for this plan: where they change the kernel, and only
     when every output is 16-bit (a float32 output is held to 1e-4, which a 16-bit intermediate
     computed another way than eager's misses by its own rounding)."""
@@ -159,32 +159,32 @@ def math_knobs(plan: Plan) -> tuple[bool, bool]:
     return fast, rounds
 
 
-def fast_reduction(plan: Plan) -> bool:
+def fast_reduction(plan: RegionPlan) -> bool:
     """Whether the ``fast`` knob reaches the reduction itself: a softmax (its exponentials) whose
     every output is 16-bit, whatever the dtype it is computed in (``ex2.approx``'s error is far
     below a 16-bit result's rounding)."""
     return plan.red_op in ("softmax", "log_softmax") and all(s.dtype in _HALF for s in plan.outputs)
 
 
-def inputs_of(plan: Plan, nodes: Sequence[int]) -> list[int]:
+def inputs_of(plan: RegionPlan, nodes: Sequence[int]) -> list[int]:
     used = {r.value for n in nodes for r in plan.ir.nodes[n].args if r.kind == "i"}
     return sorted(used)
 
 
 
 
-def split_offsets(plan: Plan, shape: Sequence[int], strides: Sequence[int], col: str = "j") -> tuple[str, str]:
+def split_offsets(plan: RegionPlan, shape: Sequence[int], strides: Sequence[int], col: str = "j") -> tuple[str, str]:
     """(row part in ``r``, column part in ``col``) of a tensor's offset in a reduction plan."""
     bst = plan.bstrides(shape, strides)
     n, k = len(plan.shape), plan.k
     return lin("r", plan.shape[:n - k], bst[:n - k]), lin(col, plan.shape[n - k:], bst[n - k:])
 
 
-def flat_offset(plan: Plan, shape: Sequence[int], strides: Sequence[int], var: str = "i") -> str:
+def flat_offset(plan: RegionPlan, shape: Sequence[int], strides: Sequence[int], var: str = "i") -> str:
     return lin(var, plan.shape, plan.bstrides(shape, strides))
 
 
-def row_out_offset(plan: Plan, o: int) -> str:
+def row_out_offset(plan: RegionPlan, o: int) -> str:
     sig = plan.outputs[o]
     lead = len(plan.shape) - plan.k
     return lin("r", sig.shape[:lead], sig.stride[:lead])
@@ -223,7 +223,7 @@ STAT_FIELDS = {"sum": "a", "mean": "a", "amax": "a", "amin": "a", "softmax": "ab
                "layer_norm": "abc"}
 
 
-def red_value(plan: Plan, p: str, exp: str = "expf") -> str:
+def red_value(plan: RegionPlan, p: str, exp: str = "expf") -> str:
     """The reduction node's value from the final stats ``st`` (and its operand ``p`` for norms)."""
     op, cols = plan.red_op, plan.cols
     if op in ("sum", "amax", "amin"):
@@ -237,7 +237,7 @@ def red_value(plan: Plan, p: str, exp: str = "expf") -> str:
     return f"(({p} - st.a) * rstd)"
 
 
-def finish_stats(plan: Plan, cuda: bool) -> str:
+def finish_stats(plan: RegionPlan, cuda: bool) -> str:
     if plan.red_op != "layer_norm":
         return ""
     eps = float(plan.ir.nodes[plan.red].attr["eps"])
@@ -245,6 +245,6 @@ def finish_stats(plan: Plan, cuda: bool) -> str:
     return f"const float rstd = {rs}(kf_maxf(st.b / {float(plan.cols)!r}f, 0.f) + {eps!r}f);"
 
 
-def red_operand(plan: Plan) -> str:
+def red_operand(plan: RegionPlan) -> str:
     r = plan.ir.nodes[plan.red].args[0]
     return f"a{r.value}" if r.kind == "i" else f"t{r.value}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ._codegen import (Config, _C_TYPES, finish_stats, flat_offset, inputs_of, math_choices, node_lines, red_operand,
                        red_value, row_out_offset, split_offsets, stats_code)
-from ._plan import Plan
+from ._plan import RegionPlan
 
 _PRELUDE = r"""#include "kforge.h"
 #include <math.h>
@@ -24,7 +24,7 @@ static inline void st_bool(uint8_t* p, long i, float v) { p[i] = v != 0.f; }
 """
 
 
-def _pointers(plan: Plan) -> list[str]:
+def _pointers(plan: RegionPlan) -> list[str]:
     lines = []
     for i, s in enumerate(plan.inputs):
         lines.append(f"const {_C_TYPES[s.dtype]}* restrict in{i} = (const {_C_TYPES[s.dtype]}*)inputs[{i}].data;")
@@ -37,7 +37,7 @@ def _indent(lines, n):
     return "\n".join(" " * n + ln for ln in lines)
 
 
-def render_cpu(plan: Plan, config: Config) -> str:
+def render_cpu(plan: RegionPlan, config: Config) -> str:
     body = _pointwise(plan, config) if plan.red is None else _reduction(plan, config)
     head = ["/* kforge region kernel (C/OpenMP): " + ",".join(plan.ir.ops) + " */", _PRELUDE]
     if plan.red is not None:
@@ -45,7 +45,7 @@ def render_cpu(plan: Plan, config: Config) -> str:
     return "\n".join(head) + "\n" + body
 
 
-def _pointwise(plan: Plan, c: Config) -> str:
+def _pointwise(plan: RegionPlan, c: Config) -> str:
     loads = [f"const float a{i} = ld_{plan.inputs[i].dtype}(in{i}, {flat_offset(plan, plan.inputs[i].shape, plan.inputs[i].stride)});"
              for i in inputs_of(plan, plan.full)]
     stores = [f"st_{s.dtype}(out{o}, {flat_offset(plan, s.shape, s.stride)}, t{plan.ir.outputs[o]});"
@@ -69,7 +69,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
-def _reduction(plan: Plan, c: Config) -> str:
+def _reduction(plan: RegionPlan, c: Config) -> str:
     p = red_operand(plan)
     norm = plan.red_op in ("softmax", "log_softmax", "layer_norm")
     cache = bool(c.get("cache")) and norm

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._codegen import (STAT_FIELDS, Config, _CU_TYPES, fast_reduction, finish_stats, flat_offset, inputs_of,
                        math_choices, node_lines, red_operand, red_value, row_out_offset, split_offsets, stats_code)
-from ._plan import Plan
+from ._plan import RegionPlan
 
 _PRELUDE = r"""#include "kforge.h"
 #include <stdint.h>
@@ -47,7 +47,7 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
 """
 
 
-def _types(plan: Plan) -> str:
+def _types(plan: RegionPlan) -> str:
     out = [f"typedef {_CU_TYPES[s.dtype]} T{i};" for i, s in enumerate(plan.inputs)]
     out += [f"typedef {_CU_TYPES[s.dtype]} O{o};" for o, s in enumerate(plan.outputs)]
     n_in, n_out = max(len(plan.inputs), 1), max(len(plan.outputs), 1)
@@ -55,13 +55,13 @@ def _types(plan: Plan) -> str:
     return "\n".join(out) + "\n"
 
 
-def _ptrs(plan: Plan) -> list[str]:
+def _ptrs(plan: RegionPlan) -> list[str]:
     lines = [f"const T{i}* __restrict__ in{i} = (const T{i}*)args.in[{i}];" for i in range(len(plan.inputs))]
     lines += [f"O{o}* __restrict__ out{o} = (O{o}*)args.out[{o}];" for o in range(len(plan.outputs))]
     return lines
 
 
-def _args_fill(plan: Plan) -> str:
+def _args_fill(plan: RegionPlan) -> str:
     lines = ["Args args;"]
     lines += [f"args.in[{i}] = inputs[{i}].data;" for i in range(len(plan.inputs))]
     lines += [f"args.out[{o}] = outputs[{o}].data;" for o in range(len(plan.outputs))]
@@ -72,7 +72,7 @@ def _indent(lines, n):
     return "\n".join(" " * n + ln for ln in lines)
 
 
-def _vec_mode(plan: Plan, shape, stride, v: int) -> str:
+def _vec_mode(plan: RegionPlan, shape, stride, v: int) -> str:
     """How a ``v``-lane group reads a tensor: "vec" (one vector), "bcast" (one value) or "lane"."""
     if v == 1:
         return "lane"
@@ -87,7 +87,7 @@ def _vec_mode(plan: Plan, shape, stride, v: int) -> str:
     return "lane"
 
 
-def max_vec(plan: Plan) -> int:
+def max_vec(plan: RegionPlan) -> int:
     """Widest lane group every full-shape output can be stored in as whole 16-byte vectors."""
     sigs = [s for o, s in enumerate(plan.outputs) if not plan.out_is_row[o]] + list(plan.inputs)
     w = min(16 // (4 if s.dtype == "float32" else 2 if s.dtype != "bool" else 1) for s in sigs)
@@ -101,14 +101,14 @@ def max_vec(plan: Plan) -> int:
     return 1
 
 
-def render_cuda(plan: Plan, config: Config, sm_count: int = 132) -> str:
+def render_cuda(plan: RegionPlan, config: Config, sm_count: int = 132) -> str:
     head = "/* kforge region kernel (CUDA): " + ",".join(plan.ir.ops) + " */\n" + _PRELUDE + _types(plan)
     if plan.red is None:
         return head + _pointwise(plan, config, sm_count)
     return head + stats_code(plan.red_op, "__device__ __forceinline__", _exp(plan, config)) + _reduction(plan, config)
 
 
-def _exp(plan: Plan, c: Config) -> str:
+def _exp(plan: RegionPlan, c: Config) -> str:
     """The reduction's exponential: the hardware one under ``fast`` where every output is 16-bit."""
     return "__expf" if math_choices(c)["fast"] and fast_reduction(plan) else "expf"
 
@@ -133,7 +133,7 @@ def _lane_reduce(var: str, combine: str, tpr: int, tag: str) -> str:
     return code
 
 
-def _group_loads(plan: Plan, inputs, v: int, off_of) -> tuple[list[str], str]:
+def _group_loads(plan: RegionPlan, inputs, v: int, off_of) -> tuple[list[str], str]:
     """Loads of ``v`` lanes per input into ``va{i}[l]``; returns (lines, alignment condition)."""
     lines, aligned = [], ""
     for i in inputs:
@@ -153,7 +153,7 @@ def _group_loads(plan: Plan, inputs, v: int, off_of) -> tuple[list[str], str]:
     return lines, aligned
 
 
-def _pointwise(plan: Plan, c: Config, sm_count: int) -> str:
+def _pointwise(plan: RegionPlan, c: Config, sm_count: int) -> str:
     threads, vec = int(c.get("threads", 256)), int(c.get("vec", 1))
     waves = int(c.get("waves", 0))
     total = plan.numel
@@ -212,7 +212,7 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 """
 
 
-def _reduction(plan: Plan, c: Config) -> str:
+def _reduction(plan: RegionPlan, c: Config) -> str:
     threads, tpr = int(c.get("threads", 256)), int(c.get("tpr", 256))
     vec, split, cache = int(c.get("vec", 1)), int(c.get("split", 1)), bool(c.get("cache", False))
     rpb = threads // tpr

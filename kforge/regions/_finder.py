@@ -149,7 +149,7 @@ class FoundRegion:
 
     @classmethod
     def of(cls, match: FusedMatch) -> FoundRegion:
-        """A family's match in a graph (``Family.match``) as the finder lists it."""
+        """A family's call in a graph (``Family.find``) as the finder lists it."""
         return cls(match.variant, match.nodes, match.inputs, match.outputs, peeled=match.peeled)
 
     def without_prologue(self) -> FoundRegion:
@@ -210,18 +210,18 @@ def build_region(members: list[fx.Node], trans: dict[fx.Node, list[Piece]]) -> F
 
 
 def find_fused(graph: fx.Graph) -> list[FoundRegion]:
-    """Every fused operator in an ATen graph: each fused family's matches (``Family.match``), family by family. Its
-    card stands for the calls it fuses, as a region's does; its kernel replaces them in graph mode."""
-    return [FoundRegion.of(m) for family in all_families() if family.fused and family.match is not None
-            for m in family.match(graph)]
+    """Every fused operator in an ATen graph: each fused family's calls (``Family.find``: its traced pattern),
+    family by family. Its card stands for the calls it fuses, as a region's does; its kernel replaces them in graph
+    mode."""
+    return [FoundRegion.of(m) for family in all_families() if family.fused for m in family.find(graph)]
 
 
 def find_layout_twin_calls(graph: fx.Graph) -> list[FoundRegion]:
-    """Every call of an ATen graph that an operator's channels-last twin may take (the matches of each family that
-    is no fused operator and has a layout twin, ``Family.layout_twin``): what such a twin of the operator card
-    stands for (regions._layout)."""
+    """Every call of an ATen graph that an operator's channels-last twin may take (the calls of each family that
+    is no fused operator and has a layout twin, ``Family.layout_twin``, that no fused family takes with its epilogue):
+    what such a twin of the operator card stands for (regions._layout)."""
     return [FoundRegion.of(m) for family in all_families()
-            if family.layout_twin and not family.fused and family.match is not None for m in family.match(graph)]
+            if family.layout_twin and not family.fused for m in family.find(graph)]
 
 
 def find_regions(graph: fx.Graph, min_ops: int = 2, skip: frozenset = frozenset()) -> list[FoundRegion]:

@@ -9,22 +9,23 @@ from ..ops import Unsupported, Variant
 from ._codegen import math_knobs
 from ._cpu import render_cpu
 from ._cuda import max_vec, render_cuda
-from ._plan import Plan, plan_region
+from ._plan import RegionPlan, plan_region
 from ._spec import region_ir
 
 Config = dict[str, Any]
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_cached(variant: Variant) -> Plan | None:
+def _plan_cached(variant: Variant) -> RegionPlan | None:
     try:
         return plan_region(region_ir(variant), [s for s in variant.inputs], list(variant.outputs))
     except Unsupported:
         return None
 
 
-def region_plan(variant: Variant) -> Plan:
-    """The kernel plan of a region variant; Unsupported says why there is none."""
+def plan_variant(variant: Variant) -> RegionPlan:
+    """The kernel plan of a region variant (``plan_region`` of its IR and signatures, cached); Unsupported says why
+    there is none."""
     plan = _plan_cached(variant)
     if plan is None:
         plan_region(region_ir(variant), list(variant.inputs), list(variant.outputs))  # raises with the reason
@@ -38,7 +39,7 @@ def _is(variant: Variant, reduction: bool) -> bool:
     return plan is not None and (plan.red is not None) == reduction
 
 
-def _math_default(plan: Plan) -> Config:
+def _math_default(plan: RegionPlan) -> Config:
     # NB: on CUDA a 16-bit chain starts with Inductor's numerics (float32 through the chain, hardware
     # approximations): per element, eager's rounding of every node and the accurate tanhf/expf cost
     # more instructions than the bytes take to move. The judge still holds it to the dtype's tolerance.
@@ -47,7 +48,7 @@ def _math_default(plan: Plan) -> Config:
 
 
 def default_config(variant: Variant, device: DeviceInfo) -> Config:
-    plan = region_plan(variant)
+    plan = plan_variant(variant)
     if device.backend == "cpu":
         return ({"chunk": 1024, "simd": 1, "round": 1} if plan.red is None
                 else {"cache": 1 if plan.cols <= 16384 else 0, "rows_per_task": 1, "round": 1})
@@ -100,7 +101,7 @@ def generate(variant: Variant, backend: str, config: Config | None = None, devic
 
     device = device or (device_info(variant.device) if backend == variant.device.split(":")[0] or backend == "cpu"
                         else DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0))
-    plan = region_plan(variant)
+    plan = plan_variant(variant)
     c = {**default_config(variant, device), **(config or {})}
     if backend == "cpu":
         return render_cpu(plan, c)

@@ -1,7 +1,9 @@
 """How a region maps onto one kernel: its index space, the reduction's rows, what runs in which phase.
 
 ``plan_region`` is the single judge of whether kforge can generate a kernel for a region: the
-finder keeps a node in a region only if the grown region still plans.
+finder keeps a node in a region only if the grown region still plans (``regions.plan_variant``: the same for a
+region variant, cached). A ``RegionPlan`` is this kernel's plan, not the deployment's (``deploy``) nor the judge's
+arena layout (``evaluate``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ KERNEL_DTYPES = ("float32", "float16", "bfloat16", "bool")
 
 
 @dataclass(frozen=True)
-class Plan:
+class RegionPlan:
     """``shape`` is the index space: the outputs' shape (pointwise) or the reduction's input shape,
     whose last ``k`` dims form one row of ``cols`` elements (``rows`` rows)."""
 
@@ -115,7 +117,7 @@ def _permuted(sig: TensorSig | None, perm: Sequence[int]) -> TensorSig | None:
     return replace(sig, shape=tuple(shape[d] for d in perm), stride=tuple(stride[d] for d in perm))
 
 
-def plan_region(ir: RegionIR, inputs: Sequence[TensorSig], outputs: Sequence[TensorSig]) -> Plan:
+def plan_region(ir: RegionIR, inputs: Sequence[TensorSig], outputs: Sequence[TensorSig]) -> RegionPlan:
     """The kernel plan of a region, or Unsupported saying why kforge cannot fuse it."""
     try:
         ir.check()
@@ -159,7 +161,7 @@ def plan_region(ir: RegionIR, inputs: Sequence[TensorSig], outputs: Sequence[Ten
             inputs = [_permuted(x, perm) for x in inputs]
             outputs = [_permuted(x, perm) for x in outputs]
             shapes = tuple(_permuted_shape(s, perm) for s in shapes)
-        return Plan(ir, tuple(inputs), tuple(outputs), shape or (1,), 0, None, shapes, dtypes, (), full, (),
+        return RegionPlan(ir, tuple(inputs), tuple(outputs), shape or (1,), 0, None, shapes, dtypes, (), full, (),
                     tuple(False for _ in ir.outputs))
     node = ir.nodes[red]
     src = node.args[0]
@@ -197,5 +199,5 @@ def plan_region(ir: RegionIR, inputs: Sequence[TensorSig], outputs: Sequence[Ten
     row = tuple(sorted(_ancestors(ir, row_outs, stop=red)))
     if OPS[node.op].kind == "norm" and red in row:
         raise Unsupported("a per-row output of a full-row normalisation")
-    return Plan(ir, tuple(inputs), tuple(outputs), shape, k, red, shapes, dtypes, phase1, full, row,
+    return RegionPlan(ir, tuple(inputs), tuple(outputs), shape, k, red, shapes, dtypes, phase1, full, row,
                 tuple(out_is_row))

@@ -5,7 +5,7 @@ Under torch.compile without max-autotune the GEMM is cuBLAS's, with the bias in 
 GELU as a pointwise kernel of its own: one more write and read of the GEMM's output (871 us of the SD3.5
 transformer's 26.6 ms under reduce-overhead on the H200, profile of 2026-12-04i). A kernel doing both writes the
 output once (cuBLASLt's GELU_BIAS epilogue, which PyTorch's own cuBLASLt path takes for this tanh form;
-tests/test_linear_gelu.py checks it on a GPU in float32). A CPU graph gives no such card (``_match.LINEAR_GELU_ON_CPU``).
+tests/test_linear_gelu.py checks it on a GPU in float32). A CPU graph gives no such card (``_pattern.LINEAR_GELU_ON_CPU``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..._family import Epilogue, Family, register_family
 from ..._registry import Call, OpSpec
-from ._match import match
+from ._pattern import PATTERN
 
 
 def _bind(input, weight, bias=None):
@@ -31,5 +31,5 @@ LINEAR_GELU = register_family(Family(
            doc="gelu(x @ weight.T + bias, approximate='tanh'): a linear layer whose only reader is the tanh GELU "
                "(found in the model's graph: no eager spelling)"),
     doc="gelu(x @ weight.T + bias, approximate='tanh'), the GELU the product's only reader",
-    graph="aten", epilogue=Epilogue("linear", "gelu"), match=match,
+    graph="aten", epilogue=Epilogue("linear", "gelu"), pattern=PATTERN,
     strategies=("kforge.proposers.builtin._gemm",)))

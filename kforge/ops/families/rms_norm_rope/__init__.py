@@ -3,7 +3,7 @@ the rotate-half rotary embedding reads (q_norm / k_norm, then apply_rotary_pos_e
 
 Under torch.compile Inductor fuses them with the rotary angles' cos and sin into one persistent reduction a layer,
 17.2 us a call (one warp a block) on the H200 for Gemma 4 E2B at 512 tokens, with a few microseconds of bytes to
-move (compiled profile of 2026-12-04l); kforge finds the chain in the ATen graph (``match``) and takes cos and sin
+move (compiled profile of 2026-12-04l); kforge finds the chain in the ATen graph (``pattern``) and takes cos and sin
 (the unsqueezed views the model multiplies by, made once a forward) as inputs. It is no operator-and-epilogue pair.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..._family import Family, register_family
 from ..._registry import OpSpec
 from . import _spec
-from ._match import match
+from ._pattern import PATTERN
 
 RMS_NORM_ROPE = register_family(Family(
     OpSpec(name="rms_norm_rope", kind="normalization", targets=(),
@@ -20,4 +20,4 @@ RMS_NORM_ROPE = register_family(Family(
                "the input's dtype) and the rotary embedding in rotate-half form, cos and sin broadcast over the "
                "leading dimensions (found in the model's graph: no eager spelling)"),
     doc="rope(rms_norm(x) * weight), the rotary embedding in rotate-half form the norm's only reader",
-    graph="aten", match=match, strategies=("kforge.proposers.builtin._rope",)))
+    graph="aten", pattern=PATTERN, strategies=("kforge.proposers.builtin._rope",)))
