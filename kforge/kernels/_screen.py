@@ -43,7 +43,7 @@ ALLOWED_INCLUDES = frozenset({
     "mma.h", "cooperative_groups.h", "cooperative_groups/reduce.h", "cooperative_groups/memcpy_async.h",
     "cub/cub.cuh", "cub/block/block_reduce.cuh", "cub/block/block_scan.cuh", "cub/warp/warp_reduce.cuh",
     "cub/block/block_load.cuh", "cub/block/block_store.cuh", "cuda/pipeline", "cuda/barrier",
-    # cuBLASLt: a matrix product with an epilogue (linear_gelu's design); its logger, which opens files and calls
+    # cuBLASLt: a matrix product with an epilogue (one family's design: a product with its activation); its logger, which opens files and calls
     # back, is refused by name below
     "cublasLt.h",
 })

@@ -1,7 +1,7 @@
 """Operators a model computes with a Python function of a library rather than a torch callable.
 
-Some operators have no torch callable to intercept: transformers' Qwen 3.5 layers compute the gated delta
-rule with ``torch_chunk_gated_delta_rule``, a Python function of dozens of torch calls. An operator names
+Some operators have no torch callable to intercept: transformers' Qwen 3.5 layers compute their linear
+attention's recurrence with a Python function of dozens of torch calls. An operator names
 such functions in ``OpSpec.functions`` (``FunctionTarget``), and kforge reaches them the way the model does:
 through the module's global and through every submodule of the model that holds the function as an
 attribute (transformers binds it to each layer in some versions).
