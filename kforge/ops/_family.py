@@ -63,8 +63,8 @@ class Family:
     twin the calls that twin may take; ``find``); None where it is not found in graphs, or is found as another
     family's call with a prologue. ``peel``: a prologue family's predicate, on the first input of a call of
     ``prologue_of``: the bias node its kernel takes (None: that call stays the plain family's). ``strategies``: the
-    modules of the built-in library that hold its CPU and CUDA strategies (imported by
-    ``kforge.proposers.builtin``). ``doc``: one line."""
+    modules that hold its built-in CPU and CUDA strategies, its folder's ``strategies`` (imported by name by
+    ``kforge.proposers.builtin``: they belong to the proposers layer, so nothing in ops imports them). ``doc``: one line."""
 
     spec: OpSpec
     doc: str

@@ -21,4 +21,4 @@ GATED_DELTA_RULE = register_family(Family(
            doc="the gated delta rule (linear attention with a decaying, delta-corrected state): output [B, T, Hv, "
                "Dv], and the final state [B, Hv, Dk, Dv] when asked"),
     doc="the gated delta rule, transformers' chunked and token-by-token functions",
-    strategies=("kforge.proposers.builtin._recurrent",)))
+    strategies=(f"{__name__}.strategies",)))

@@ -17,7 +17,7 @@ from ..._registry import OpSpec
 from . import _spec
 from ._pattern import GROUP_NORM, GROUP_NORM_SILU, peelable_bias, silu_reads
 
-_STRATEGIES = ("kforge.proposers.builtin._norms",)
+_STRATEGIES = (f"{__name__}.strategies",)   # NB: the proposers layer's, imported by name only
 
 GROUP_NORM = register_family(Family(
     OpSpec(name="group_norm", kind="normalization", targets=(F.group_norm, torch.group_norm),

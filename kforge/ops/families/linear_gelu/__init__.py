@@ -32,4 +32,4 @@ LINEAR_GELU = register_family(Family(
                "(found in the model's graph: no eager spelling)"),
     doc="gelu(x @ weight.T + bias, approximate='tanh'), the GELU the product's only reader",
     graph="aten", epilogue=Epilogue("linear", "gelu"), pattern=PATTERN,
-    strategies=("kforge.proposers.builtin._gemm",)))
+    strategies=(f"{__name__}.strategies",)))

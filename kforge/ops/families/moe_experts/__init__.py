@@ -21,4 +21,4 @@ MOE_EXPERTS = register_family(Family(
            doc="a mixture of experts' experts: each token's K experts (SiLU-gated, weights [E, 2I, H] and [E, H, I]), "
                "summed with their routing weights: output [T, H]"),
     doc="a mixture of experts' SiLU-gated experts, transformers' grouped_mm and batched_mm implementations",
-    strategies=("kforge.proposers.builtin._moe",)))
+    strategies=(f"{__name__}.strategies",)))

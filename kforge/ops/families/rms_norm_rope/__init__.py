@@ -20,4 +20,4 @@ RMS_NORM_ROPE = register_family(Family(
                "the input's dtype) and the rotary embedding in rotate-half form, cos and sin broadcast over the "
                "leading dimensions (found in the model's graph: no eager spelling)"),
     doc="rope(rms_norm(x) * weight), the rotary embedding in rotate-half form the norm's only reader",
-    graph="aten", pattern=PATTERN, strategies=("kforge.proposers.builtin._rope",)))
+    graph="aten", pattern=PATTERN, strategies=(f"{__name__}.strategies",)))

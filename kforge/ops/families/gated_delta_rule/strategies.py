@@ -9,10 +9,10 @@ per thread.
 """
 from __future__ import annotations
 
-from ...kernels import DeviceInfo
-from ...ops import TensorSig, Variant
-from ._prelude import CPU, CUDA, cpu_io, cuda_types
-from ._strategy import FLOATS, fill, strategy
+from ....kernels import DeviceInfo
+from ....ops import TensorSig, Variant
+from ....proposers.builtin._prelude import CPU, CUDA, cpu_io, cuda_types
+from ....proposers.builtin._strategy import FLOATS, fill, strategy
 
 _OP = "gated_delta_rule"
 

@@ -11,11 +11,11 @@ sin are inputs (the model computes them once a forward for every layer) broadcas
 """
 from __future__ import annotations
 
-from ...kernels import DeviceInfo
-from ...kernels._offsets import lin
-from ...ops import TensorSig, Variant
-from ._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
-from ._strategy import ITEMSIZE, fill, strategy
+from ....kernels import DeviceInfo
+from ....kernels._offsets import lin
+from ....ops import TensorSig, Variant
+from ....proposers.builtin._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
+from ....proposers.builtin._strategy import ITEMSIZE, fill, strategy
 
 _OP = "rms_norm_rope"
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels import DeviceInfo
-from ...ops import Variant, dtype_name, torch_dtype
-from ._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
-from ._strategy import CUDA_TYPES, ITEMSIZE, fill, strategy
+from ....kernels import DeviceInfo
+from ....ops import Variant, dtype_name, torch_dtype
+from ....proposers.builtin._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
+from ....proposers.builtin._strategy import CUDA_TYPES, ITEMSIZE, fill, strategy
 
 _OP = "moe_experts"
 _IDX = {"int64": "int64_t", "int32": "int32_t"}

@@ -8,10 +8,10 @@ reference for tests and for the graph pass; on the CPU Inductor's own code is no
 """
 from __future__ import annotations
 
-from ...kernels import DeviceInfo
-from ...ops import Variant
-from ._prelude import CPU, cpu_io
-from ._strategy import fill, strategy
+from ....kernels import DeviceInfo
+from ....ops import Variant
+from ....proposers.builtin._prelude import CPU, cpu_io
+from ....proposers.builtin._strategy import fill, strategy
 
 _OP = "linear_gelu"
 _CUDA_DTYPES = {"float32": "CUDA_R_32F", "bfloat16": "CUDA_R_16BF", "float16": "CUDA_R_16F"}
