@@ -3,6 +3,10 @@
 The order is documented in docs/architecture.md ("Layers"). Every import in every module counts
 (module level, inside functions, and under ``TYPE_CHECKING``: an annotation naming a higher
 layer's type depends on it too), except the notebook display hooks listed below.
+
+A family folder's strategies module (``kforge.ops.families.<family>.strategies``) is part of the proposers layer;
+nothing in ops imports it (the built-in library imports it by the name in ``Family.strategies``), so an import of
+it from ops code is caught as one running up the layers.
 """
 from __future__ import annotations
 
@@ -51,10 +55,13 @@ PENDING: dict[tuple[str, str], str] = {}
 
 
 def _unit(module: str) -> str:
-    """The layer unit of a dotted name; an attribute of the package root (``kforge.__version__``) is the root."""
+    """The layer unit of a dotted name; an attribute of the package root (``kforge.__version__``) is the root, and
+    a family folder's strategies module (or a name in it) is the proposers layer's."""
     parts = module.split(".")
     if len(parts) == 1:
         return "kforge"
+    if parts[1:3] == ["ops", "families"] and len(parts) >= 5 and parts[4] == "strategies":
+        return "proposers"
     name = parts[1]
     is_module = (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()
     return name if is_module else "kforge"
@@ -83,8 +90,9 @@ def _imports() -> list[tuple[str, str, str, int, str | None]]:
                     else:
                         target = child.module or ""
                     # `from . import x` and `from kforge import x` name modules or attributes: take each
-                    targets = ([f"{target}.{a.name}" for a in child.names] if target == "kforge" or not child.module
-                               else [target])
+                    names = [f"{target}.{a.name}" for a in child.names]
+                    targets = (names if target == "kforge" or not child.module
+                               else [target] + [n for n in names if _unit(n) != _unit(target)])
                 elif isinstance(child, ast.Import):
                     targets = [a.name for a in child.names]
                 for t in targets:
@@ -159,3 +167,75 @@ def test_the_code_parses_on_the_oldest_supported_python():
     assert sys.version_info >= (3, 11)
     for path in PACKAGE.rglob("*.py"):
         ast.parse(path.read_text(), str(path), feature_version=(3, 11))
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Module -> the kforge modules it imports when it is imported or type-checked: module-level imports and those
+    under ``TYPE_CHECKING`` (not imports inside functions, which run later, when both modules are loaded). A name
+    imported from a package is its submodule where one has that name, else the package's ``__init__``; importing
+    a submodule runs its packages' ``__init__`` first, outside the importer's own packages."""
+    modules: dict[str, tuple[Path, bool]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        is_init = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_init) in modules.items():
+        package = module if is_init else module.rpartition(".")[0]
+        found: set[str] = set()
+
+        def visit(body: list[ast.stmt]) -> None:
+            for node in body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                        target = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        target = node.module or ""
+                    for a in node.names:
+                        found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target)
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list):
+                        visit([n for n in inner if isinstance(n, ast.stmt)] +
+                              [s for h in inner if isinstance(h, ast.ExceptHandler) for s in h.body])
+
+        visit(ast.parse(path.read_text(), str(path)).body)
+        edges = set()
+        for t in found:
+            if t not in modules or t == module:
+                continue
+            edges.add(t)
+            parts = t.split(".")
+            edges.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                         if p in modules and p != module and not module.startswith(p + "."))
+        graph[module] = edges
+    return graph
+
+
+def test_no_import_circle_between_modules():
+    """Issue 44: no two modules import each other, directly or round a circle, when loaded or type-checked."""
+    graph = _module_imports()
+    assert "kforge.deploy._dispatch" in graph["kforge.deploy._graph"]   # the scan sees relative imports
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v not in state and (cycle := dfs(v)):
+                return cycle
+        state[u] = 2
+        stack.pop()
+        return None
+
+    for u in sorted(graph):
+        if u not in state and (cycle := dfs(u)):
+            pytest.fail("import circle: " + " -> ".join(cycle))

@@ -13,6 +13,23 @@ A winner's interval must clear the least gain, and its gain per call (eager's ti
 must exceed how far eager's own time moved between the card's evaluations: where the timer cannot
 hold eager still to within the gain, the card is "noisy", on eager, whatever the ratio says.
 
+Confirmations are timed in another process than the search's (``elsewhere``: the first in the evaluator's
+second judge, a second one back in the search's judge), and a verdict states only what a fresh process
+also saw. Measured on the loaded 2-core CPU (2026-12-07, docs/benchmarks.md; one session run again and
+again, the same 16 cards and the same candidates in every run, so the search is not what differs): with
+every timing of a run in one judge, the same kernel's speedup in two timings of one run differed by a
+median 1.06-1.07x, in two runs by 1.10-1.12x, so a verdict's interval, read from one process, was
+narrower than what the next run saw. With the first confirmation in a second judge, two timings of one
+run differed by 1.11x, as much as two runs' (1.09x). So the movement between a candidate's two
+processes (``process_movement``: its two confirmations, or its one confirmation and the search's timing)
+is a measure, taken on this card in this run, of how far the next run's figure may fall: the stated
+interval reaches at least that far on either side of the figure (``across_processes``), and a candidate
+whose figure over that movement does not clear ``LEAST_GAIN`` is "noisy", not a winner. No new
+threshold comes with it: the movement is measured, and the other rules read the second process's
+timings as they read any other (eager's movement between the two processes widens the span a gain must
+exceed; two confirmations further apart than ``TIMINGS_AGREE`` leave the card noisy). On a GPU
+confirmations stay in the search's judge (not measured there yet), and the rule is off.
+
 A stored verdict changes only when new evidence is measured: a search that evaluated nothing new
 keeps the stored verdict; confirmations are stored, and are the candidate's speedup from then on.
 """
@@ -22,7 +39,7 @@ import enum
 import math
 import statistics
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..kernels import backend_of
 from ..ops import CardStatus, CardVerdict
@@ -30,8 +47,29 @@ from ..ops._verdict import SPREAD_FLOOR, SpeedupEstimate, pool_timings
 from ..store import is_infra_failure, timing_noise
 
 if TYPE_CHECKING:
-    from ..store import Candidate
-    from ._card_search import CardSearch
+    from ..evaluate import Evaluation
+    from ..ops import Card
+    from ..store import Candidate, Store
+    from ._ledger import RunLedger
+    from ._settings import Budget
+    from ._tree import Tree
+
+
+class CardSearch(Protocol):
+    """What a decision reads of a card's search (``_card_search.CardSearch`` is the one kforge runs): typed here so
+    that this module does not import the search that imports it."""
+
+    card: "Card"
+    store: "Store"
+    tree: "Tree"
+    budget: "Budget"
+    ledger: "RunLedger"
+    evaluator: Any
+    examples: Any
+    evaluated: int
+    reason: str
+
+    def judge(self, source: str, seed: int) -> "Evaluation": ...
 
 CONFIRM_TOP = 3             # the best candidates tried, in order, until one is confirmed faster
 CONFIRMATIONS_PER_CARD = 3  # confirmations one decision may take, over all the candidates it tries
@@ -132,11 +170,26 @@ def wants_confirmation(cand: "Candidate") -> bool:
     return apart or (alone is not None and call(alone) is Call.NOISY)
 
 
+def elsewhere(search: "CardSearch", index: int):
+    """Where a candidate's confirmation number ``index`` (from 0) is timed: the evaluator's second judge process
+    (``Evaluator.evaluate_elsewhere``) for the first, the search's own judge for the second, so that two
+    confirmations come from two processes; None (the search's judge) where the evaluator has no second process
+    or the card is timed on a GPU (not measured there yet: docs/architecture.md, "Verdicts")."""
+    other = getattr(search.evaluator, "evaluate_elsewhere", None)
+    if other is None or index % 2 or backend_of(search.card.variant.device) == "cuda":
+        return None
+    return other
+
+
 def confirm(search: "CardSearch", cand: "Candidate", allowed: int) -> tuple["Candidate", int]:
-    """Time ``cand`` again as ``wants_confirmation`` asks, at most ``allowed`` times; store each timing.
-    Returns the candidate with its confirmations and how many of ``allowed`` are left."""
+    """Time ``cand`` again as ``wants_confirmation`` asks, at most ``allowed`` times, the first in another judge
+    process than the search's (``elsewhere``); store each timing. Returns the candidate with its confirmations and
+    how many of ``allowed`` are left."""
     while allowed > 0 and wants_confirmation(cand):
-        ev = search.judge(cand.source, seed=cand.id + 7919 * (len(cand.confirmations) + 1))
+        seed = cand.id + 7919 * (len(cand.confirmations) + 1)
+        other = elsewhere(search, len(cand.confirmations))
+        ev = (other(search.card.variant, cand.source, search.examples, seed=seed) if other is not None
+              else search.judge(cand.source, seed=seed))
         allowed -= 1
         if is_infra_failure(ev):
             break
@@ -144,6 +197,38 @@ def confirm(search: "CardSearch", cand: "Candidate", allowed: int) -> tuple["Can
         cand = replace(cand, confirmations=cand.confirmations + (ev,))
         search.tree.nodes[cand.id].candidate = cand
     return cand, allowed
+
+
+def process_movement(search: "CardSearch", cand: "Candidate") -> float | None:
+    """How far apart ``cand``'s timings in two judge processes are (the larger over the smaller), or None where they
+    do not come from two (``elsewhere``: no second process, or a GPU card). With two confirmations, the first timed
+    in the second judge and the second in the search's: their ratio. With one (it agreed with the search's timing
+    within ``TIMINGS_AGREE``): its ratio to the search's own timing, which selection flattered, so this can only
+    overstate the movement, never hide it."""
+    if elsewhere(search, 0) is None or not cand.confirmations:
+        return None
+    pair = _process_pair(cand)
+    if any(e is None or not e.status.is_correct or e.speedup <= 0 for e in pair):
+        return None
+    a, b = pair[0].speedup, pair[1].speedup
+    return max(a, b) / min(a, b)
+
+
+def across_processes(est: SpeedupEstimate, moved: float) -> SpeedupEstimate:
+    """``est`` with its interval reaching at least as far as ``moved`` (``process_movement``) on either side of its
+    figure: another run, a fresh process, may state a figure as far from this one as this run's two processes were
+    from each other."""
+    return replace(est, low=min(est.low, est.speedup / moved), high=max(est.high, est.speedup * moved))
+
+
+def _processes_disagree(cand: "Candidate", est: SpeedupEstimate, moved: float) -> str:
+    return (f"candidate {cand.id}: {est.speedup:.2f}x, but its timings in two judge processes differ by {moved:.2f}x "
+            f"({_speeds(_process_pair(cand))}), and {est.speedup:.2f}x / {moved:.2f} = {est.speedup / moved:.2f}x does "
+            "not clear eager: another run could state eager, so eager stays (search again on a quieter machine)")
+
+
+def _process_pair(cand: "Candidate") -> tuple:
+    return tuple(cand.confirmations[:2]) if len(cand.confirmations) >= 2 else (cand.evaluation, cand.confirmations[0])
 
 
 def _speeds(evaluations) -> str:
@@ -207,6 +292,12 @@ def decide(search: "CardSearch") -> CardVerdict:
         est = cand.estimate
         if est is None:   # a confirmation was not correct
             continue
+        moved = process_movement(search, cand)
+        if moved is not None and call(est) is Call.FASTER and call(across_processes(est, moved)) is not Call.FASTER:
+            noisy.append(_processes_disagree(cand, est, moved))
+            continue
+        if moved is not None:
+            est = across_processes(est, moved)
         what = call(est)
         # NB: host time only: on a GPU, CUDA events time the kernel on the device and eager's moves follow the host's
         # pace (``rank_winners``), so a move there is no measure of the timer's noise on the kernel
@@ -224,9 +315,14 @@ def decide(search: "CardSearch") -> CardVerdict:
         eager = _pooled_eager(cand)
         measured = cand.measured
         timings = f"{est.timings} confirmation{'s' * (est.timings > 1)}" if confirmed else "timed once: not confirmed"
+        # NB: a CPU verdict holds for the threads both sides got (the judge bounds them by the idle cores): at 2
+        # threads on the 2-core CPU eager beat kernels that won at 1 (2026-12-07), so the verdict says which
+        threads = sorted({e.threads for e in cand.timings if e.threads})
+        span = f"{threads[0]}" + (f"-{threads[-1]}" if len(threads) > 1 else "") if threads else ""
+        threads_note = f", {span} thread{'s' * (threads[-1] > 1)}" if threads else ""
         verdict = CardVerdict(
             CardStatus.WINNER, f"candidate {cand.id}: {est.speedup:.2f}x over the judge's eager "
-            f"({est.low:.2f}-{est.high:.2f}, {timings}"
+            f"({est.low:.2f}-{est.high:.2f}, {timings}{threads_note}"
             + (f"; the search's timing {cand.first_speedup:.2f}x)" if confirmed else ")"),
             winner_id=cand.id, winner_speedup=est.speedup, speedup_low=est.low, speedup_high=est.high,
             kernel_us=eager / est.speedup if eager else None, eager_us=eager, confirmed=confirmed,
