@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh owed0607  the dispatch cost through a replayed plan and in process,
+#                                                            what a user gets with replayed kernels (model-level figure)
+#   device run: bash benchmarks/device_session.sh vendor    benchmarks/vendor_chains.py, KF_VENDOR_CASES (CUTLASS headers
+#                                                            carried: cp -r <cutlass_library>/source/{include,tools}
+#                                                            build/cutlass inside the carried tree)
 #   device run: bash benchmarks/device_session.sh replay42  issue 42: CUDA replay's GPU tests and its attack corpus, the
 #                                                            judge's CUDA attacks, eager regions, what a user gets
 #   device run: bash benchmarks/device_session.sh eve41     issue 41: eager regions on torch 2.11 past dynamo's limit,
@@ -411,6 +416,21 @@ PY
     timeout "${KF_USER_S:-130}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
         --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
         | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
+  owed0607)
+    # issue 41/42, 2026-12-07: what the dispatch cost is through a replayed plan (the default) and in process, then the
+    # model-level figure of what_a_user_gets with replayed kernels (cut by its step last time)
+    for r in 1 0; do
+      KFORGE_CUDA_REPLAY=$r timeout 60 python3 -c "from kforge.deploy import measure_dispatch_cost as m; print('KFORGE_CUDA_REPLAY=$r:', m('cuda').describe())" 2>&1 | grep -v "Warn" | tail -2
+    done | tee "$OUT/dispatch_cost.txt"
+    timeout "${KF_USER_S:-420}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
+        --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once\|warnings.warn" \
+        | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
+  vendor)
+    # issue 45: vendor-headed chains (CUTLASS builds in parallel, then eager / compile default / max-autotune / kforge)
+    KFORGE_CACHE="${KFORGE_CACHE:-/tmp/kcache}" timeout "${KF_VENDOR_S:-540}" python3 benchmarks/vendor_chains.py \
+        --device cuda --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-gemm_bias_relu,gemm_bias_gelu_sd35,conv_bn_relu_resnet3x3}" \
+        --jobs 14 --budget-s "${KF_VENDOR_BUDGET_S:-420}" --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
+        | tee "$OUT/vendor.txt" | tail -40 ;;
   replay42)
     # issue 42's CUDA side: candidates recorded in the sandbox and replayed by kforge's launcher (the replay's own
     # tests first, the attack corpus deployed without screen or wall after), eager regions on torch 2.11 past
@@ -441,5 +461,5 @@ PY
         | tee "$OUT/repeatability_cuda.txt" | tail -40
     [ "${KF_REPEAT_TESTS:-1}" = 0 ] || gpu_tests "${KF_REPEAT_TESTS_S:-200}" "tests/test_moe_experts.py tests/test_recurrent_gpu.py" \
         moe_recurrent_tests 12 ;;
-  *) echo "usage: bash benchmarks/device_session.sh replay42|eve41|owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/device_session.sh owed0607|vendor|replay42|eve41|owed41|walls|repeat|tests|judge|final|regions|vision|maxautotune|decode|control|fused|resnet|gdn|gdn_e2e|gdn_decode|profile|moe|moe_designs|decode_profile|twins|owed|accuracy|gelu|rope|sd35t|sd35t_regions|cluster|region_e2e|probe" >&2; exit 2 ;;
 esac
