@@ -40,14 +40,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kforge.ops import Unsupported, torch_dtype  # noqa: E402
-from kforge.regions._vendor import aten_graph_calls, find_vendor_chains  # noqa: E402
+from kforge.regions._vendor import aten_graph_calls, find_vendor_chains, graph_values  # noqa: E402
 from kforge.timing import bench_many  # noqa: E402
 
 
@@ -284,20 +283,6 @@ CASES = _cases()
 # ----------------------------------------------------------------------------- pieces
 
 
-def _graph_values(gm: fx.GraphModule, args) -> dict:
-    values = {}
-
-    class Keep(fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            values[n] = out
-            return out
-
-    with torch.no_grad():
-        Keep(gm).run(*args)
-    return values
-
-
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double().cpu(), ref.double().cpu()
     if torch.isnan(out).any():
@@ -379,7 +364,7 @@ def run_case(case: Case, device: str, dtype: torch.dtype, small: bool, modes: li
     # correctness: the model's own data, then fresh inputs against float64
     if kernel is not None:
         try:
-            values = _graph_values(gm, args)
+            values = graph_values(gm, args)
             ins = [values[n] for n in fc.inputs]
             outs = _poisoned(chain, device)
             _launcher(kernel, chain, ins, outs, device)()

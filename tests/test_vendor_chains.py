@@ -7,7 +7,6 @@ import collections
 
 import pytest
 import torch
-import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -18,7 +17,7 @@ from kforge.ops import Unsupported, torch_dtype
 from kforge.proposers.builtin._vendor_cpu import render_cpu
 from kforge.proposers.builtin._vendor_cuda import (CutlassConfig, build_cutlass, cutlass_root, design, evt_inputs,
                                                    render_cuda)
-from kforge.regions._vendor import aten_graph_calls, aten_graphs, find_vendor_chains
+from kforge.regions._vendor import aten_graph_calls, aten_graphs, find_vendor_chains, graph_values
 
 import extras
 
@@ -58,20 +57,6 @@ def _mixed_inputs(dtype=torch.float32):
                                   torch.randn(3, 5, 7, generator=g), torch.randn(3, 7, 9, generator=g))]
 
 
-def _graph_values(gm: fx.GraphModule, args) -> dict[fx.Node, torch.Tensor]:
-    values: dict[fx.Node, torch.Tensor] = {}
-
-    class Keep(fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            values[n] = out
-            return out
-
-    with torch.no_grad():
-        Keep(gm).run(*args)
-    return values
-
-
 def _mixed_chains(dtype=torch.float32):
     model = Mixed().eval().to(dtype)
     ((gm, args),) = aten_graph_calls(model, *_mixed_inputs(dtype))
@@ -102,7 +87,7 @@ def test_finds_each_head_kind_with_its_chain():
 
 def test_a_chain_computes_what_the_graph_computes():
     gm, found, args = _mixed_chains()
-    values = _graph_values(gm, args)
+    values = graph_values(gm, args)
     for fc in found:
         ins = [values[n] for n in fc.inputs]
         (out,) = fc.chain.reference(ins)
@@ -265,7 +250,7 @@ def test_resnet_bottlenecks_give_conv_batch_norm_relu_and_add_chains():
     assert len(found) == 12     # the final linear has no chain after it
     print("\nResNet-50 (reduced):", dict(_summary(found)))
     # a residual chain on the C/OpenMP backend against the graph's own values
-    values = _graph_values(gm, args)
+    values = graph_values(gm, args)
     for fc in (found[3], found[-2]):   # a residual block's chain, and the one ending in the pool
         built = compile_source(render_cpu(fc.chain), "cpu", "native")
         kernel = load_verified(built.path, built.sha256)

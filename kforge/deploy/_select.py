@@ -70,7 +70,7 @@ KF_ENTRY int kf_launch(const kf_tensor* in, int n_in, const kf_tensor* out, int 
 """
 _PROBE_CUDA = r"""
 #include "kforge.h"
-__global__ void probe_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
+extern "C" __global__ void probe_softmax(const float* x, float* y, int64_t rows, int64_t cols) {
     int64_t r = threadIdx.x;
     if (r >= rows) return;
     float m = KF_NEG_INF, s = 0.f;
@@ -219,7 +219,7 @@ def _probe_plan(library: "Path | str", shape: "tuple[int, ...] | torch.Size") ->
     rows, cols = shape
     step = PlanStep("launch", 0, (1, 1, 1), (32, 1, 1), 0, False, ((0, 8), (8, 8), (16, 8), (24, 8)),
                     struct.pack("<QQqq", 0, 0, rows, cols), ((0, ("input", 0), 0), (8, ("output", 0), 0)))
-    return LaunchPlan((fatbin_of(Path(library).read_bytes()),), ((0, "_Z13probe_softmaxPKfPfll"),), (step,), 1, 1)
+    return LaunchPlan((fatbin_of(Path(library).read_bytes()),), ((0, "probe_softmax"),), (step,), 1, 1)
 
 
 def _probe_output(kernel, x: torch.Tensor) -> torch.Tensor:

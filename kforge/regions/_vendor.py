@@ -647,6 +647,21 @@ def find_vendor_chains(graph: fx.Graph, skip: frozenset = frozenset(), min_tail:
 # ----------------------------------------------------------------------------- capture for tests and benchmarks
 
 
+def graph_values(gm: fx.GraphModule, args: Sequence[Any]) -> dict[fx.Node, Any]:
+    """Every node's value when ``gm`` runs on ``args`` (no grad): what a found chain's inputs and output were."""
+    values: dict[fx.Node, Any] = {}
+
+    class Keep(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            values[n] = out
+            return out
+
+    with torch.no_grad():
+        Keep(gm).run(*args)
+    return values
+
+
 def aten_graph_calls(model: Callable, *args, **kwargs) -> list[tuple[fx.GraphModule, list]]:
     """The ATen forward graphs ``model(*args, **kwargs)`` runs as graph capture records them (torch.compile,
     AOTAutograd, no decompositions, exact shapes), each with the arguments it was called with (parameters
