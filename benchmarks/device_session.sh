@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
+#   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
 #   device run: bash benchmarks/device_session.sh owed0607  the dispatch cost through a replayed plan and in process,
 #                                                            what a user gets with replayed kernels (model-level figure)
 #   device run: bash benchmarks/device_session.sh vendor    benchmarks/vendor_chains.py, KF_VENDOR_CASES (CUTLASS headers
@@ -416,6 +417,14 @@ PY
     timeout "${KF_USER_S:-130}" python3 benchmarks/what_a_user_gets.py --device cuda --modes "${KF_MODES:-default}" \
         --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
         | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
+  gpu44)
+    # issue 44 (2026-12-07): the GPU suite on the refactored code (kernel ABI header, traced patterns, one deployment
+    # plan, CUDA replay by default), with the dispatch cost through a replayed plan and in process first
+    for r in 1 0; do
+      KFORGE_CUDA_REPLAY=$r timeout 60 python3 -c "from kforge.deploy import measure_dispatch_cost as m; print('KFORGE_CUDA_REPLAY=$r:', m('cuda').describe())" 2>&1 | grep -v "Warn" | tail -2
+    done | tee "$OUT/dispatch_cost.txt"
+    gpu_tests "${KF_GPU_A_S:-250}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py" gpu44_a 30
+    gpu_tests "${KF_GPU_B_S:-230}" "tests/test_gpu_attacks.py tests/test_gpu_replay.py" gpu44_b 20 ;;
   owed0607)
     # issue 41/42, 2026-12-07: what the dispatch cost is through a replayed plan (the default) and in process, then the
     # model-level figure of what_a_user_gets with replayed kernels (cut by its step last time)
