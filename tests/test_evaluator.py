@@ -222,8 +222,58 @@ def test_phases_are_reported_and_a_cards_inputs_are_made_once():
     later = dict(second.phases)
     assert "inputs" not in later and "reference" not in later and "timing: checks" in later
     assert Evaluation.from_json(first.to_json()).phases == first.phases
-    assert 1 <= second.threads <= first.threads <= (os.cpu_count() or 1)   # a card's count only goes down
+    # the count this process runs torch with, for every candidate, whatever the load (a fixed count a run)
+    assert first.threads == second.threads == torch.get_num_threads()
+    assert "threads" not in names    # a fixed count measures no idle cores
     assert Evaluation.from_json(first.to_json()).threads == first.threads
+
+
+class _AllBusy:
+    """A BusyWindow that says other processes keep every core busy."""
+
+    busy_fraction = 1.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def threads(self, ceiling: int | None = None) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_fixed_thread_count_is_kept_whatever_the_load(monkeypatch, threads):
+    """Issue 41: a verdict taken at a count that followed the load did not repeat (a group_norm kernel won at 1
+    thread and lost at 2); a job's count is what both sides get, even when every core reads busy."""
+    from kforge.evaluate import _judge
+
+    monkeypatch.setattr(_judge, "BusyWindow", _AllBusy)
+    monkeypatch.setattr(_judge, "_CARD_THREADS", type(_judge._CARD_THREADS)())
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads())))
+    card = Card.for_call("softmax", torch.randn(8, 128), -1)
+    before = torch.get_num_threads()
+    try:
+        fixed = _judge.evaluate_job(_judge.Job(1, card.variant.to_json(), kernel_source("cpu", "softmax_rows"), "cpu",
+                                               "cpu", "native", cpu_threads=threads))
+        assert _judge.os.environ["OMP_NUM_THREADS"] == str(threads)   # what the runner starts with
+        following = _judge.evaluate_job(_judge.Job(2, card.variant.to_json(), kernel_source("cpu", "softmax_rows"),
+                                                   "cpu", "cpu", "native", cpu_threads=0))
+    finally:
+        torch.set_num_threads(before)
+    assert fixed.status.is_correct and following.status.is_correct, (fixed.summary(), following.summary())
+    assert fixed.threads == threads
+    assert following.threads == 1          # cpu_threads=0: the idle cores' count, as the busy window says
+
+
+def test_an_evaluators_thread_count_is_checked_and_carried_by_its_jobs():
+    card = Card.for_call("softmax", torch.randn(8, 128), -1)
+    assert Evaluator("cpu").job_for(card, "").cpu_threads == torch.get_num_threads()
+    assert Evaluator("cpu", cpu_threads=1).job_for(card, "").cpu_threads == 1
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(ValueError, match="cpu_threads must be"):
+            Evaluator("cpu", cpu_threads=bad)
 
 
 class _Idle:

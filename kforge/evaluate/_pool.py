@@ -141,8 +141,14 @@ class Evaluator:
     """
 
     def __init__(self, device: str = "cpu", *, timeout_s: float = 60.0, random_sets: int = 3,
-                 budget_ms: float | None = None):
+                 budget_ms: float | None = None, cpu_threads: int | None = None):
         self.backend = backend_of(device)
+        if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 0):
+            raise ValueError(f"cpu_threads must be a count of threads (>= 1), 0 (as many as the cores other "
+                             f"processes leave idle, measured per evaluation) or None, not {cpu_threads!r}")
+        # NB: CPU verdicts hold for one thread count, fixed for the evaluator's life: by default the count this
+        # process runs torch with, which is what the user's model runs at (kforge.evaluate._judge._fixed_cpu_threads)
+        self.cpu_threads = torch.get_num_threads() if cpu_threads is None else cpu_threads
         if self.backend == "cuda" and ":" not in device:
             device = f"cuda:{torch.cuda.current_device()}"
         self.device = device
@@ -187,7 +193,7 @@ class Evaluator:
     def _job(self, variant: "Variant", source: str, examples: Sequence, seed: int) -> Job:
         return Job(next(self._ids), variant.to_json(), source, self.backend, self.device, self.arch,
                    [(list(i), list(o)) for i, o in examples], self.random_sets, seed, self.budget_ms,
-                   timeout_s=self.timeout_s)
+                   timeout_s=self.timeout_s, cpu_threads=self.cpu_threads if self.backend == "cpu" else 0)
 
     def evaluate(self, card: "Card", source: str, store: "ExampleSource | None" = None, *, seed: int = 0) -> Evaluation:
         """The verdict on ``source`` as a kernel for ``card``. Never raises for a bad candidate."""
