@@ -113,12 +113,19 @@ class Session:
     # ------------------------------------------------------------------ capture
 
     def capture(self, *, timing_budget_ms: float | None = None, check_repeatable: bool = True,
-                regions: bool = True, inductor_baseline: bool | None = None) -> Cards:
+                regions: bool = True, inductor_baseline: bool | None = None,
+                vendor_chains: bool | None = None) -> Cards:
         """Run the model eagerly on the example inputs, record its operators and time each variant.
 
         ``regions``: also capture the model's graph (torch.compile) and add one card per fused
         region (chains of pointwise operators with at most one reduction); ``inductor_baseline``
         (default: on CUDA) times Inductor's kernel for each region too.
+
+        ``vendor_chains`` (with ``regions``; default: on CUDA, off on the CPU): a matrix product or a convolution
+        together with the chain after it (bias, activations, residual adds, eval batch norm, a softmax or a layer or
+        group norm) is one ``vendor_chain`` card, searched as one kernel whose epilogue computes the chain, instead
+        of the chain's region card. Off on the CPU because kforge's C loops do not beat MKL's and oneDNN's products
+        there; pass True to search them anyway (the whole loop runs on the CPU).
         """
         if self.model is None:
             raise CaptureError("this session was opened without a model: pass model= to Session.open to capture again")
@@ -133,7 +140,8 @@ class Session:
             cards = region_cards(self.model, self.batches, cards, device=self.device, store=self.store,
                                  timing_budget_ms=budget, examples_per_variant=self.limits.examples_per_variant,
                                  inductor=self.device != "cpu" if inductor_baseline is None else inductor_baseline,
-                                 max_tensor_bytes=self.limits.max_tensor_bytes)
+                                 max_tensor_bytes=self.limits.max_tensor_bytes,
+                                 vendor_chains=self.device != "cpu" if vendor_chains is None else vendor_chains)
         self.store.save_cards(cards)
         self.store.set_meta("device", self.device)
         self._cards = cards

@@ -244,9 +244,12 @@ Compare = Callable[[Arm, Arm], Comparison]
 def weighed_together(dk: Any) -> str:
     """Which kernels the model-level check keeps or leaves out as one: those of one operator (one design at
     several shapes, each of which may save less than the noise while together they save more); a region
-    kernel alone (each is its own chain's code), as is a kernel whose operator is not known."""
+    kernel alone (each is its own chain's code, a vendor-headed chain's too), as is a kernel whose operator is not
+    known."""
+    from ..ops import found_in_graph
+
     op = getattr(dk.variant, "op", None)
-    return dk.variant.signature if op in (None, "region") else f"op:{op}"
+    return dk.variant.signature if op is None or found_in_graph(op) else f"op:{op}"
 
 
 def keep_faster(kernels: Sequence[DeployedKernel], expected_gain_us: Sequence[float], build: Build,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from ..ops import (Epilogue, Unsupported, all_families, family_of, get_spec, inplace_binder, is_fused,
+from ..ops import (Epilogue, Unsupported, all_families, family_of, found_in_graph, get_spec, inplace_binder, is_fused,
                    placed_in_aten_graph, spec_for, without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
 from ._dispatch import _eager_only, _fast_key, _param_values, variant_key
@@ -228,7 +228,7 @@ def nearest_miss(variant: Any, missed: Sequence[Any]) -> str | None:
 
 def _is_twin(variant: Any) -> bool:
     """An operator's channels-last twin, which the ATen pass places (kforge.regions)."""
-    return not is_fused(variant.op) and variant.op != "region" and placed_in_aten_graph(variant)
+    return not is_fused(variant.op) and not found_in_graph(variant.op) and placed_in_aten_graph(variant)
 
 
 def _loose(variant: Any) -> tuple:

@@ -10,8 +10,8 @@ from ._registry import Call, OpSpec, Unsupported, all_specs, get_spec, random_te
 from ._signature import DTYPE_CODES, TensorSig, Variant, dtype_name, torch_dtype
 from . import _definitions  # noqa: F401 - registers the plain operators
 from ._definitions import inplace_binder
-from ._family import (Epilogue, Family, FusedMatch, all_families, channels_last_strides, family_of, has_layout_twin,
-                      has_prologue, is_channels_last_twin, is_fused, is_layout_twin, placed_in_aten_graph,
+from ._family import (Epilogue, Family, FusedMatch, all_families, channels_last_strides, family_of, found_in_graph,
+                      has_layout_twin, has_prologue, is_channels_last_twin, is_fused, is_layout_twin, placed_in_aten_graph,
                       register_family, without_prologue)
 from . import families  # noqa: F401 - registers the operator families
 from ._card import Card, Cards
@@ -21,6 +21,6 @@ __all__ = [
     "Call", "Card", "CardStatus", "CardVerdict", "Cards", "OpSpec", "Unsupported", "TensorSig",
     "Variant", "DTYPE_CODES", "all_specs", "get_spec", "spec_for", "register", "random_tensor", "dtype_name",
     "torch_dtype", "inplace_binder", "Epilogue", "Family", "FusedMatch", "all_families", "channels_last_strides",
-    "family_of", "has_layout_twin", "has_prologue", "is_channels_last_twin", "is_fused", "is_layout_twin",
+    "family_of", "found_in_graph", "has_layout_twin", "has_prologue", "is_channels_last_twin", "is_fused", "is_layout_twin",
     "placed_in_aten_graph", "register_family", "without_prologue",
 ]

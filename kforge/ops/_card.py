@@ -125,7 +125,9 @@ class Cards(Sequence[Card]):
             spec = get_spec(c.op)
             return ",".join(spec.ops_of(c.variant)) if hasattr(spec, "ops_of") else c.op
 
-        rows = [{"key": c.key, "kind": "region" if c.op == "region" else "op", "op": c.op, "ops": ops(c),
+        from ._family import found_in_graph
+
+        rows = [{"key": c.key, "kind": "region" if found_in_graph(c.op) else "op", "op": c.op, "ops": ops(c),
                  "signature": c.signature, "calls": c.calls, "eager_us": c.eager_us, "total_us": c.total_us,
                  "share": c.share, "vendor": c.vendor or "", "examples": c.examples, "forward_us": c.forward_us,
                  "eager_spread": c.eager_spread, "noisy": c.noisy, "inductor_us": c.inductor_us}
@@ -156,7 +158,10 @@ class Cards(Sequence[Card]):
         lines.append("speedups are taken against the judge's eager time (eager us (judge): timed beside each "
                      "candidate in the evaluator), not against these capture figures"
                      + ("" if judged else "; the results table shows it once a card is searched"))
-        if any(c.op == "region" for c in self.items) and any(c.op != "region" and c.share == 0 for c in self.items):
+        from ._family import found_in_graph
+
+        if any(found_in_graph(c.op) for c in self.items) and any(not found_in_graph(c.op) and c.share == 0
+                                                                  for c in self.items):
             lines.append("share 0.0%: calls that lie inside region cards, whose time counts there; still searched, "
                          "for eager mode, where region kernels do not run (they run in compiled graphs)")
         if self.noisy:

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from ._aten import val
 from ._pattern import Pattern, PatternMatch
-from ._registry import OpSpec, Unsupported, register
+from ._registry import OpSpec, Unsupported, get_spec, register
 from ._signature import Variant
 
 # Where a family's kernels go in graph mode: "dynamo", like any operator (a node of dynamo's graph, a function's
@@ -194,9 +194,19 @@ def is_layout_twin(variant) -> bool:
     return has_layout_twin(variant.op) and is_channels_last_twin(variant)
 
 
+def found_in_graph(op: str) -> bool:
+    """Whether ``op`` is a chain graph capture finds, with no torch call of its own to patch: a region or a
+    vendor-headed chain (kforge.regions; their specs' kind is "region")."""
+    try:
+        return get_spec(op).kind == "region"
+    except KeyError:
+        return False
+
+
 def placed_in_aten_graph(variant) -> bool:
     """Whether graph mode places ``variant``'s kernel in AOTAutograd's ATen graph (kforge.regions' pass)
-    rather than in dynamo's graph: a region, a fused operator, an operator's channels-last twin."""
-    if variant.op == "region" or is_fused(variant.op):
+    rather than in dynamo's graph: a region, a vendor-headed chain, a fused operator, an operator's channels-last
+    twin."""
+    if found_in_graph(variant.op) or is_fused(variant.op):
         return True
     return is_layout_twin(variant)

@@ -213,6 +213,8 @@ def card_prompt(request: ProposalRequest) -> str:
                  if flat else "not passed")
         lines.append(f"  {name} = {value!r} -> {where}")
         index += len(flat)
+    if hasattr(spec, "building_blocks"):   # a vendor-headed chain: the libraries and the problem as they name it
+        lines += ["", spec.building_blocks(variant, request.backend)]
     roofline = card.roofline_us(device.bandwidth_gbs)
     lines += [
         "",

@@ -1,5 +1,6 @@
 """Regions: chains of pointwise operators (plus at most one reduction) found in the model's graph,
-each searched as one fused kernel."""
+each searched as one fused kernel; and vendor-headed chains (a matrix product or a convolution with the chain
+after it), each searched as one kernel too."""
 from __future__ import annotations
 
 from ._ir import OPS, Node, Ref, RegionIR
@@ -24,3 +25,12 @@ from ..deploy import register_aten_pass  # noqa: E402
 register_aten_pass(region_pass)  # region winners run in graph mode (Session.compile, kforge.load(...).compile)
 
 __all__ += ["inductor_baseline_us", "region_pass", "regions_backend", "replace_regions"]
+
+from ._vendor import FoundChain, VendorChain, find_vendor_chains  # noqa: E402
+from ._vendor_spec import VENDOR_CHAIN, VENDOR_CHAIN_SPEC, chain_variant, vendor_chain  # noqa: E402
+from ._vendor_strategies import register_strategies as _register_chain_strategies  # noqa: E402
+
+_register_chain_strategies()  # the vendor_chain.* strategies join the built-in library
+
+__all__ += ["FoundChain", "VendorChain", "VENDOR_CHAIN", "VENDOR_CHAIN_SPEC", "chain_variant", "find_vendor_chains",
+            "vendor_chain"]

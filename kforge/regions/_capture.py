@@ -146,8 +146,9 @@ def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
 class _GraphRecorder:
     """The torch.compile backend of graph capture: records each graph's regions and fused operators (``_GraphRun``)."""
 
-    def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None):
+    def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None, vendor_chains: bool = False):
         self.examples_per_variant = examples_per_variant
+        self.vendor_chains = vendor_chains
         self.max_tensor_bytes = max_tensor_bytes
         self.records: dict[str, _Record] = {}
         self.graphs = 0
@@ -171,7 +172,7 @@ class _GraphRecorder:
         self.graphs += 1
         # NB: split as deploy splits it: where Inductor will run the graph channels-last, a fused
         # operator's card is its channels-last twin (its examples laid out so: _GraphRun)
-        return _GraphRun(gm, partition(gm), self)
+        return _GraphRun(gm, partition(gm, chains=self.vendor_chains), self)
 
     def backend(self):
         from torch._dynamo.backends.common import aot_autograd
@@ -180,15 +181,16 @@ class _GraphRecorder:
 
 
 def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2,
-                    max_tensor_bytes: int | None = None) -> RegionCapture:
-    """Run ``model`` once per batch under a recording torch.compile backend and collect its regions.
+                    max_tensor_bytes: int | None = None, vendor_chains: bool = False) -> RegionCapture:
+    """Run ``model`` once per batch under a recording torch.compile backend and collect its regions (and, with
+    ``vendor_chains``, its vendor-headed chains, claimed before the regions: ``partition``).
 
     A model dynamo cannot trace gives no regions and the reason (``error``), never an exception:
     its operator cards do not depend on it.
     """
     from ..capture import split_batch
 
-    rec = _GraphRecorder(examples_per_variant, max_tensor_bytes)
+    rec = _GraphRecorder(examples_per_variant, max_tensor_bytes, vendor_chains)
     # NB: a library function an operator names is traced as its graph twin, so that its nodes can be told apart
     # (partition leaves them to the function's operator card)
     specs = function_specs()
@@ -209,7 +211,8 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
 
 
 def covered_op_calls(variant: Variant) -> collections.Counter:
-    """The operator-card keys one call of the region stands for (its operators run op by op)."""
+    """The operator-card keys one call of the region stands for (its operators run op by op; a vendor chain's as the
+    model spells them, ``VendorChainSpec.replay``: the linear or convolution call, a batch norm's one call)."""
     from ..capture._capture import CaptureLimits
     from ..capture._capture import _CallRecorder
 
@@ -217,19 +220,21 @@ def covered_op_calls(variant: Variant) -> collections.Counter:
     inputs = spec.random_inputs(variant, seed=0)
     rec = _CallRecorder(None, CaptureLimits(), [0], set())
     with torch.no_grad(), rec:
-        spec.reference(inputs, variant.param_dict)   # a region's reference is its IR run op by op
+        getattr(spec, "replay", spec.reference)(inputs, variant.param_dict)   # a region's reference: its IR op by op
     return collections.Counter(rec.sequence)
 
 
 def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: str, store=None,
                  timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False,
-                 max_tensor_bytes: int | None = None):
-    """``op_cards`` plus one card per region variant of the model's graph, shares recomputed so that
-    a region's card replaces the operator calls inside it (shares of one forward sum to at most 1)."""
+                 max_tensor_bytes: int | None = None, vendor_chains: bool = False):
+    """``op_cards`` plus one card per region variant of the model's graph (and per vendor-headed chain with
+    ``vendor_chains``), shares recomputed so that a region's card replaces the operator calls inside it (shares of
+    one forward sum to at most 1)."""
     from ..capture import Card
     from ..capture._capture import time_variant
 
-    found = capture_regions(model, batches, examples_per_variant=examples_per_variant, max_tensor_bytes=max_tensor_bytes)
+    found = capture_regions(model, batches, examples_per_variant=examples_per_variant, max_tensor_bytes=max_tensor_bytes,
+                            vendor_chains=vendor_chains)
     if store is not None:
         store.set_meta("regions", {"graphs": found.graphs, "graph_breaks": found.graph_breaks,
                                    "regions": len(found.records), "error": found.error})

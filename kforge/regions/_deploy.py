@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import operator
 from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 import torch
 import torch.fx as fx
 
 from ..deploy._graph import inductor_lowers, keeps_traced_layout
-from ..ops import has_layout_twin, placed_in_aten_graph
+from ..ops import Unsupported, has_layout_twin, placed_in_aten_graph
 from ._finder import FoundRegion, find_fused, find_layout_twin_calls, find_regions
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
+from ._vendor_spec import VENDOR_CHAIN
 
 
-def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegion]:
+def partition(gm: fx.GraphModule, *, plain_lone: bool = False,
+              chains: bool | Collection[str] = False) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
     operator's or a pointwise region's variant is its channels-last twin, and each call of an operator with a
@@ -35,12 +37,19 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
     ``plain_lone`` (deploy): such a lone call without a twin (a graph laid out as traced, or one reading
     the graph's own input) is a call too, in its traced layout: where the dynamo graph's plain operator
     kernel stepped aside for a twin (``deploy._graph.replace_calls``), it is placed here instead. Capture
-    leaves those out: the eager operator card already stands for them."""
+    leaves those out: the eager operator card already stands for them.
+
+    ``chains``: the vendor-headed chains (``find_vendor_chains``) claimed before any region is found, so that a
+    chain's head and tail join no region: all of them (True: capture with vendor chains on), none (False), or those
+    whose variant key is in the collection (deploy: the chains that have a kernel; the nodes of the others are left to
+    the regions, as a capture with chains off split them)."""
     # NB: the nodes of a library function's call (traced through its graph twin: kforge.ops._functions) are its
     # operator card's; a region or fused operator inside it would count that time twice
     inside = frozenset(n for n in gm.graph.nodes if _in_function(n))
     fused = [f for f in find_fused(gm.graph) if not inside.intersection(f.nodes)]
     skip = frozenset(n for f in fused for n in f.nodes) | inside
+    claimed = _chains(gm, skip, chains) if chains else []
+    skip = skip | frozenset(n for c in claimed for n in c.nodes)
     found = find_regions(gm.graph, skip=skip) + fused
     lone = [f for f in find_layout_twin_calls(gm.graph) if not inside.intersection(f.nodes)]
     # NB: an eager deployment's graph runs op by op in the layouts it was traced with: a twin would be handed
@@ -58,7 +67,23 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False) -> list[FoundRegi
         twin = twin_of(f)
         if twin is not None or plain_lone:
             found.append(twin or f)
-    return found
+    return found + claimed
+
+
+def _chains(gm: fx.GraphModule, skip: frozenset, chains: bool | Collection[str]) -> list[FoundRegion]:
+    """The vendor-headed chains of ``gm`` outside ``skip`` that ``chains`` asks for, as the finder lists regions."""
+    from ._vendor import find_vendor_chains
+    from ._vendor_spec import chain_variant
+
+    out = []
+    for fc in find_vendor_chains(gm.graph, skip=skip):
+        try:
+            variant = chain_variant(fc.chain)
+        except Unsupported:
+            continue
+        if chains is True or variant.key in chains:   # type: ignore[operator]
+            out.append(FoundRegion(variant, fc.nodes, fc.inputs, fc.outputs))
+    return out
 
 
 def _in_function(node: fx.Node) -> bool:
@@ -110,7 +135,8 @@ def replace_regions(gm: fx.GraphModule, kernels: Mapping[str, str], missed: list
                                               else [out_node.args[0]]) if isinstance(v, fx.Node)]
     traced_out = {i: v.meta.get("val") for i, v in returned}
     flexible_any = False
-    for region in partition(gm, plain_lone=True):
+    # NB: a chain only where it has a kernel: else its nodes stay the regions' they were with chains off
+    for region in partition(gm, plain_lone=True, chains=frozenset(kernels)):
         name = kernels.get(region.variant.key)
         if name is None and region.peeled is not None:
             # NB: a kernel for the call without its bias prologue (a store searched before the prologue existed):
@@ -250,12 +276,12 @@ def _stable_sort(graph: fx.Graph) -> None:
 
 
 def regions_backend(kernels: Iterable[Any], inner: str = "eager"):
-    """A torch.compile backend that runs the region winners among ``kernels`` (``DeployedKernel``s)
+    """A torch.compile backend that runs the region (and vendor chain) winners among ``kernels`` (``DeployedKernel``s)
     and nothing else of kforge's: graph mode's backend with those kernels. ``inner``: "eager" runs
     the rest of the graph op by op, "inductor" hands the rewritten graph to Inductor (default options)."""
     from ..deploy._graph import KforgeBackend
 
-    return KforgeBackend([dk for dk in kernels if dk.variant.op == "region"], inner=inner)
+    return KforgeBackend([dk for dk in kernels if dk.variant.op in ("region", VENDOR_CHAIN)], inner=inner)
 
 
 def region_pass(kernels: Iterable[Any]):

@@ -32,7 +32,7 @@ import torch.fx as fx
 from ..ops import TensorSig, Unsupported, torch_dtype
 from ..ops._aten import bind_node, is_scalar, val
 from ._finder import translate
-from ._ir import Node, Ref, RegionIR
+from ._ir import OPS, Node, Ref, RegionIR
 from ._plan import KERNEL_DTYPES, plan_region
 
 aten = torch.ops.aten
@@ -188,6 +188,37 @@ class VendorChain:
         tail = ",".join(self.ir.ops) if self.ir is not None else "-"
         return f"{self.head.short()} -> [{tail}]"
 
+    def dumps(self) -> str:
+        """The whole record as canonical JSON (``loads`` gives it back). Signatures are kept without their device:
+        a chain is the same computation on every device (the card's variant carries the device), so a kernel
+        searched on cuda:0 is placed on cuda:1; ``loads`` gives them the device "cpu"."""
+        h = self.head
+        head = {**_head_json(h), "m": h.m, "n": h.n, "k": h.k, "batch": h.batch, "a_major": h.a_major,
+                "b_major": h.b_major}
+        d = {"v": 1, "head": head, "inputs": [_sig_json(s) for s in self.inputs],
+             "outputs": [_sig_json(s) for s in self.outputs], "ir": self.ir.to_json() if self.ir is not None else None,
+             "hshape": list(self.hshape), "frame": list(self.frame),
+             "tail": [[t.source, _sig_json(t.sig), t.channel] for t in self.tail_inputs],
+             "out_frames": [_sig_json(s) for s in self.out_frames], "groups": self.groups}
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str) -> "VendorChain":
+        d = json.loads(text)
+        if d.get("v") != 1:
+            raise ValueError(f"a vendor chain record of version {d.get('v')!r}; this kforge reads version 1")
+        ir = RegionIR.loads(json.dumps(d["ir"])) if d["ir"] is not None else None
+        if ir is not None:
+            ir.check()
+        return cls(_head_of_json(d["head"]), tuple(_sig_of_json(s) for s in d["inputs"]),
+                   tuple(_sig_of_json(s) for s in d["outputs"]), ir, tuple(d["hshape"]), tuple(d["frame"]),
+                   tuple(TailInput(int(src), _sig_of_json(sig), bool(ch)) for src, sig, ch in d["tail"]),
+                   tuple(_sig_of_json(s) for s in d["out_frames"]), int(d["groups"]))
+
+    def portable(self) -> "VendorChain":
+        """The same chain with every signature's device "cpu": what ``loads(dumps())`` gives."""
+        return VendorChain.loads(self.dumps())
+
     def head_frame(self, stride: Sequence[int] | None = None) -> TensorSig:
         """The head's product seen in the frame, stored with ``stride`` in the head's own output shape
         (contiguous by default: how the CPU kernel holds it)."""
@@ -214,6 +245,34 @@ class VendorChain:
             return [h.reshape(self.outputs[0].shape)]
         outs = self.ir(self.bind_tail(h, inputs))
         return [o.reshape(s.shape) for o, s in zip(outs, self.outputs)]
+
+    def eager(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The chain as a model spells it (``F.linear``, ``F.conv2d``, ``F.batch_norm``, ``F.group_norm``, then the
+        tail's other operators one by one): what eager runs, timed as the card's baseline and replayed to tell which
+        operator cards the chain stands for. Same values as ``reference`` up to float rounding."""
+        h = _model_head(self.head, self.hshape, inputs)
+        if self.ir is None:
+            return [h.reshape(self.outputs[0].shape)]
+        tins = self.bind_tail(h, inputs)
+        values: list[Any] = []
+        spans = _norm_spans(self)
+
+        def get(r: Ref):
+            return tins[r.value] if r.kind == "i" else values[r.value] if r.kind == "n" else r.value
+
+        i = 0
+        while i < len(self.ir.nodes):
+            span = spans.get(i)
+            if span is not None:
+                last, fn = span
+                values.extend([None] * (last - i))
+                values.append(fn(get, inputs))
+                i = last + 1
+                continue
+            n = self.ir.nodes[i]
+            values.append(OPS[n.op].torch_fn(*[get(a) for a in n.args], **n.attr))
+            i += 1
+        return [values[o].reshape(s.shape) for o, s in zip(self.ir.outputs, self.outputs)]
 
     def random_inputs(self, seed: int, device: str | torch.device = "cpu") -> list[torch.Tensor]:
         """Fresh inputs with the exact signatures: normal values; batch norm's variances positive."""
@@ -252,6 +311,21 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
 
 def _sig_json(s: TensorSig) -> list:
     return [list(s.shape), s.dtype, list(s.stride)]
+
+
+def _sig_of_json(d: list) -> TensorSig:
+    return TensorSig(tuple(int(x) for x in d[0]), str(d[1]), tuple(int(x) for x in d[2]), "cpu")
+
+
+def _head_of_json(d: dict) -> VendorHead:
+    conv = None
+    if d.get("conv") is not None:
+        st, pad, dil, opad, groups, transposed = d["conv"]
+        conv = ConvParams(tuple(st), tuple(pad), tuple(dil), tuple(opad), int(groups), bool(transposed))
+    return VendorHead(d["kind"], _sig_of_json(d["a"]), _sig_of_json(d["b"]),
+                      _sig_of_json(d["bias"]) if d["bias"] is not None else None, _sig_of_json(d["out"]),
+                      int(d["m"]), int(d["n"]), int(d["k"]), int(d["batch"]), d["a_major"], d["b_major"],
+                      float(d["alpha"]), float(d["beta"]), conv)
 
 
 def _head_json(h: VendorHead) -> dict:
@@ -302,6 +376,77 @@ def _positive_sources(chain: VendorChain) -> set[int]:
     if chain.ir is None:
         return set()
     return {chain.tail_inputs[i].source for i in _positive_inputs(chain.ir) if chain.tail_inputs[i].source >= 0}
+
+
+# ----------------------------------------------------------------------------- the chain as a model spells it
+
+
+def _model_head(h: VendorHead, hshape: tuple[int, ...], inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The head as nn.Linear / nn.Conv1d / nn.Conv2d call it (``F.linear``, ``F.conv2d``), else its ATen call."""
+    import torch.nn.functional as F
+
+    a, b = inputs[0], inputs[1]
+    bias = inputs[2] if h.bias is not None else None
+    c = h.conv
+    if c is not None and not c.transposed and c.spatial in (1, 2):
+        conv = F.conv1d if c.spatial == 1 else F.conv2d
+        return conv(a, b, bias, c.stride, c.padding, c.dilation, c.groups)
+    linear_weight = h.kind in ("mm", "addmm") and h.b_major == "col" and (h.kind == "mm" or (
+        h.alpha == 1.0 and h.beta == 1.0 and bias is not None and tuple(bias.shape) == (h.n,)))
+    if linear_weight:
+        x = a.reshape(tuple(hshape[:-1]) + (h.k,)) if len(hshape) > 2 and hshape[-1] == h.n else a
+        return F.linear(x, b.t(), bias)
+    if h.kind in ("mm", "bmm"):
+        return torch.matmul(a, b)
+    return h.run(a, b, bias)
+
+
+def _norm_spans(chain: VendorChain) -> dict[int, tuple[int, Callable]]:
+    """The IR nodes a batch norm or a group norm became (``_translate_tail``), by first node: (last node, the one
+    torch call that computes them)."""
+    import torch.nn.functional as F
+
+    ir, tails = chain.ir, chain.tail_inputs
+    nodes = ir.nodes if ir is not None else ()
+    chan = (lambda r: r.kind == "i" and tails[r.value].channel)   # noqa: E731
+    out: dict[int, tuple[int, Callable]] = {}
+
+    def affine(j: int) -> tuple[int, Ref | None, Ref | None]:
+        """The optional weight and bias nodes after node ``j``: (last node, weight, bias)."""
+        w = b = None
+        if j + 1 < len(nodes) and nodes[j + 1].op == "mul" and nodes[j + 1].args[0] == Ref("n", j) \
+                and chan(nodes[j + 1].args[1]):
+            j, w = j + 1, nodes[j + 1].args[1]
+        if j + 1 < len(nodes) and nodes[j + 1].op == "add" and nodes[j + 1].args[0] == Ref("n", j) \
+                and chan(nodes[j + 1].args[1]):
+            j, b = j + 1, nodes[j + 1].args[1]
+        return j, w, b
+
+    def original(r: Ref | None, inputs):
+        return None if r is None else inputs[tails[r.value].source]
+
+    for i, n in enumerate(nodes):
+        if n.op == "sub" and i + 3 < len(nodes) and chan(n.args[1]):
+            add, rs, mul = nodes[i + 1], nodes[i + 2], nodes[i + 3]
+            if add.op == "add" and chan(add.args[0]) and add.args[1].kind == "c" and rs.op == "rsqrt" \
+                    and rs.args == (Ref("n", i + 1),) and mul.op == "mul" and mul.args == (Ref("n", i), Ref("n", i + 2)):
+                last, w, b = affine(i + 3)
+                x, mean, var, eps = n.args[0], n.args[1], add.args[0], float(add.args[1].value)
+
+                def bn(get, inputs, x=x, mean=mean, var=var, w=w, b=b, eps=eps):
+                    y = F.batch_norm(get(x).reshape(chain.hshape), original(mean, inputs), original(var, inputs),
+                                     original(w, inputs), original(b, inputs), False, 0.1, eps)
+                    return _in_frame(y, chain)
+                out[i] = (last, bn)
+        elif n.op == "layer_norm" and chain.groups and n.attr.get("k") == 2:
+            last, w, b = affine(i)
+            x, eps = n.args[0], float(n.attr["eps"])
+
+            def gn(get, inputs, x=x, w=w, b=b, eps=eps):
+                y = F.group_norm(get(x).reshape(chain.hshape), chain.groups, original(w, inputs), original(b, inputs), eps)
+                return _in_frame(y, chain)
+            out[i] = (last, gn)
+    return out
 
 
 # ----------------------------------------------------------------------------- the head
