@@ -8,8 +8,9 @@ library, the form that is loaded (by the runner, the re-check before install, ``
 - imports a dynamic symbol outside a short list: the C math library (and its vector variants), memory and string
   helpers, ``malloc``/``free``, ``printf`` for debugging, clocks, OpenMP's entry points that ``gcc -fopenmp`` emits
   (never its offloading ones, nor the setters that outlive a call), the C++ runtime's exception and guard
-  functions, the CUDA runtime's launch path and queries, and cuBLASLt's matrix product;
-- needs a shared library outside the C, math, OpenMP, C++ and CUDA runtime, and cuBLASLt;
+  functions, the CUDA runtime's launch path and queries, cuBLASLt's matrix product, and what CUTLASS's host code
+  needs (the driver's two TMA descriptor encoders, messages to std::cout/std::cerr, 128-bit division);
+- needs a shared library outside the C, math, OpenMP, C++ and CUDA runtime, cuBLASLt and the CUDA driver;
 - holds a raw system-call instruction (``syscall``, ``sysenter``, ``int $0x80``; ``svc`` on AArch64) in its
   executable code, found by disassembling it with binutils' ``objdump`` (refused when objdump is missing: the
   check fails closed);
@@ -73,6 +74,18 @@ IMPORTS = frozenset({
     "cudaMemcpyFromSymbolAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize",
     # cuBLASLt: the matrix product's functions, as the screen allows them
     *(n for n in CUBLAS_ALLOWED if n != "cublasLt"),
+    # CUTLASS's host code (kernels/_cutlass.py): the driver's two TMA descriptor encoders, called by name (CUTLASS
+    # built with CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL; never cudaGetDriverEntryPoint, which reaches any driver
+    # function): they fill a 128-byte struct in host memory from the arguments, nothing else
+    "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col",
+    # ... its error and trace messages, written to std::cout/std::cerr (as printf writes to stdout): the two streams
+    # and the inserters its messages use; no file or string stream can be made with these (their constructors are
+    # not here)
+    "_ZSt4cout", "_ZSt4cerr", "_ZNSo3putEc", "_ZNSo5flushEv", "_ZNSolsEi", "_ZNSo9_M_insertImEERSoT_",
+    "_ZNSo9_M_insertIPKvEERSoT_", "_ZSt16__ostream_insertIcSt11char_traitsIcEERSt13basic_ostreamIT_T0_ES6_PKS3_l",
+    "_ZNKSt5ctypeIcE13_M_widen_initEv",
+    # ... and gcc's 128-bit integer division (libgcc), for its index arithmetic
+    "__udivti3", "__umodti3", "__divti3", "__modti3",
 })
 # OpenMP's runtime (libgomp): parallel regions, loops, barriers, tasks, reductions; never offloading to a device
 # (GOMP_target*, which loads plugins), GOMP_error (exits the process), nor the omp_set_*/omp_pause_* calls that
@@ -83,7 +96,8 @@ _CXX_RUNTIME = re.compile(r"^__cxa_\w+$|^_ZSt\d+__throw_\w+$")
 # Shared libraries a kernel may need: the C library, libm (+ libmvec), OpenMP, the C++ runtime, the dynamic loader,
 # the shared CUDA runtime and cuBLASLt; before glibc 2.34 libdl/libpthread/librt held what libc now holds.
 _NEEDED = re.compile(r"^(?:libc|libm|libmvec|libgomp|libomp|libiomp5|libstdc\+\+|libgcc_s|libdl|libpthread|librt|"
-                     r"ld-linux-x86-64|ld-linux-aarch64|libcudart|libcublasLt)\.so(?:\.\d+)*$")
+                     r"ld-linux-x86-64|ld-linux-aarch64|libcudart|libcublasLt)\.so(?:\.\d+)*$"
+                     r"|^libcuda\.so\.1$")   # NB: the driver, for CUTLASS's two TMA encoders (IMPORTS)
 
 # Raw system calls in executable code, by architecture (ELF e_machine)
 _X86_64, _AARCH64 = 62, 183
@@ -250,11 +264,12 @@ def check_library(data: bytes) -> tuple[BinaryFinding, ...]:
         shown = ", ".join(f"`{n}`" for n in bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         found.append(BinaryFinding("import", f"the library imports {shown}, outside what a kernel may call (math, "
                                    "memory, printf, clocks, OpenMP's loops, the CUDA runtime's launch path, "
-                                   f"cuBLASLt's matmul; docs/security.md lists them){hint}"))
+                                   "cuBLASLt's matmul, CUTLASS's TMA descriptors and messages; docs/security.md lists "
+                                   f"them){hint}"))
     for lib in info.needed:
         if not _NEEDED.match(lib):
             found.append(BinaryFinding("library", f"the library needs `{lib}`: a kernel may link only the C, math, "
-                                       "OpenMP, C++ and CUDA runtimes and cuBLASLt"))
+                                       "OpenMP, C++ and CUDA runtimes, cuBLASLt and the CUDA driver"))
     if info.writable_code:
         found.append(BinaryFinding("memory", "the library maps memory both writable and executable"))
     if info.executable_stack:

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ._binary import BinaryCheckUnavailable, check_library
+from ._cutlass import (CUTLASS_ADDRESS_SPACE, CUTLASS_FILE_BYTES, CUTLASS_TIMEOUT_S, cutlass_build, target_arch,
+                       uses_cutlass)
 from ._screen import binary_check_disabled, describe, screen, screen_disabled
 
 if TYPE_CHECKING:
@@ -261,14 +263,21 @@ def cudart_dir() -> Path | None:
 
 
 def _command(backend: str, arch: str, src: Path, out: Path) -> tuple[list[str], tuple[Path, ...]]:
-    """The compiler's command line, and the folders beyond the toolchain's it must read (cuBLAS's)."""
+    """The compiler's command line, and the folders beyond the toolchain's it must read (cuBLAS's, CUTLASS's).
+    ``arch``: the target, ``target_arch``'s for a CUDA source."""
     if backend == "cuda":
         nvcc = find_nvcc()
         if nvcc is None:
             raise CompileError("nvcc was not found: install the CUDA toolkit or set CUDA_HOME", "")
         libraries: list[str] = []
         readable: list[Path] = []
-        if uses_cublaslt(src.read_text()):
+        target = [f"-arch={arch}", "-lineinfo"]
+        text = src.read_text()
+        if uses_cutlass(text):
+            # NB: _cutlass.py names each addition and why; the flags of the builds measured there (no -lineinfo)
+            target, readable_cutlass, _ = cutlass_build(arch)
+            readable += readable_cutlass
+        if uses_cublaslt(text):
             found = cublaslt_paths()
             if found is None:
                 raise CompileError("the source includes cublasLt.h, but no cuBLASLt was found: install the CUDA "
@@ -288,8 +297,8 @@ def _command(backend: str, arch: str, src: Path, out: Path) -> tuple[list[str], 
         runtime = cudart_dir()
         if runtime is not None:
             libraries += ["-Xlinker", f"-rpath={runtime}"]
-        return [nvcc, "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-cudart", "shared", "-Xcompiler", "-fPIC",
-                "-lineinfo", f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries], tuple(readable)
+        return [nvcc, "-O3", "-std=c++17", *target, "-shared", "-cudart", "shared", "-Xcompiler", "-fPIC",
+                f"-I{INCLUDE_DIR}", "-o", str(out), str(src), *libraries], tuple(readable)
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise CompileError("no C compiler was found: install gcc or set CC", "")
@@ -322,6 +331,7 @@ class ToolLimits:
 # NB: measured with gcc 12 and nvcc 13.0 (docs/security.md): every built-in CUDA kernel (cuBLASLt's included) builds
 # within 256 MiB of address space, one including cub/cub.cuh within 1 GiB, a CPU kernel within 64 MiB
 TOOL_LIMITS = {"cpu": ToolLimits(address_space_bytes=2 << 30), "cuda": ToolLimits(address_space_bytes=4 << 30)}
+COMPILE_TIMEOUT_S = 120.0   # NB: a plain kernel's; a CUTLASS source's is CUTLASS_TIMEOUT_S (_cutlass.py)
 
 # The compiler's whole environment: the toolchain's own variables and the locale, never a key, token or config path
 _TOOL_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "CUDA_HOME", "CUDA_PATH", "NVCC_PREPEND_FLAGS",
@@ -590,10 +600,28 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(staged, path)
 
 
-def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 120.0,
+def compile_timeout(source: str, backend: str) -> float:
+    """The seconds ``compile_source`` allows the compiler by default: ``CUTLASS_TIMEOUT_S`` for a CUDA source that
+    includes CUTLASS or CuTe (``_cutlass.py``), ``COMPILE_TIMEOUT_S`` for any other. What waits for a build (the
+    evaluator's pool) allows at least as much."""
+    return CUTLASS_TIMEOUT_S if backend == "cuda" and uses_cutlass(source) else COMPILE_TIMEOUT_S
+
+
+def compile_limits(source: str, backend: str, timeout_s: float | None = None) -> ToolLimits:
+    """The compiler's limits for ``source``: ``TOOL_LIMITS[backend]``, or for a CUTLASS source the address space and
+    file size its build needs (``_cutlass.py``); CPU time ``timeout_s`` (``compile_timeout``'s by default)."""
+    cpu_s = compile_timeout(source, backend) if timeout_s is None else timeout_s
+    if backend == "cuda" and uses_cutlass(source):
+        return ToolLimits(cpu_s=cpu_s, address_space_bytes=CUTLASS_ADDRESS_SPACE, file_bytes=CUTLASS_FILE_BYTES)
+    return replace(TOOL_LIMITS.get(backend, ToolLimits()), cpu_s=cpu_s)
+
+
+def compile_source(source: str, backend: str, arch: str, *, timeout_s: float | None = None,
                    limits: ToolLimits | None = None) -> CompiledKernel:
     """Build ``source`` for ``backend`` ("cuda": arch like "sm_90"; "cpu": "native") in the compiler's jail
-    (``run_tool``), under ``limits`` (``TOOL_LIMITS[backend]``, its CPU time ``timeout_s``, by default).
+    (``run_tool``), under ``limits`` (``compile_limits``: ``TOOL_LIMITS[backend]``, a CUTLASS source's own, with CPU
+    time ``timeout_s``, ``compile_timeout``'s by default). A CUDA source is built for ``target_arch(source, arch)``
+    (``sm_90a`` for CUTLASS on an ``sm_90`` device).
 
     Raises SourceRejected (a CompileError) when the static screen refuses the source, BinaryRejected (a
     SourceRejected) when the built library fails the binary wall, CompileError when the compiler fails or is
@@ -616,6 +644,10 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         if found is not None:
             st = found[1].resolve().stat()
             linked = f"{found[1].resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    if backend == "cuda":
+        arch = target_arch(source, arch)
+        if uses_cutlass(source):   # NB: other CUTLASS headers, or a driver to link where there was none: another build
+            linked += "|" + cutlass_build(arch)[2]
     key = hashlib.sha256(f"{CONTRACT_VERSION}|{_RECIPE}|{_HEADER_DIGEST}|{backend}|{arch}|{linked}|{source}"
                          .encode()).hexdigest()[:32]
     root = cache_dir()
@@ -638,7 +670,9 @@ def compile_source(source: str, backend: str, arch: str, *, timeout_s: float = 1
         tmp_out = Path(tmp) / "kernel.so"
         start = time.perf_counter()
         command, readable = _command(backend, arch, src, tmp_out)
-        limits = limits or replace(TOOL_LIMITS.get(backend, ToolLimits()), cpu_s=timeout_s)
+        if timeout_s is None:
+            timeout_s = compile_timeout(source, backend)
+        limits = limits or compile_limits(source, backend, timeout_s)
         try:
             proc = run_tool(command, timeout_s, workdir=Path(tmp), readable=readable, limits=limits)
         except subprocess.TimeoutExpired:

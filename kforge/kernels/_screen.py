@@ -50,6 +50,11 @@ ALLOWED_INCLUDES = frozenset({
 
 # Header-only CUDA compute libraries: any header under these folders.
 ALLOWED_INCLUDE_DIRS = ("cub/", "cooperative_groups/", "cuda/std/")
+# CUTLASS and CuTe (header-only; the compile path adds their folders, kernels/_cutlass.py): a header under these
+# folders, named by plain path components (letters, digits, `_`, `-`, inner dots) ending in a header's suffix, so that
+# no `..`, `.`, empty component, absolute path or backslash can lead out of the tree.
+ALLOWED_INCLUDE_TREES = ("cutlass", "cute")
+_TREE_HEADER = re.compile(r"(?:cutlass|cute)(?:/[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)+\.(?:h|hpp|hh|cuh|inl)")
 
 # Pragmas that only shape code generation inside the unit. Anything else (weak, visibility,
 # redefine_extname, section, init, GCC push_options with visibility...) is refused.
@@ -317,10 +322,18 @@ def _check_directives(clean: str) -> list[Finding]:
             header = (inc.group(1) or inc.group(2)).strip()
             allowed = header in ALLOWED_INCLUDES or (header.startswith(ALLOWED_INCLUDE_DIRS) and ".." not in header
                                                      and "\\" not in header)
+            if not allowed and header.split("/")[0] in ALLOWED_INCLUDE_TREES:
+                allowed = inc.group(1) is not None and _TREE_HEADER.fullmatch(inc.group(1)) is not None
+                if not allowed:
+                    out.append(Finding(line, "include", f"#include {rest}: a CUTLASS or CuTe header is named by plain "
+                                       "folders and a file under cutlass/ or cute/ (#include \"cutlass/gemm/...hpp\"; "
+                                       "no `..`, `.`, empty or absolute parts, no spaces)"))
+                    continue
             if not allowed:
                 out.append(Finding(line, "include", f"#include {rest} is not on the allow-list: kforge.h, the standard C "
                                    "numeric/integer/string headers, omp.h, the CUDA runtime, fp16/bf16, cub, "
-                                   "cooperative_groups and cuBLASLt headers (docs/security.md lists them)"))
+                                   "cooperative_groups, cuBLASLt, CUTLASS and CuTe headers (docs/security.md lists "
+                                   "them)"))
         elif name in ("include_next", "import", "embed", "assert", "ident", "sccs"):
             out.append(Finding(line, "include", f"#{name} is not allowed in a kernel"))
         elif name == "line" or name.isdigit():

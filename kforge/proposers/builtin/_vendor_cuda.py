@@ -23,16 +23,12 @@ Numerics are eager's: 16-bit operands with float accumulation; a float32 product
 cores, which eager does not use by default, so float32 chains are left to other designs (``Unsupported``).
 
 Built sources need the CUTLASS headers (``pip install nvidia-cutlass``), ``-gencode=arch=compute_90a,code=sm_90a``
-and ``--expt-relaxed-constexpr``: ``build_cutlass`` builds them in kforge's compiler jail, cached by content.
+and ``--expt-relaxed-constexpr``: ``compile_source`` adds them for any source that includes CUTLASS or CuTe
+(kernels/_cutlass.py), and ``build_cutlass`` goes through it, as the judge does.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +36,7 @@ import torch
 
 from typing import Any
 
+from ...kernels._cutlass import cutlass_root, driver_library
 from ...ops import TensorSig, Unsupported, torch_dtype
 from ._vendor_tail import CUDA_ROUNDING, ROUND, literal, load_expr, offset_expr, store_stmt, tail_lines
 
@@ -755,115 +752,45 @@ def render_cuda(chain: Any, config: CutlassConfig | None = None) -> str:
 # ----------------------------------------------------------------------------- building
 
 
-def cutlass_root() -> Path | None:
-    """The CUTLASS source tree the ``nvidia-cutlass`` wheel ships (``include/cutlass/cutlass.h`` inside), or the one
-    ``CUTLASS_PATH`` names; None where neither is there."""
-    env = os.environ.get("CUTLASS_PATH")
-    roots = [Path(env)] if env else []
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("cutlass_library")
-        for base in (spec.submodule_search_locations or []) if spec is not None else []:
-            roots.append(Path(base) / "source")
-    except (ImportError, ValueError):
-        pass
-    for root in roots:
-        if (root / "include" / "cutlass" / "cutlass.h").is_file():
-            return root.resolve()
-    return None
-
-
-def driver_library() -> Path | None:
-    """The CUDA driver (``libcuda.so.1``) a CUTLASS kernel calls for its TMA descriptors, or None (no GPU here)."""
-    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/local/nvidia/lib64",
-                   "/usr/lib/wsl/lib"):
-        p = Path(folder) / "libcuda.so.1"
-        if p.exists():
-            return p
-    return None
-
-
 @dataclass(frozen=True)
 class CutlassBuild:
-    """A built CUTLASS kernel: the library, its SHA-256, the seconds the build took (0 from the cache), the log,
-    and what kforge's binary wall says of it (empty: it passes)."""
+    """A built CUTLASS kernel: the library (a cache object of ``compile_source``), its SHA-256, the seconds the build
+    took (0 from the cache), the compiler's log, and what kforge's binary wall says of it: always empty, since a
+    library the wall refuses is never cached nor returned (``build_cutlass`` raises ``BinaryRejected``)."""
 
     path: Path
     sha256: str
     seconds: float
     cached: bool
     log: str
-    wall: tuple[str, ...]
+    wall: tuple[str, ...] = ()
 
 
 def nvcc_command(src: Path, out: Path, arch: str = "sm_90a") -> list[str]:
-    """nvcc's command line for a CUTLASS kernel: sm_90a's own instructions (wgmma, setmaxnreg), CUTLASS's headers,
-    the driver's TMA call made directly (linked against libcuda where it is present), the runtime shared."""
-    from ...kernels import INCLUDE_DIR, find_nvcc
-    from ...kernels._compile import cudart_dir
+    """nvcc's command line for a CUTLASS kernel, as ``compile_source`` runs it (kernels/_cutlass.py names what a
+    CUTLASS source adds: sm_90a's own instructions, CUTLASS's headers, the driver's TMA calls made directly and linked
+    against libcuda where it is here, the runtime shared). Unsupported where nvcc or the CUTLASS headers are not here."""
+    from ...kernels import find_nvcc
+    from ...kernels._compile import _command
 
-    nvcc = find_nvcc()
-    root = cutlass_root()
-    if nvcc is None or root is None:
+    if find_nvcc() is None or cutlass_root() is None:
         raise Unsupported("building CUTLASS kernels needs nvcc and the CUTLASS headers: pip install \"kforge[cutlass]\" "
                           "(or set CUTLASS_PATH to a CUTLASS tree)")
-    num = arch.replace("sm_", "")
-    cmd = [nvcc, "-O3", "-std=c++17", f"-gencode=arch=compute_{num},code=sm_{num}", "--expt-relaxed-constexpr",
-           "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1", "-shared", "-cudart", "shared", "-Xcompiler", "-fPIC",
-           f"-I{INCLUDE_DIR}", f"-I{root / 'include'}", f"-I{root / 'tools' / 'util' / 'include'}", "-o", str(out), str(src)]
-    driver = driver_library()
-    if driver is not None:
-        cmd += ["-Xlinker", str(driver)]
-    runtime = cudart_dir()
-    if runtime is not None:
-        cmd += ["-Xlinker", f"-rpath={runtime}"]
-    return cmd
+    return _command("cuda", arch, src, out)[0]
 
 
-def build_cutlass(source: str, arch: str = "sm_90a", timeout_s: float = 900.0) -> CutlassBuild:
-    """Build ``source`` with nvcc in kforge's compiler jail (``run_tool``, CUTLASS's folder readable), cached under
-    ``$KFORGE_CACHE/kernels/cutlass`` by the hash of the source, the target, the command and the headers' version.
-    Raises CompileError when nvcc fails."""
-    from ...kernels import CompileError
-    from ...kernels._binary import check_library
-    from ...kernels._compile import ToolLimits, cache_dir, file_sha256, run_tool
+def build_cutlass(source: str, arch: str = "sm_90a", timeout_s: float | None = None) -> CutlassBuild:
+    """Build ``source`` as the judge does, through ``compile_source`` (the screen, the compiler's jail with CUTLASS's
+    folder readable and a CUTLASS build's limits, the binary wall, the cache by content): one path for the benchmark
+    and the search. ``timeout_s``: ``compile_timeout``'s by default. Raises Unsupported where nvcc or the CUTLASS
+    headers are not here, CompileError (SourceRejected, BinaryRejected) when the build fails or a wall refuses it."""
+    from ...kernels import compile_source, find_nvcc
 
-    root = cutlass_root()
-    version = (root / "include" / "cutlass" / "version.h").read_bytes() if root else b""
-    with tempfile.TemporaryDirectory(prefix="kforge-cutlass-") as tmp:
-        cmd = nvcc_command(Path(tmp) / "kernel.cu", Path(tmp) / "kernel.so", arch)
-        recipe = json.dumps([c.replace(tmp, "$TMP") for c in cmd[1:]])
-        key = hashlib.sha256(b"|".join([source.encode(), arch.encode(), recipe.encode(), version])).hexdigest()[:32]
-        folder = cache_dir() / "cutlass"
-        folder.mkdir(parents=True, exist_ok=True)
-        lib, record = folder / f"{key}.so", folder / f"{key}.json"
-        if lib.exists() and record.exists():
-            meta = json.loads(record.read_text())
-            if file_sha256(lib) == meta["sha256"]:
-                return CutlassBuild(lib, meta["sha256"], 0.0, True, "", tuple(meta["wall"]))
-        (Path(tmp) / "kernel.cu").write_text(source)
-        start = time.perf_counter()
-        # NB: a CUTLASS Hopper GEMM takes ~2.5 min and ~3.6 GB resident for cicc on two cores (measured here)
-        limits = ToolLimits(cpu_s=timeout_s, address_space_bytes=16 << 30, file_bytes=1 << 30)
-        driver = driver_library()
-        readable = [root] + ([driver.parent] if driver is not None else [])
-        proc = run_tool(cmd, timeout_s, workdir=Path(tmp), readable=readable, limits=limits)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise CompileError(f"nvcc failed (exit {proc.returncode}) after {seconds:.0f} s", proc.stdout[-20000:])
-        data = (Path(tmp) / "kernel.so").read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
-    try:
-        wall = tuple(str(f) for f in check_library(data))
-    except Exception as exc:   # NB: the wall's own tools missing: say so, do not pretend it passed
-        wall = (f"the binary wall could not check it: {exc}",)
-    staged = lib.with_suffix(f".{os.getpid()}.tmp")
-    staged.write_bytes(data)
-    os.replace(staged, lib)
-    record.write_text(json.dumps({"sha256": sha, "seconds": seconds, "wall": list(wall), "arch": arch,
-                                  "config": None}))
-    return CutlassBuild(lib, sha, seconds, False, proc.stdout[-20000:], wall)
+    if find_nvcc() is None or cutlass_root() is None:
+        raise Unsupported("building CUTLASS kernels needs nvcc and the CUTLASS headers: pip install \"kforge[cutlass]\" "
+                          "(or set CUTLASS_PATH to a CUTLASS tree)")
+    built = compile_source(source, "cuda", arch, timeout_s=timeout_s)
+    return CutlassBuild(built.path, built.sha256, built.seconds, built.cached, built.log)
 
 
 __all__ = ["CutlassBuild", "CutlassConfig", "build_cutlass", "config_space", "cutlass_root", "default_config",
