@@ -40,7 +40,7 @@ class TwoJudges:
         status, kernel_us, eager_us, spread, *threads = self.answers[judge].pop(0)
         return Evaluation(status, f"scripted {status.value}", candidate_us=kernel_us, eager_us=eager_us,
                           candidate_spread=spread, eager_spread=spread, speedup=eager_us / kernel_us,
-                          threads=threads[0] if threads else None)
+                          threads=threads[0] if threads else None, idle_cores=threads[1] if len(threads) > 1 else None)
 
     def evaluate_variant(self, variant, source, examples=(), *, seed=0):
         return self._answer("search")
@@ -168,6 +168,36 @@ def test_a_cpu_winner_says_how_many_threads_its_timings_had(tmp_path):
     (r,) = s.results.winners
     assert "2 confirmations, 1-2 threads;" in r.reason, r.reason
     s.close()
+
+
+def test_a_gain_timed_while_other_processes_held_the_threads_cores_is_noisy(tmp_path):
+    # 2026-12-07: at 2 threads with a core taken, eager's barriers waited (7.8 ms for an ~80 us group_norm) and a
+    # kernel "won" at 101x in both judge processes; timings with fewer idle cores than threads decide nothing
+    held = TwoJudges(search=[(F, 10.0, 1000.0, 0.02, 2, 1), (F, 10.0, 990.0, 0.02, 2, 1)],
+                     other=[(F, 10.0, 1010.0, 0.02, 2, 1)])
+    s = _session(tmp_path, held, 1)
+    assert not s.results.winners
+    (v,) = [s.store.result(c.key) for c in s.cards if s.store.result(c.key) is not None]
+    assert v.status is CardStatus.NOISY and "other processes left 1 core idle" in v.reason, v.reason
+    s.close()
+    # the same figures with the cores idle (or at one thread beside a busy core) win
+    for threads, idle in ((2, 2), (1, 1)):
+        free = TwoJudges(search=[(F, 10.0, 1000.0, 0.02, threads, idle), (F, 10.0, 990.0, 0.02, threads, idle)],
+                         other=[(F, 10.0, 1010.0, 0.02, threads, idle)])
+        s = _session(tmp_path / f"free{threads}", free, 1)
+        assert len(s.results.winners) == 1
+        s.close()
+
+
+def test_an_evaluator_decides_its_cpu_thread_count_once(monkeypatch):
+    from kforge.evaluate import _pool
+
+    counts = iter([1, 2, 2])
+    monkeypatch.setattr(_pool, "measurement_threads", lambda: next(counts))
+    ev = Evaluator("cpu")
+    card = kforge.capture.Card.for_call("softmax", torch.randn(8, 128), -1)
+    assert [ev.job_for(card, "").cpu_threads for _ in range(3)] == [1, 1, 1], "the load changed, the count did not"
+    assert Evaluator("cpu", cpu_threads=2).job_for(card, "").cpu_threads == 2
 
 
 def test_gpu_cards_and_evaluators_without_a_second_judge_confirm_in_the_searchs_judge():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
+from ..timing import measurement_threads
 from ..kernels import backend_of, device_info
 from ._judge import Job
 from ._result import Evaluation, Status
@@ -146,9 +147,10 @@ class Evaluator:
         if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 0):
             raise ValueError(f"cpu_threads must be a count of threads (>= 1), 0 (as many as the cores other "
                              f"processes leave idle, measured per evaluation) or None, not {cpu_threads!r}")
-        # NB: CPU verdicts hold for one thread count, fixed for the evaluator's life: by default the count this
-        # process runs torch with, which is what the user's model runs at (kforge.evaluate._judge._fixed_cpu_threads)
-        self.cpu_threads = torch.get_num_threads() if cpu_threads is None else cpu_threads
+        # NB: CPU verdicts hold for one thread count, fixed for the evaluator's life (kforge.evaluate._judge.
+        # _fixed_cpu_threads): by default the count this process runs torch with (the user's model's), bounded by the
+        # cores other processes leave idle when the first CPU job is made
+        self._cpu_threads = cpu_threads
         if self.backend == "cuda" and ":" not in device:
             device = f"cuda:{torch.cuda.current_device()}"
         self.device = device
@@ -189,6 +191,14 @@ class Evaluator:
 
     def job_for(self, card: "Card", source: str, store: "ExampleSource | None" = None, seed: int = 0) -> Job:
         return self._job(card.variant, source, self.examples_for(card, store), seed)
+
+    @property
+    def cpu_threads(self) -> int:
+        """The intra-op threads every CPU job of this evaluator runs eager and the candidate with (0: each job's
+        count follows the idle cores), decided on first use and kept."""
+        if self._cpu_threads is None:
+            self._cpu_threads = measurement_threads() if self.backend == "cpu" else torch.get_num_threads()
+        return self._cpu_threads
 
     def _job(self, variant: "Variant", source: str, examples: Sequence, seed: int) -> Job:
         return Job(next(self._ids), variant.to_json(), source, self.backend, self.device, self.arch,

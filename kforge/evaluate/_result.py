@@ -61,6 +61,14 @@ class Evaluation:
     sandbox: str = ""                        # what held in the runner (docs/security.md)
     phases: tuple[tuple[str, float], ...] = field(default=())  # (phase, judge's seconds) in order, for benchmarks
     threads: int | None = None               # CPU: the intra-op threads eager and the candidate both ran with
+    idle_cores: int | None = None            # CPU: the cores other processes left idle around the timing (None: unknown)
+
+    @property
+    def contended(self) -> bool:
+        """CPU: whether other processes held cores the timing's threads needed (fewer idle cores than threads):
+        eager's parallel regions then wait at their barriers for a preempted thread, and its time says more of
+        the load than of eager (a group_norm read 7.8 ms instead of ~80 us so, 2026-12-07)."""
+        return bool(self.threads and self.idle_cores is not None and self.idle_cores < self.threads)
 
     @property
     def score(self) -> float:

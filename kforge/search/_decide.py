@@ -262,6 +262,21 @@ def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, floa
             "resolves here, so eager stays (search again on a quieter machine)")
 
 
+def contended(cand: "Candidate") -> str | None:
+    """Why a CPU candidate's timings cannot decide its card because other processes held cores they needed
+    (``Evaluation.contended``: fewer idle cores than the run's threads), or None. Eager's parallel regions then
+    wait at their barriers for a preempted thread: a group_norm read 7.8 ms instead of ~80 us, and its kernel
+    "won" at 101x in two judge processes (the loaded 2-core CPU, 2026-12-07)."""
+    held = [e for e in cand.timings if e.contended]
+    if not held:
+        return None
+    e = held[0]
+    return (f"candidate {cand.id}: {len(held)} of its {len(cand.timings)} timings ran at {e.threads} threads while "
+            f"other processes left {e.idle_cores} core{'s' * (e.idle_cores != 1)} idle: eager's time then says more "
+            "of the load than of eager, so eager stays (search again on a quieter machine, or with fewer threads: "
+            "Evaluator(cpu_threads=...))")
+
+
 def _pooled_eager(cand: "Candidate") -> float | None:
     timed = cand.timings
     if not timed or not all(e.eager_us for e in timed):
@@ -302,7 +317,7 @@ def decide(search: "CardSearch") -> CardVerdict:
         # NB: host time only: on a GPU, CUDA events time the kernel on the device and eager's moves follow the host's
         # pace (``rank_winners``), so a move there is no measure of the timer's noise on the kernel
         if what is Call.FASTER and backend != "cuda":
-            why = unresolved(cand, est, eager_movement([n.candidate for n in tree.evaluated], cand))
+            why = contended(cand) or unresolved(cand, est, eager_movement([n.candidate for n in tree.evaluated], cand))
             if why is not None:
                 noisy.append(why)
                 continue
@@ -315,7 +330,7 @@ def decide(search: "CardSearch") -> CardVerdict:
         eager = _pooled_eager(cand)
         measured = cand.measured
         timings = f"{est.timings} confirmation{'s' * (est.timings > 1)}" if confirmed else "timed once: not confirmed"
-        # NB: a CPU verdict holds for the threads both sides got (the judge bounds them by the idle cores): at 2
+        # NB: a CPU verdict holds for the threads both sides got (the run's count, Evaluator.cpu_threads): at 2
         # threads on the 2-core CPU eager beat kernels that won at 1 (2026-12-07), so the verdict says which
         threads = sorted({e.threads for e in cand.timings if e.threads})
         span = f"{threads[0]}" + (f"-{threads[-1]}" if len(threads) > 1 else "") if threads else ""
