@@ -121,11 +121,12 @@ class Session:
         region (chains of pointwise operators with at most one reduction); ``inductor_baseline``
         (default: on CUDA) times Inductor's kernel for each region too.
 
-        ``vendor_chains`` (with ``regions``; default: on CUDA, off on the CPU): a matrix product or a convolution
-        together with the chain after it (bias, activations, residual adds, eval batch norm, a softmax or a layer or
-        group norm) is one ``vendor_chain`` card, searched as one kernel whose epilogue computes the chain, instead
-        of the chain's region card. Off on the CPU because kforge's C loops do not beat MKL's and oneDNN's products
-        there; pass True to search them anyway (the whole loop runs on the CPU).
+        ``vendor_chains`` (with ``regions``): a matrix product or a convolution together with the chain after it
+        (bias, activations, residual adds, eval batch norm, a softmax or a layer or group norm) is one
+        ``vendor_chain`` card, searched as one kernel that applies the chain to the product, instead of the chain's
+        region card. True: every chain; False: none; None (default): on CUDA the chains a built-in CUDA design
+        computes (16-bit products), none on the CPU, where kforge's C loops do not beat MKL's and oneDNN's
+        products (pass True to search them there anyway: the whole loop runs on the CPU).
         """
         if self.model is None:
             raise CaptureError("this session was opened without a model: pass model= to Session.open to capture again")
@@ -141,7 +142,7 @@ class Session:
                                  timing_budget_ms=budget, examples_per_variant=self.limits.examples_per_variant,
                                  inductor=self.device != "cpu" if inductor_baseline is None else inductor_baseline,
                                  max_tensor_bytes=self.limits.max_tensor_bytes,
-                                 vendor_chains=self.device != "cpu" if vendor_chains is None else vendor_chains)
+                                 vendor_chains=vendor_chains)
         self.store.save_cards(cards)
         self.store.set_meta("device", self.device)
         self._cards = cards

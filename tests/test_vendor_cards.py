@@ -24,6 +24,7 @@ from kforge.proposers.builtin import strategies_for
 from kforge.proposers.builtin._vendor_cpu import render_cpu
 from kforge.proposers.builtin._vendor_cuda import config_space, default_config, design
 from kforge.regions import VENDOR_CHAIN, VendorChain, chain_variant, vendor_chain
+from kforge.regions._capture import chains_by_default
 from kforge.regions._deploy import partition
 from kforge.regions._vendor import aten_graph_calls, find_vendor_chains
 from kforge.regions._vendor_spec import chain_source
@@ -161,6 +162,18 @@ def test_a_capture_with_chains_off_is_the_capture_without_them(tmp_path):
     ((gm, _),) = aten_graph_calls(model, x)
     assert [f.variant.key for f in partition(gm)] == [f.variant.key for f in partition(gm, chains=frozenset())]
     assert region.key in {f.variant.key for f in partition(gm)}
+
+
+def test_by_default_a_cuda_capture_claims_the_chains_a_builtin_design_computes():
+    f32 = chain_variant(_chains(*linear_chain())[0])
+    model, x = linear_chain()
+    bf16 = chain_variant(_chains(model, x, torch.bfloat16)[0])
+    assert chains_by_default("cpu") is False
+    claims = chains_by_default("cuda:0")
+    assert claims(bf16) and not claims(f32)   # a float32 chain's tail stays a region card
+    ((gm, _),) = aten_graph_calls(model, x.to(torch.bfloat16))
+    found = partition(gm, chains=claims)
+    assert sorted(f.variant.op for f in found) == [VENDOR_CHAIN, VENDOR_CHAIN]
 
 
 # ----------------------------------------------------------------------------- strategies and prompts

@@ -146,7 +146,7 @@ def _with_traced_strides(interp: fx.Interpreter, n: fx.Node):
 class _GraphRecorder:
     """The torch.compile backend of graph capture: records each graph's regions and fused operators (``_GraphRun``)."""
 
-    def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None, vendor_chains: bool = False):
+    def __init__(self, examples_per_variant: int, max_tensor_bytes: int | None = None, vendor_chains: Any = False):
         self.examples_per_variant = examples_per_variant
         self.vendor_chains = vendor_chains
         self.max_tensor_bytes = max_tensor_bytes
@@ -181,9 +181,9 @@ class _GraphRecorder:
 
 
 def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_variant: int = 2,
-                    max_tensor_bytes: int | None = None, vendor_chains: bool = False) -> RegionCapture:
+                    max_tensor_bytes: int | None = None, vendor_chains: Any = False) -> RegionCapture:
     """Run ``model`` once per batch under a recording torch.compile backend and collect its regions (and, with
-    ``vendor_chains``, its vendor-headed chains, claimed before the regions: ``partition``).
+    ``vendor_chains``, its vendor-headed chains, claimed before the regions: ``partition``'s ``chains``).
 
     A model dynamo cannot trace gives no regions and the reason (``error``), never an exception:
     its operator cards do not depend on it.
@@ -210,6 +210,18 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
     return RegionCapture(tuple(rec.records.values()), rec.graphs)
 
 
+def chains_by_default(device: str) -> Callable[[Variant], bool] | bool:
+    """Which vendor-headed chains a capture claims unless told: on CUDA those a built-in CUDA design computes
+    (16-bit products: CUTLASS's tensor cores would compute a float32 one in TF32, which eager does not use, so a
+    float32 chain's tail stays a region card); none on the CPU, where no C loop beats MKL's GEMM or oneDNN's
+    convolution (as ``linear_gelu`` is off there)."""
+    if device.split(":")[0] == "cpu":
+        return False
+    from ._vendor_strategies import has_cuda_design
+
+    return has_cuda_design
+
+
 def covered_op_calls(variant: Variant) -> collections.Counter:
     """The operator-card keys one call of the region stands for (its operators run op by op; a vendor chain's as the
     model spells them, ``VendorChainSpec.replay``: the linear or convolution call, a batch norm's one call)."""
@@ -226,15 +238,15 @@ def covered_op_calls(variant: Variant) -> collections.Counter:
 
 def region_cards(model: Callable, batches: Sequence[Any], op_cards, *, device: str, store=None,
                  timing_budget_ms: float = 20.0, examples_per_variant: int = 2, inductor: bool = False,
-                 max_tensor_bytes: int | None = None, vendor_chains: bool = False):
+                 max_tensor_bytes: int | None = None, vendor_chains: bool | None = False):
     """``op_cards`` plus one card per region variant of the model's graph (and per vendor-headed chain with
-    ``vendor_chains``), shares recomputed so that a region's card replaces the operator calls inside it (shares of
-    one forward sum to at most 1)."""
+    ``vendor_chains``; None: on ``device`` a built-in design computes them, ``chains_by_default``), shares recomputed
+    so that a region's card replaces the operator calls inside it (shares of one forward sum to at most 1)."""
     from ..capture import Card
     from ..capture._capture import time_variant
 
     found = capture_regions(model, batches, examples_per_variant=examples_per_variant, max_tensor_bytes=max_tensor_bytes,
-                            vendor_chains=vendor_chains)
+                            vendor_chains=chains_by_default(device) if vendor_chains is None else vendor_chains)
     if store is not None:
         store.set_meta("regions", {"graphs": found.graphs, "graph_breaks": found.graph_breaks,
                                    "regions": len(found.records), "error": found.error})

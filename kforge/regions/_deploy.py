@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import operator
 from dataclasses import replace
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import torch
 import torch.fx as fx
 
 from ..deploy._graph import inductor_lowers, keeps_traced_layout
-from ..ops import Unsupported, has_layout_twin, placed_in_aten_graph
+from ..ops import Unsupported, Variant, has_layout_twin, placed_in_aten_graph
 from ._finder import FoundRegion, find_fused, find_layout_twin_calls, find_regions
 from ._layout import channels_last_twin, inductor_lays_out_channels_last
 from ._vendor_spec import VENDOR_CHAIN
 
 
 def partition(gm: fx.GraphModule, *, plain_lone: bool = False,
-              chains: bool | Collection[str] = False) -> list[FoundRegion]:
+              chains: bool | Collection[str] | Callable[[Variant], bool] = False) -> list[FoundRegion]:
     """The graph's regions and fused operators, split exactly as graph capture splits it (a fused
     operator's nodes join no region; where Inductor will lay the graph out channels-last, a fused
     operator's or a pointwise region's variant is its channels-last twin, and each call of an operator with a
@@ -40,9 +40,10 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False,
     leaves those out: the eager operator card already stands for them.
 
     ``chains``: the vendor-headed chains (``find_vendor_chains``) claimed before any region is found, so that a
-    chain's head and tail join no region: all of them (True: capture with vendor chains on), none (False), or those
+    chain's head and tail join no region: all of them (True: capture with vendor chains on), none (False), those
     whose variant key is in the collection (deploy: the chains that have a kernel; the nodes of the others are left to
-    the regions, as a capture with chains off split them)."""
+    the regions, as a capture with chains off split them), or those a predicate of the variant takes (capture's
+    default on CUDA: the chains a built-in design computes)."""
     # NB: the nodes of a library function's call (traced through its graph twin: kforge.ops._functions) are its
     # operator card's; a region or fused operator inside it would count that time twice
     inside = frozenset(n for n in gm.graph.nodes if _in_function(n))
@@ -70,7 +71,8 @@ def partition(gm: fx.GraphModule, *, plain_lone: bool = False,
     return found + claimed
 
 
-def _chains(gm: fx.GraphModule, skip: frozenset, chains: bool | Collection[str]) -> list[FoundRegion]:
+def _chains(gm: fx.GraphModule, skip: frozenset,
+            chains: bool | Collection[str] | Callable[[Variant], bool]) -> list[FoundRegion]:
     """The vendor-headed chains of ``gm`` outside ``skip`` that ``chains`` asks for, as the finder lists regions."""
     from ._vendor import find_vendor_chains
     from ._vendor_spec import chain_variant
@@ -81,7 +83,7 @@ def _chains(gm: fx.GraphModule, skip: frozenset, chains: bool | Collection[str])
             variant = chain_variant(fc.chain)
         except Unsupported:
             continue
-        if chains is True or variant.key in chains:   # type: ignore[operator]
+        if chains is True or (chains(variant) if callable(chains) else variant.key in chains):
             out.append(FoundRegion(variant, fc.nodes, fc.inputs, fc.outputs))
     return out
 

@@ -48,6 +48,11 @@ def _design(variant: Variant) -> str | None:
         return None
 
 
+def has_cuda_design(variant: Variant) -> bool:
+    """Whether a built-in CUDA strategy computes the chain ``variant`` (one of ``CUDA_DESIGNS`` fits it)."""
+    return _design(variant) is not None
+
+
 def _cuda_default(variant: Variant, device: DeviceInfo) -> Config:
     from ..proposers.builtin._vendor_cuda import default_config
 
@@ -109,4 +114,4 @@ def register_strategies() -> None:
                                              f"{c.get('schedule')}, swizzle {c.get('swizzle')}]"))
 
 
-__all__ = ["CUDA_DESIGNS", "register_strategies"]
+__all__ = ["CUDA_DESIGNS", "has_cuda_design", "register_strategies"]
