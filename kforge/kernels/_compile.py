@@ -3,7 +3,9 @@
 Every source is screened first (kforge/kernels/_screen.py): a refused one never reaches the
 compiler. The compiler runs in a jail of its own (``run_tool``: an environment allow-list, a private folder
 holding only the source, CPU-time, address-space, file-size and process limits, and Landlock where the kernel has
-it), and its log keeps no line quoted from a file other than the candidate's source and the toolchain's headers.
+it), and its log keeps no line quoted from a file other than the candidate's source and the toolchain's headers. A
+source that includes CUTLASS or CuTe gets the folders, target, flags and limits its build needs, and only it
+(kforge/kernels/_cutlass.py).
 Every built library passes the binary wall (kforge/kernels/_binary.py: what it imports, links and executes) before
 it is cached, and again, by its hash, whenever it is verified for loading. Built libraries are stored as ``objects/<sha256 of the binary>.so`` and found through
 ``index/<key>.json`` (key: hash of contract, header, target and source), which records that hash; both
