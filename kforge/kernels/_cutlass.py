@@ -28,7 +28,7 @@ CUTLASS_TIMEOUT_S = 900.0
 CUTLASS_ADDRESS_SPACE = 16 << 30
 CUTLASS_FILE_BYTES = 1 << 30
 
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cutlass|cute)/', re.M)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"](?:cutlass|cute)/', re.MULTILINE)
 # NB: Hopper's warpgroup matrix instructions (CuTe's GMMA atoms) exist only on the architecture-specific target
 _ARCH_SPECIFIC = re.compile(r"\bwgmma|\bGMMA\b")
 _FLAGS = ("--expt-relaxed-constexpr", "-DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL=1")
