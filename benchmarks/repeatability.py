@@ -102,8 +102,9 @@ def child(args: argparse.Namespace) -> dict:
                           "speedup": figure, "low": getattr(r, "speedup_low", None),
                           "high": getattr(r, "speedup_high", None),
                           "best_candidate": getattr(r, "best_candidate_speedup", None),
-                          "eager_us": r.eager_us, "kernel_us": r.kernel_us})
-    return {"seconds": round(time.monotonic() - started, 1), "cards": cards}
+                          "eager_us": r.eager_us, "kernel_us": r.kernel_us, "reason": getattr(r, "reason", "")})
+        threads = session.evaluator.cpu_threads if args.device == "cpu" else None
+    return {"seconds": round(time.monotonic() - started, 1), "cards": cards, "threads": threads}
 
 
 def _run_once(args: argparse.Namespace, i: int, root: Path, keys: list[str] | None = None) -> dict:
@@ -166,7 +167,10 @@ def _x(v: float | None) -> str:
 def print_report(runs: list[dict], table: dict) -> None:
     for i, r in enumerate(runs):
         won = [c for c in r["cards"] if c["status"] == "winner"]
-        print(f"run {i}: {len(won)} winner(s) of {len(r['cards'])} searched cards, {r['seconds']:.0f} s")
+        threads = f", judged at {r['threads']} thread(s)" if r.get("threads") else ""
+        contended = sum(1 for c in r["cards"] if "other processes left" in (c.get("reason") or ""))
+        print(f"run {i}: {len(won)} winner(s) of {len(r['cards'])} searched cards, {r['seconds']:.0f} s{threads}"
+              + (f"; {contended} card(s) noisy because other processes held the threads' cores" if contended else ""))
         for c in r["cards"]:
             interval = f" [{c['low']:.2f}-{c['high']:.2f}]" if c.get("low") and c.get("high") else ""
             cand = f"  best candidate (unconfirmed) {_x(c['best_candidate'])}" if c.get("best_candidate") else ""
