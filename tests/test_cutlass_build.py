@@ -9,29 +9,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kernel_files import kernel_source
-from test_vendor_chains import _bf16_chains
 
 from kforge.kernels import SourceRejected, cache_dir, compile_source, find_nvcc, screen
 from kforge.kernels._binary import check_library, read_elf
-from kforge.kernels._compile import (
-    TOOL_LIMITS,
-    _command,
-    compile_limits,
-    compile_timeout,
-)
-from kforge.kernels._cutlass import (
-    CUTLASS_ADDRESS_SPACE,
-    CUTLASS_TIMEOUT_S,
-    cutlass_root,
-    target_arch,
-    uses_cutlass,
-)
-from kforge.proposers.builtin._vendor_cuda import (
-    CutlassConfig,
-    build_cutlass,
-    render_cuda,
-)
+from kforge.kernels._compile import TOOL_LIMITS, _command, compile_limits, compile_timeout
+from kforge.kernels._cutlass import CUTLASS_ADDRESS_SPACE, CUTLASS_TIMEOUT_S, cutlass_root, target_arch, uses_cutlass
+from kforge.proposers.builtin._vendor_cuda import CutlassConfig, build_cutlass, render_cuda
+
+from kernel_files import kernel_source
+from test_vendor_chains import _bf16_chains
 
 # NB: test_vendor_chains builds the same two sources with this configuration: one session builds each once
 CONFIG = CutlassConfig((128, 128, 64), (1, 2), 0, 1, "heuristic", "cooperative")
