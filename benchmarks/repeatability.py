@@ -84,6 +84,10 @@ def child(args: argparse.Namespace) -> dict:
     import kforge
     from kforge.views._data import short_label
 
+    if args.threads:   # NB: a user whose process runs torch at this count (kforge judges CPU kernels at it)
+        import torch
+
+        torch.set_num_threads(args.threads)
     model, inputs = _model(args.example, args.device, args.model, args.layers, args.tokens)
     started = time.monotonic()
     with kforge.Session(model, inputs, device=args.device, workdir=args.workdir) as session:
@@ -111,7 +115,8 @@ def _run_once(args: argparse.Namespace, i: int, root: Path, keys: list[str] | No
     workdir = root / f"run{i}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workdir", str(workdir),
            "--device", args.device, "--example", args.example, "--iterations", str(args.iterations)]
-    for flag, value in (("--model", args.model), ("--layers", args.layers), ("--tokens", args.tokens)):
+    for flag, value in (("--model", args.model), ("--layers", args.layers), ("--tokens", args.tokens),
+                        ("--threads", args.threads)):
         if value is not None:
             cmd += [flag, str(value)]
     if keys:
@@ -201,6 +206,8 @@ def main() -> None:
                     "random weights, bfloat16")
     ap.add_argument("--layers", type=int, default=None, help="the seed model's layers (its builder's option)")
     ap.add_argument("--tokens", type=int, default=None, help="the seed model's tokens (its builder's option)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU: each run's process runs torch at this many threads (the user's count; default torch's)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     ap.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON object to PATH (the tables still print)")
     ap.add_argument("--keep", default=None, help="keep each run's workdir under this folder (default: deleted)")

@@ -189,15 +189,19 @@ def test_a_gain_timed_while_other_processes_held_the_threads_cores_is_noisy(tmp_
         s.close()
 
 
-def test_an_evaluator_decides_its_cpu_thread_count_once(monkeypatch):
-    from kforge.evaluate import _pool
-
-    counts = iter([1, 2, 2])
-    monkeypatch.setattr(_pool, "measurement_threads", lambda: next(counts))
-    ev = Evaluator("cpu")
+def test_an_evaluator_judges_at_its_processs_thread_count_decided_once():
+    before = torch.get_num_threads()
     card = kforge.capture.Card.for_call("softmax", torch.randn(8, 128), -1)
-    assert [ev.job_for(card, "").cpu_threads for _ in range(3)] == [1, 1, 1], "the load changed, the count did not"
-    assert Evaluator("cpu", cpu_threads=2).job_for(card, "").cpu_threads == 2
+    try:
+        torch.set_num_threads(1)
+        ev = Evaluator("cpu")
+        first = ev.job_for(card, "").cpu_threads
+        torch.set_num_threads(2)
+        assert first == 1 and ev.job_for(card, "").cpu_threads == 1, "decided on first use, kept for the run"
+        assert Evaluator("cpu").job_for(card, "").cpu_threads == 2, "what the user's process runs torch with"
+        assert Evaluator("cpu", cpu_threads=3).job_for(card, "").cpu_threads == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_gpu_cards_and_evaluators_without_a_second_judge_confirm_in_the_searchs_judge():

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
-from ..timing import measurement_threads
-from ..kernels import backend_of, device_info
+from ..kernels import backend_of, compile_timeout, device_info
 from ._judge import Job
 from ._result import Evaluation, Status
 
@@ -148,8 +147,9 @@ class Evaluator:
             raise ValueError(f"cpu_threads must be a count of threads (>= 1), 0 (as many as the cores other "
                              f"processes leave idle, measured per evaluation) or None, not {cpu_threads!r}")
         # NB: CPU verdicts hold for one thread count, fixed for the evaluator's life (kforge.evaluate._judge.
-        # _fixed_cpu_threads): by default the count this process runs torch with (the user's model's), bounded by the
-        # cores other processes leave idle when the first CPU job is made
+        # _fixed_cpu_threads): by default the count this process runs torch with when the first job is made, which
+        # is the count the user's model runs at. Not bounded by the load: two runs of one session on a machine whose
+        # load differed at their starts were judged at 1 and 2 threads, and disagreed (2026-12-07)
         self._cpu_threads = cpu_threads
         if self.backend == "cuda" and ":" not in device:
             device = f"cuda:{torch.cuda.current_device()}"
@@ -197,7 +197,7 @@ class Evaluator:
         """The intra-op threads every CPU job of this evaluator runs eager and the candidate with (0: each job's
         count follows the idle cores), decided on first use and kept."""
         if self._cpu_threads is None:
-            self._cpu_threads = measurement_threads() if self.backend == "cpu" else torch.get_num_threads()
+            self._cpu_threads = torch.get_num_threads()
         return self._cpu_threads
 
     def _job(self, variant: "Variant", source: str, examples: Sequence, seed: int) -> Job:
@@ -271,7 +271,10 @@ class Evaluator:
                     setattr(self, slot, None)
                     continue
                 judge = getattr(self, slot)
-                wait_s = _COMPILE_ALLOWANCE_S + 2 * (job.timeout_s + 60.0)
+                # NB: a CUTLASS build may take its compile limit (900 s, not a plain kernel's 120 s): the judge is
+                # waited for that long, not replaced as hung mid-build
+                wait_s = max(_COMPILE_ALLOWANCE_S, compile_timeout(job.source, job.backend) + 30.0) \
+                    + 2 * (job.timeout_s + 60.0)
                 try:
                     judge.conn.send(job)
                     if not judge.conn.poll(wait_s):
