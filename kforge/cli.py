@@ -18,7 +18,7 @@ import time
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from . import __version__
+from ._version import __version__
 
 INTERRUPTED = 130
 

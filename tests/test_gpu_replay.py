@@ -16,7 +16,7 @@ from kernel_files import kernel_source
 from kforge.capture import Card
 from kforge.deploy import ExportedKernel
 from kforge.deploy._recheck import refuse_failing
-from kforge.deploy._replay import deploy_winners
+from kforge.deploy._launch import deploy_winners
 from kforge.evaluate import Evaluator
 from kforge.kernels import CompileError, Kernel, compile_source, device_info, param_vector
 

@@ -19,13 +19,12 @@ from ._deployment_plan import (
     LeftBy,
     LeftOut,
     PlannedKernel,
-    ReadyKernels,
     choose,
-    make_ready,
     plan_deployment,
 )
 from ._graph import GraphForward, register_aten_pass
 from ._launch import DeployedKernel
+from ._ready import ReadyKernels, make_ready
 from ._report import MODES, EndToEnd, compile_checked, graph_forward_pays, measure
 from ._select import DispatchCost, measure_dispatch_cost
 

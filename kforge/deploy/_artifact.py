@@ -29,7 +29,7 @@ from ..kernels import (
 from ..ops import Variant
 from ._deployment import Deployment
 from ._deployment_plan import DeploymentPlan, LeftBy, LeftOut, PlannedKernel, choose, left_out
-from ._launch import DeployedKernel
+from ._launch import DeployedKernel, deploy_winners
 from ._replay import replay_enabled
 from ._select import DispatchCost
 
@@ -271,8 +271,6 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
                     launch_plan = recorded_plan(variant, source, evaluator)
                 exported = ExportedKernel(variant, source, binary, k.candidate_id, k.winner_speedup,
                                           kernel_us=k.kernel_us, plan=launch_plan)
-                from ._replay import deploy_winners
-
                 got, unreplayable = deploy_winners([exported], warn=False)
                 kernels += got
                 left += left_out(unreplayable, LeftBy.REPLAY)

@@ -1,5 +1,6 @@
 """Launching one validated kernel: in this process (its descriptors prepared once, the C launcher or ctypes), or a
-CPU candidate's through the sandboxed worker that serves it (`_worker.py`)."""
+CPU candidate's through the sandboxed worker that serves it (`_worker.py`); and the winners deployed as such kernels
+(``deploy_winners``: a CUDA winner replayed from its recorded plan, `_replay.py`)."""
 from __future__ import annotations
 
 import ctypes
@@ -16,7 +17,7 @@ from ..kernels._compile import verified_bytes
 from ..kernels._library import KfTensor
 from ..ops import DTYPE_CODES, TensorSig, Variant, torch_dtype
 from ._fast import launcher_type
-from ._replay import PlanReplay, RecordedKernel
+from ._replay import PlanReplay, RecordedKernel, ReplayError, recorded_plan, replay_enabled
 from ._worker import CheckedLibrary, ServedKernel
 
 
@@ -112,13 +113,11 @@ class DeployedKernel:
         deploy a candidate: its hash and the binary wall checked first (``sha256``: the expected hash, else the
         cache object's name); a CPU kernel is then served by a sandboxed worker (nothing of it runs in this process,
         its constructors included). Raises KernelIntegrityError or BinaryRejected. A CUDA kernel is never loaded here:
-        it deploys as the launch plan recorded in the sandbox (``deploy._replay.deploy_winners``)."""
+        it deploys as the launch plan recorded in the sandbox (``deploy_winners``)."""
         if variant.device.startswith("cuda"):
-            from ._replay import replay_enabled
-
             if replay_enabled():
                 raise ValueError("a CUDA kernel deploys as its recorded launch plan, not its library "
-                                 "(kforge.deploy._replay.deploy_winners)")
+                                 "(kforge.deploy._launch.deploy_winners)")
             # NB: until the replay passes on a GPU (deploy/_replay.py), a CUDA kernel loads here, checked first
             from ..kernels import load_verified
 
@@ -250,3 +249,34 @@ def _prefill(slot: KfTensor, sig: TensorSig | None) -> None:
         slot.sizes[i] = s
         slot.strides[i] = st
 
+
+def deploy_winners(exported: Sequence[Any], evaluator: Any = None, examples_of: Any = lambda v: (), *,
+                   warn: bool = True) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Each winner (``ExportedKernel``) as a ``DeployedKernel``, and ``(signature, reason)`` for those left on
+    eager: a CPU kernel served by its sandboxed worker (``DeployedKernel.from_binary``), a CUDA kernel replayed from
+    its plan (its own ``plan``, else one ``evaluator`` records). A CUDA kernel with no plan is never loaded here."""
+    kernels, left = [], []
+    for k in exported:
+        if not k.variant.device.startswith("cuda") or not replay_enabled():
+            kernels.append(DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup,
+                                                      kernel_us=k.kernel_us))
+            continue
+        plan = getattr(k, "plan", None)
+        if plan is None:
+            if evaluator is None:
+                left.append((k.variant.signature, "not replayable: no launch plan, and no evaluator to record one"))
+                continue
+            plan = recorded_plan(k.variant, k.source, evaluator, examples_of(k.variant))
+        if isinstance(plan, str):
+            left.append((k.variant.signature, plan))
+            continue
+        try:
+            kernels.append(DeployedKernel(k.variant, RecordedKernel(plan), k.candidate_id, k.speedup,
+                                          kernel_us=k.kernel_us))
+        except (ReplayError, ValueError, OSError) as exc:
+            left.append((k.variant.signature, f"not replayable here: {exc}"))
+    for sig, why in left if warn else ():
+        import warnings
+
+        warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=3)
+    return kernels, left

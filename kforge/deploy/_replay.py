@@ -268,37 +268,3 @@ def replay_enabled() -> bool:
     """Whether CUDA winners deploy as replayed plans (the default) rather than loaded in this process
     (``KFORGE_CUDA_REPLAY=0``)."""
     return os.environ.get(REPLAY_ENV, "1").strip() != "0"
-
-
-def deploy_winners(exported: Sequence[Any], evaluator: Any = None, examples_of: Any = lambda v: (), *,
-                   warn: bool = True) -> tuple[list[Any], list[tuple[str, str]]]:
-    """Each winner (``ExportedKernel``) as a ``DeployedKernel``, and ``(signature, reason)`` for those left on
-    eager: a CPU kernel served by its sandboxed worker (``DeployedKernel.from_binary``), a CUDA kernel replayed from
-    its plan (its own ``plan``, else one ``evaluator`` records). A CUDA kernel with no plan is never loaded here."""
-    from ._launch import DeployedKernel
-
-    kernels, left = [], []
-    for k in exported:
-        if not k.variant.device.startswith("cuda") or not replay_enabled():
-            kernels.append(DeployedKernel.from_binary(k.variant, k.binary, None, k.candidate_id, k.speedup,
-                                                      kernel_us=k.kernel_us))
-            continue
-        plan = getattr(k, "plan", None)
-        if plan is None:
-            if evaluator is None:
-                left.append((k.variant.signature, "not replayable: no launch plan, and no evaluator to record one"))
-                continue
-            plan = recorded_plan(k.variant, k.source, evaluator, examples_of(k.variant))
-        if isinstance(plan, str):
-            left.append((k.variant.signature, plan))
-            continue
-        try:
-            kernels.append(DeployedKernel(k.variant, RecordedKernel(plan), k.candidate_id, k.speedup,
-                                          kernel_us=k.kernel_us))
-        except (ReplayError, ValueError, OSError) as exc:
-            left.append((k.variant.signature, f"not replayable here: {exc}"))
-    for sig, why in left if warn else ():
-        import warnings
-
-        warnings.warn(f"kforge: {sig} stays on eager: {why}", stacklevel=3)
-    return kernels, left

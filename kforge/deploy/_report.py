@@ -10,7 +10,7 @@ import torch
 
 from ..evaluate import bench
 from ._deployment import Deployment, in_graph, not_in_eager
-from ._deployment_plan import LeftBy, LeftOut, ReadyKernels
+from ._deployment_plan import LeftBy, LeftOut
 from ._fallback import (
     Arm,
     Compare,
@@ -22,6 +22,7 @@ from ._fallback import (
 )
 from ._graph import compile_with, nearest_miss, no_recompile_limit
 from ._launch import DeployedKernel
+from ._ready import ReadyKernels
 
 MODES = ("default", "max-autotune", "reduce-overhead")
 log = logging.getLogger("kforge")
