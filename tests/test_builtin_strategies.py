@@ -208,8 +208,10 @@ def _cpu_cases(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_every_cpu_strategy_matches_the_reference(dtype):
     cases = _cpu_cases(dtype)
-    # every CPU design runs on some small variant (regions': tests/test_regions_generator.py)
-    assert {s.name for _, s in cases} == {s.name for s in all_strategies() if s.backend == "cpu" and s.op != "region"}
+    # every CPU design runs on some small variant (regions': tests/test_regions_generator.py; vendor chains':
+    # tests/test_vendor_chains.py and tests/test_vendor_cards.py)
+    assert {s.name for _, s in cases} == {s.name for s in all_strategies()
+                                          if s.backend == "cpu" and s.op not in ("region", "vendor_chain")}
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:  # warm the compile cache in parallel
         list(pool.map(lambda c: compile_source(c[1].render(c[0], c[1].default(c[0], CPU), CPU), "cpu", "native"), cases))
     for v, s in cases:
@@ -361,7 +363,9 @@ def test_every_cuda_strategy_compiles_for_sm90():
     from kforge.kernels._compile import cublaslt_paths, uses_cublaslt
 
     cases = _cuda_cases()
-    assert {name for _, name, _ in cases} == {s.name for s in all_strategies() if s.backend == "cuda" and s.op != "region"}  # regions: tests/test_regions_generator.py
+    # regions: tests/test_regions_generator.py; vendor chains (CUTLASS builds): tests/test_vendor_chains.py
+    assert {name for _, name, _ in cases} == {s.name for s in all_strategies()
+                                              if s.backend == "cuda" and s.op not in ("region", "vendor_chain")}
     # NB: a design built against cuBLASLt needs its headers and library, which a toolkit without cuBLAS (this CI's)
     # lacks: tests/test_linear_gelu.py builds it where they are
     if cublaslt_paths() is None:
