@@ -206,8 +206,7 @@ def test_the_recorder_is_rebuilt_when_its_binary_changes(tmp_path, monkeypatch):
 
 
 def test_a_kernel_that_calls_cublaslt_is_refused_before_anything_is_built():
-    from kforge.evaluate._judge import Job
-    from kforge.evaluate._record import record_job
+    from kforge.evaluate._judge import Job, record_job
 
     source = '#include "kforge.h"\n#include <cublasLt.h>\nKF_ENTRY int kf_launch() { return 0; }\n'
     out = record_job(Job(1, {}, source, "cuda", "cuda:0", "sm_90", record=True))

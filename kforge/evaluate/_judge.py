@@ -31,14 +31,16 @@ import torch
 from ..kernels import (CompileError, KernelIntegrityError, SourceRejected, cache_dir, compile_source, device_info,
                        param_vector, verify_binary)
 from ..kernels._compile import uses_cublaslt
+from ..kernels._plan import NotReplayable
 from ..ops import TensorSig, Variant, get_spec, torch_dtype
 from ..timing import BusyWindow, Timing
 from ._arena import ArenaLayout, Arenas, Group, extent, poison_value
 from ._checks import compare, reference_outputs, within_sets
 from ._frames import Code, Frame, Op, ProtocolError, Sandbox
+from ._record import not_replayable_imports, record_plan
 from ._result import Evaluation, Status
 from ._runner import (CORES, LIBRARY_NAME, CpuUse, RunnerBuildError, RunnerGone, RunnerProcess, RunnerTimeout,
-                      RunnerMemory, available_memory, oom_kills, runner_binary, threads_allowed)
+                      RunnerMemory, available_memory, oom_kills, recorder_library, runner_binary, threads_allowed)
 
 _READY_TIMEOUT_S = 60.0
 _WIDE_SCALE = 30.0            # random set with large magnitudes (softmax logits of +-90)
@@ -418,6 +420,22 @@ class _Trial:
             return self._run()
         except _Verdict as v:
             return v.evaluation
+        finally:
+            self.close()
+
+    def record(self, library: Path, recorder: Path) -> dict[str, Any]:
+        """A record job's answer (``_record.record_plan``): the runner loads ``recorder`` first, then ``library``
+        (verified); the plan, or why there is none."""
+        self.recorder = recorder
+        try:
+            self.prepare()
+            self.start()
+            self.install(library)
+            return record_plan(self)
+        except _Verdict as v:
+            return {"refused": f"it could not be recorded: {v.evaluation.message}"}
+        except NotReplayable as exc:
+            return {"refused": str(exc)}
         finally:
             self.close()
 
@@ -1073,6 +1091,33 @@ def evaluate_job(job: Job) -> Evaluation:
                       - start, phases=phases.items(), **base)
 
 
+def record_job(job: Job) -> dict[str, Any]:
+    """In the judge: ``{"plan": json, "modules": [bytes]}``, ``{"refused": why}`` (not replayable, or the kernel
+    does not build) or ``{"error": why}`` (the machine's trouble, twice)."""
+    if job.backend != "cuda":
+        return {"refused": "only CUDA kernels are recorded"}
+    if uses_cublaslt(job.source):
+        return {"refused": "it calls cuBLASLt, whose own launches kforge cannot record: it stays on eager"}
+    try:
+        built = compile_source(job.source, job.backend, job.arch)
+        library = verify_binary(built.path)
+        why = not_replayable_imports(library.read_bytes())
+        if why:
+            return {"refused": why}
+        recorder, _digest = recorder_library()
+    except CompileError as exc:
+        return {"refused": f"it does not build here: {exc}"}
+    except RunnerBuildError as exc:
+        return {"error": str(exc)}
+    reason = ""
+    for _attempt in range(2):
+        try:
+            return _Trial(job, _Phases()).record(library, recorder)
+        except _Infra as exc:
+            reason = str(exc)
+    return {"error": f"not the kernel's fault, twice: {reason}"}
+
+
 def _start_ahead(trial: _Trial) -> None:
     """Start the runner during the compile; if that fails it is started again, after, as usual."""
     try:
@@ -1199,8 +1244,6 @@ def judge_main(conn: Any, device: str) -> None:
         if job is None:
             return
         if getattr(job, "record", False):
-            from ._record import record_job
-
             try:
                 conn.send(("recorded", record_job(job)))
             except Exception as exc:  # a bug in kforge or torch, not in the candidate
