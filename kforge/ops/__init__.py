@@ -6,8 +6,8 @@ search's ``CardVerdict``/``CardStatus``, defined here, at the lowest layer that 
 """
 from __future__ import annotations
 
-from ._registry import Call, OpSpec, Unsupported, all_specs, get_spec, random_tensor, register, spec_for
-from ._signature import DTYPE_CODES, TensorSig, Variant, dtype_name, torch_dtype
+from ._registry import Call, OpSpec, Unsupported, Variant, all_specs, get_spec, random_tensor, register, spec_for
+from ._signature import DTYPE_CODES, TensorSig, dtype_name, torch_dtype
 from . import _definitions  # noqa: F401 - registers the plain operators
 from ._definitions import inplace_binder
 from ._family import (Epilogue, Family, FusedMatch, all_families, channels_last_strides, family_of, found_in_graph,

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Mapping, Sequence
 
-from ._registry import get_spec
-from ._signature import Variant
+from ._registry import Variant, get_spec
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ._functions import entry_of_twin
-from ._registry import Call, OpSpec, Unsupported, random_tensor, register
-from ._signature import Variant
+from ._registry import Call, OpSpec, Unsupported, Variant, get_spec, random_tensor, register
 
 T = torch.Tensor
 
@@ -40,8 +39,6 @@ def _positive(names: set[str]):
     """Sampler drawing strictly positive values for the named inputs (variances, scales)."""
 
     def sample(variant: Variant, seed: int, gen: torch.Generator) -> list:
-        from . import get_spec
-
         spec = get_spec(variant.op)
         return [None if s is None else random_tensor(s, gen, positive=n in names)
                 for n, s in zip(spec.inputs, variant.inputs)]

@@ -17,8 +17,7 @@ import torch.fx as fx
 
 from ._aten import val
 from ._pattern import Pattern, PatternMatch
-from ._registry import OpSpec, Unsupported, get_spec, register
-from ._signature import Variant
+from ._registry import OpSpec, Unsupported, Variant, get_spec, register
 
 # Where a family's kernels go in graph mode: "dynamo", like any operator (a node of dynamo's graph, a function's
 # graph twin there); "aten", found and placed in AOTAutograd's ATen graph only (a fused operator: no eager spelling)

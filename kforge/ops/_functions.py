@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
+from ._signature import Unsupported
 
 
 class OpSpec(Protocol):
@@ -274,8 +275,6 @@ class FunctionHook:
             if GRAPH.active and entry.target.graph == "call":
                 return entry.twin(*args, **kwargs)
             if GRAPH.active and entry.target.graph == "tensors":
-                from ._registry import Unsupported
-
                 try:
                     call = entry.target.binder(entry.spec)(*args, **kwargs)
                 except Unsupported:
@@ -406,7 +405,17 @@ def pop_handler(op: str, handler: Handler) -> None:
             _HANDLERS.pop(op, None)
 
 
-def function_specs() -> list["OpSpec"]:
-    from ._registry import all_specs
+_FUNCTION_SPECS: list[OpSpec] = []   # the registered specs that name functions, in the registry's order
 
-    return [s for s in all_specs() if s.functions]
+
+def note_spec(spec: OpSpec) -> None:
+    """Called by the registry for each spec it registers (the registry imports this module, not the other way)."""
+    if spec.functions:
+        with _LOCK:
+            _FUNCTION_SPECS.append(spec)
+
+
+def function_specs() -> list[OpSpec]:
+    """The registered operators that name functions of libraries."""
+    with _LOCK:
+        return list(_FUNCTION_SPECS)

@@ -1,13 +1,16 @@
-"""The operator registry: one OpSpec per supported operator."""
+"""The operator registry: one OpSpec per supported operator, and the Variant (one exact signature of a call of it)
+that each spec makes from a call and that reads its spec back by name."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ._functions import FunctionTarget, spec_of_twin
-from ._signature import TensorSig, Variant, freeze_params, torch_dtype
+from ._functions import FunctionTarget, note_spec, spec_of_twin
+from ._signature import TensorSig, Unsupported, freeze_params, freeze_value, torch_dtype
 
 
 @dataclass
@@ -18,8 +21,85 @@ class Call:
     params: dict[str, Any]
 
 
-class Unsupported(Exception):
-    """Raised by a binder for a call form kforge does not optimize (the call stays eager)."""
+@dataclass(frozen=True)
+class Variant:
+    """One operator with one exact runtime signature: the unit kforge optimizes.
+
+    ``inputs`` follows the spec's input order (None for an absent optional tensor); ``params``
+    holds every static parameter in the spec's order. ``outputs`` are eager's output tensors
+    (derived from the rest, so not part of the identity).
+    """
+
+    op: str
+    inputs: tuple[TensorSig | None, ...]
+    params: tuple[tuple[str, Any], ...]
+    outputs: tuple[TensorSig, ...] = field(default=(), compare=False)
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def key(self) -> str:
+        """A stable 16-hex-digit identity (same across processes and machines)."""
+        payload = json.dumps(
+            [self.op, [s.to_json() if s else None for s in self.inputs], [list(p) for p in self.params]],
+            sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def device(self) -> str:
+        for s in self.inputs:
+            if s is not None:
+                return s.device
+        return "cpu"
+
+    @property
+    def signature(self) -> str:
+        spec = get_spec(self.op)
+        if hasattr(spec, "describe"):  # a region: its operators, not its serialized IR
+            return spec.describe(self)
+        names = spec.inputs
+        parts = [f"{n}: {s.short()}" for n, s in zip(names, self.inputs) if s is not None]
+        parts += [f"{k}={_fmt(v)}" for k, v in self.params]
+        return f"{self.op}(" + ", ".join(parts) + ")"
+
+    @property
+    def io_bytes(self) -> int:
+        """Fewest bytes a kernel must move: each input read once, each output written once
+        (or what the spec says, e.g. an embedding reads only the rows it gathers)."""
+        custom = get_spec(self.op).io_bytes
+        if custom is not None:
+            return custom(self)
+        return sum(s.nbytes for s in self.inputs if s is not None) + sum(s.nbytes for s in self.outputs)
+
+    def on(self, device: str) -> "Variant":
+        """The same variant on another device (an artifact made on cuda:0 runs on cuda:1)."""
+        if self.device == device:
+            return self
+        move = lambda s: None if s is None else replace(s, device=device)  # noqa: E731
+        return replace(self, inputs=tuple(move(s) for s in self.inputs),
+                       outputs=tuple(move(s) for s in self.outputs))
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "inputs": [s.to_json() if s else None for s in self.inputs],
+                "params": [[k, v] for k, v in self.params],
+                "outputs": [s.to_json() for s in self.outputs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Variant":
+        return cls(d["op"], tuple(TensorSig.from_json(s) if s else None for s in d["inputs"]),
+                   tuple((k, freeze_value(v)) for k, v in d["params"]),
+                   tuple(TensorSig.from_json(s) for s in d["outputs"]))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, tuple):
+        return "(" + ",".join(_fmt(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    return str(v)
+
 
 
 @dataclass(frozen=True)
@@ -109,6 +189,7 @@ def register(spec: OpSpec) -> OpSpec:
     if spec.name in _SPECS:
         raise ValueError(f"operator {spec.name!r} is registered twice")
     _SPECS[spec.name] = spec
+    note_spec(spec)
     for target in spec.targets:
         if target is None:
             continue

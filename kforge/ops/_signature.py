@@ -1,9 +1,8 @@
-"""Exact runtime signatures: what makes two operator calls the same variant."""
+"""Exact runtime signatures of tensors and params: what makes two operator calls the same variant (``Variant``, in
+``_registry``, holds them); and ``Unsupported``, what a binder raises for a call that has none."""
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -101,9 +100,10 @@ def _device_name(device: torch.device) -> str:
     return device.type
 
 
-def _freeze(value: Any) -> Any:
+def freeze_value(value: Any) -> Any:
+    """A param's value as a variant holds it: hashable (tuples for lists and sizes) and dtypes by name."""
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze_value(v) for v in value)
     if isinstance(value, torch.dtype):
         return dtype_name(value)
     if isinstance(value, torch.Size):
@@ -111,91 +111,9 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One operator with one exact runtime signature: the unit kforge optimizes.
-
-    ``inputs`` follows the spec's input order (None for an absent optional tensor); ``params``
-    holds every static parameter in the spec's order. ``outputs`` are eager's output tensors
-    (derived from the rest, so not part of the identity).
-    """
-
-    op: str
-    inputs: tuple[TensorSig | None, ...]
-    params: tuple[tuple[str, Any], ...]
-    outputs: tuple[TensorSig, ...] = field(default=(), compare=False)
-
-    @property
-    def param_dict(self) -> dict[str, Any]:
-        return dict(self.params)
-
-    @property
-    def key(self) -> str:
-        """A stable 16-hex-digit identity (same across processes and machines)."""
-        payload = json.dumps(
-            [self.op, [s.to_json() if s else None for s in self.inputs], [list(p) for p in self.params]],
-            sort_keys=True, default=str)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-    @property
-    def device(self) -> str:
-        for s in self.inputs:
-            if s is not None:
-                return s.device
-        return "cpu"
-
-    @property
-    def signature(self) -> str:
-        from . import get_spec
-
-        spec = get_spec(self.op)
-        if hasattr(spec, "describe"):  # a region: its operators, not its serialized IR
-            return spec.describe(self)
-        names = spec.inputs
-        parts = [f"{n}: {s.short()}" for n, s in zip(names, self.inputs) if s is not None]
-        parts += [f"{k}={_fmt(v)}" for k, v in self.params]
-        return f"{self.op}(" + ", ".join(parts) + ")"
-
-    @property
-    def io_bytes(self) -> int:
-        """Fewest bytes a kernel must move: each input read once, each output written once
-        (or what the spec says, e.g. an embedding reads only the rows it gathers)."""
-        from . import get_spec
-
-        custom = get_spec(self.op).io_bytes
-        if custom is not None:
-            return custom(self)
-        return sum(s.nbytes for s in self.inputs if s is not None) + sum(s.nbytes for s in self.outputs)
-
-    def on(self, device: str) -> "Variant":
-        """The same variant on another device (an artifact made on cuda:0 runs on cuda:1)."""
-        if self.device == device:
-            return self
-        from dataclasses import replace
-
-        move = lambda s: None if s is None else replace(s, device=device)  # noqa: E731
-        return replace(self, inputs=tuple(move(s) for s in self.inputs),
-                       outputs=tuple(move(s) for s in self.outputs))
-
-    def to_json(self) -> dict:
-        return {"op": self.op, "inputs": [s.to_json() if s else None for s in self.inputs],
-                "params": [[k, v] for k, v in self.params],
-                "outputs": [s.to_json() for s in self.outputs]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Variant":
-        return cls(d["op"], tuple(TensorSig.from_json(s) if s else None for s in d["inputs"]),
-                   tuple((k, _freeze(v)) for k, v in d["params"]),
-                   tuple(TensorSig.from_json(s) for s in d["outputs"]))
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, tuple):
-        return "(" + ",".join(_fmt(x) for x in v) + ("," if len(v) == 1 else "") + ")"
-    return str(v)
-
-
 def freeze_params(names: Sequence[str], values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple((n, _freeze(values[n])) for n in names)
+    return tuple((n, freeze_value(values[n])) for n in names)
+
+
+class Unsupported(Exception):
+    """Raised by a binder for a call form kforge does not optimize (the call stays eager)."""

@@ -7,8 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from ..._functions import FunctionTarget
-from ..._registry import Call, Unsupported, random_tensor
-from ..._signature import Variant
+from ..._registry import Call, Unsupported, Variant, random_tensor
 
 
 def bind(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ..._functions import FunctionTarget
-from ..._registry import Call, Unsupported, random_tensor
-from ..._signature import Variant, torch_dtype
+from ..._registry import Call, Unsupported, Variant, random_tensor
+from ..._signature import torch_dtype
 
 
 def bind(module, hidden_states=None, top_k_index=None, top_k_weights=None, *rest, **kwargs):
