@@ -124,9 +124,10 @@ class Session:
         ``vendor_chains`` (with ``regions``): a matrix product or a convolution together with the chain after it
         (bias, activations, residual adds, eval batch norm, a softmax or a layer or group norm) is one
         ``vendor_chain`` card, searched as one kernel that applies the chain to the product, instead of the chain's
-        region card. True: every chain; False: none; None (default): on CUDA the chains a built-in CUDA design
-        computes (16-bit products), none on the CPU, where kforge's C loops do not beat MKL's and oneDNN's
-        products (pass True to search them there anyway: the whole loop runs on the CPU).
+        region card. True: every chain; False or None (default): none yet. Opt in: on the CPU kforge's C loops do not
+        beat MKL's and oneDNN's products (the whole loop runs, for trying it); on CUDA the CUTLASS designs build
+        but are not yet measured on a GPU, and a chain without a winner leaves its tail, once a region card, on
+        eager.
         """
         if self.model is None:
             raise CaptureError("this session was opened without a model: pass model= to Session.open to capture again")

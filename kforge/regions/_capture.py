@@ -211,15 +211,16 @@ def capture_regions(model: Callable, batches: Sequence[Any], *, examples_per_var
 
 
 def chains_by_default(device: str) -> Callable[[Variant], bool] | bool:
-    """Which vendor-headed chains a capture claims unless told: on CUDA those a built-in CUDA design computes
-    (16-bit products: CUTLASS's tensor cores would compute a float32 one in TF32, which eager does not use, so a
-    float32 chain's tail stays a region card); none on the CPU, where no C loop beats MKL's GEMM or oneDNN's
-    convolution (as ``linear_gelu`` is off there)."""
-    if device.split(":")[0] == "cpu":
-        return False
-    from ._vendor_strategies import has_cuda_design
+    """Which vendor-headed chains a capture claims unless told: none yet, on either backend.
 
-    return has_cuda_design
+    A chain claims its tail's nodes, which were a region card of their own; a chain without a winner leaves them on
+    eager at deploy. On the CPU no C loop beats MKL's GEMM or oneDNN's convolution (as ``linear_gelu`` is off
+    there). On CUDA the CUTLASS designs (16-bit products only: a float32 one would run in TF32, which eager does not
+    use) build in the judge but have not run on a GPU yet, and their default cluster (1x2) launches with a launch
+    attribute the CUDA recorder refuses, so such a winner would stay on eager with replay on (docs/architecture.md,
+    "Vendor-headed chains"): claiming them by default could cost a model its region kernels. ``has_cuda_design`` is
+    the rule to turn on once the GPU benchmark shows them placed and faster (``vendor_chains=True`` claims all)."""
+    return False
 
 
 def covered_op_calls(variant: Variant) -> collections.Counter:
