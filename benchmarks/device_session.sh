@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
+#   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh owed0607  the dispatch cost through a replayed plan and in process,
 #                                                            what a user gets with replayed kernels (model-level figure)
 #   device run: bash benchmarks/device_session.sh vendor    benchmarks/vendor_chains.py, KF_VENDOR_CASES (CUTLASS headers
@@ -418,6 +419,7 @@ PY
         --json "$OUT/what_a_user_gets_cuda.json" 2>&1 | grep --line-buffered -v "^DEBUG\|Warning\|warn_once" \
         | tee "$OUT/what_a_user_gets_cuda.txt" | tail -30 ;;
   gpu44)
+    [ -d build/cutlass ] && export CUTLASS_PATH=$PWD/build/cutlass
     # issue 44 (2026-12-07): the GPU suite on the refactored code (kernel ABI header, traced patterns, one deployment
     # plan, CUDA replay by default), with the dispatch cost through a replayed plan and in process first
     for r in 1 0; do
@@ -425,6 +427,17 @@ PY
     done | tee "$OUT/dispatch_cost.txt"
     gpu_tests "${KF_GPU_A_S:-250}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py" gpu44_a 30
     gpu_tests "${KF_GPU_B_S:-230}" "tests/test_gpu_attacks.py tests/test_gpu_replay.py" gpu44_b 20 ;;
+  vendor41)
+    # issues 45 and 41 (2026-12-07): vendor-headed chains (CUTLASS through kforge's compile path, in parallel, then
+    # eager / compile default / max-autotune / kforge; carry build/cutlass), then a seed model's repeatability
+    [ -d build/cutlass ] && export CUTLASS_PATH=$PWD/build/cutlass
+    KFORGE_CACHE="${KFORGE_CACHE:-/tmp/kcache}" timeout "${KF_VENDOR_S:-320}" python3 benchmarks/vendor_chains.py \
+        --device cuda --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-gemm_bias_relu,gemm_bias_gelu_sd35,conv_bn_relu_resnet3x3}" \
+        --jobs 14 --budget-s "${KF_VENDOR_BUDGET_S:-240}" --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
+        | tee "$OUT/vendor.txt" | tail -30
+    timeout "${KF_REPEAT_S:-250}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
+        ${KF_REPEAT_ARGS:---model gemma4_e2b --layers 2 --cards 3} --json-out "$OUT/repeatability_cuda.json" 2>&1 \
+        | grep --line-buffered -v "^DEBUG" | tee "$OUT/repeatability_cuda.txt" | tail -25 ;;
   owed0607)
     # issue 41/42, 2026-12-07: what the dispatch cost is through a replayed plan (the default) and in process, then the
     # model-level figure of what_a_user_gets with replayed kernels (cut by its step last time)
