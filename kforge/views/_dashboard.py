@@ -16,7 +16,7 @@ from ._snapshot import SnapshotDisplay
 
 if TYPE_CHECKING:
     from ..search import OptimizationRun
-    from ..session import Session
+    from ._session import Session
 
 
 class Dashboard:

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..search import OptimizationRun
-    from ..session import Session
+    from ._session import Session
 
 
 def display_session(session: "Session") -> None:

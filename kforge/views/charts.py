@@ -14,7 +14,7 @@ from ._optional import require
 
 if TYPE_CHECKING:
     from ..search import OptimizationRun
-    from ..session import Session
+    from ._session import Session
 
 
 def _alt() -> Any:
