@@ -2,7 +2,8 @@
 
 The order is documented in docs/architecture.md ("Layers"). Every import in every module counts
 (module level, inside functions, and under ``TYPE_CHECKING``: an annotation naming a higher
-layer's type depends on it too), except the notebook display hooks listed below.
+layer's type depends on it too), except the notebook display hooks listed below. Between modules
+too, no import circle, however it is imported, except the circles MODULE_CIRCLE_EXCEPTIONS names.
 
 A family folder's strategies module (``kforge.ops.families.<family>.strategies``) is part of the proposers layer;
 nothing in ops imports it (the built-in library imports it by the name in ``Family.strategies``), so an import of
@@ -174,56 +175,82 @@ def test_the_code_parses_on_the_oldest_supported_python():
         ast.parse(path.read_text(), str(path), feature_version=(3, 11))
 
 
-def _module_imports() -> dict[str, set[str]]:
-    """Module -> the kforge modules it imports when it is imported or type-checked: module-level imports and those
-    under ``TYPE_CHECKING`` (not imports inside functions, which run later, when both modules are loaded). A name
-    imported from a package is its submodule where one has that name, else the package's ``__init__``; importing
-    a submodule runs its packages' ``__init__`` first, outside the importer's own packages."""
+# Circles between modules the test allows, each closed by one import inside one function, named (importer, imported,
+# the function the import is in); test_module_circle_exceptions_still_exist removes a line whose import is gone.
+MODULE_CIRCLE_EXCEPTIONS: dict[tuple[str, str, str], str] = {
+    # The display hook OptimizationRun._ipython_display_ (DISPLAY_HOOKS) imports the views, which read the search's
+    # events (EventKind, Event, Progress): a hook that shows a search's own records closes a circle by design.
+    ("kforge.search._run", "kforge.views", "_ipython_display_"):
+        "a notebook display hook (OptimizationRun shows its progress view)",
+    # NB: kernels/_cutlass.py (issue 45's work in flight, not issue 44's to edit) reads find_nvcc and CompileError
+    # from _compile, which imports _cutlass: the shared pieces belong in a module both import. The lead deletes
+    # these two lines once that lands.
+    ("kforge.kernels._cutlass", "kforge.kernels._compile", "driver_library"): "kernels, pending",
+    ("kforge.kernels._cutlass", "kforge.kernels._compile", "cutlass_build"): "kernels, pending",
+}
+
+
+def _module_imports() -> dict[str, dict[str, set[str | None]]]:
+    """Module -> the kforge modules it imports -> the functions those imports are in (None: at module level or under
+    ``TYPE_CHECKING``, which run when the module is loaded or type-checked; a name: inside that function, innermost,
+    which runs when it is called). A name imported from a package is its submodule where one has that name, else
+    the package's ``__init__``; importing a submodule runs its packages' ``__init__`` first, outside the importer's
+    own packages."""
     modules: dict[str, tuple[Path, bool]] = {}
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(ROOT).with_suffix("").parts
         is_init = parts[-1] == "__init__"
         modules[".".join(parts[:-1] if is_init else parts)] = (path, is_init)
-    graph: dict[str, set[str]] = {}
+    graph: dict[str, dict[str, set[str | None]]] = {}
     for module, (path, is_init) in modules.items():
         package = module if is_init else module.rpartition(".")[0]
-        found: set[str] = set()
+        found: list[tuple[str, str | None]] = []
 
-        def visit(body: list[ast.stmt]) -> None:
-            for node in body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        def visit(node: ast.AST, func: str | None) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(child, child.name)
                     continue
-                if isinstance(node, ast.Import):
-                    found.update(a.name for a in node.names)
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:
-                        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                        target = ".".join(base + ([node.module] if node.module else []))
+                if isinstance(child, ast.Import):
+                    found.extend((a.name, func) for a in child.names)
+                elif isinstance(child, ast.ImportFrom):
+                    if child.level:
+                        base = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                        target = ".".join(base + ([child.module] if child.module else []))
                     else:
-                        target = node.module or ""
-                    for a in node.names:
-                        found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target)
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    inner = getattr(node, field, None)
-                    if isinstance(inner, list):
-                        visit([n for n in inner if isinstance(n, ast.stmt)] +
-                              [s for h in inner if isinstance(h, ast.ExceptHandler) for s in h.body])
+                        target = child.module or ""
+                    found.extend((f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target, func)
+                                 for a in child.names)
+                visit(child, func)
 
-        visit(ast.parse(path.read_text(), str(path)).body)
-        edges = set()
-        for t in found:
+        visit(ast.parse(path.read_text(), str(path)), None)
+        edges: dict[str, set[str | None]] = {}
+        for t, func in found:
             if t not in modules or t == module:
                 continue
-            edges.add(t)
             parts = t.split(".")
-            edges.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
-                         if p in modules and p != module and not module.startswith(p + "."))
+            for m in [t, *(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                           if p in modules and p != module and not module.startswith(p + "."))]:
+                edges.setdefault(m, set()).add(func)
         graph[module] = edges
     return graph
 
 
 def test_no_import_circle_between_modules():
-    """Issue 44: no two modules import each other, directly or round a circle, when loaded or type-checked."""
-    graph = _module_imports()
-    assert "kforge.deploy._dispatch" in graph["kforge.deploy._graph"]   # the scan sees relative imports
+    """Issue 44: no two modules import each other, directly or round a circle, when loaded, type-checked or when a
+    function runs, except the circles named in MODULE_CIRCLE_EXCEPTIONS."""
+    imports = _module_imports()
+    assert "kforge.deploy._dispatch" in imports["kforge.deploy._graph"]   # the scan sees relative imports
+    assert imports["kforge.session"]["kforge.views"] >= {"dashboard", "_ipython_display_"}  # ... and those in functions
+    graph = {module: {b for b, funcs in edges.items()
+                      if any(f is None or (module, b, f) not in MODULE_CIRCLE_EXCEPTIONS for f in funcs)}
+             for module, edges in imports.items()}
     _fail_on_a_circle(graph)
+
+
+def test_module_circle_exceptions_still_exist():
+    """An exception whose import is gone must leave the list (so that its circle cannot come back unnoticed)."""
+    imports = _module_imports()
+    present = {(a, b, f) for a, edges in imports.items() for b, funcs in edges.items() for f in funcs}
+    gone = sorted(set(MODULE_CIRCLE_EXCEPTIONS) - present)
+    assert not gone, f"remove from MODULE_CIRCLE_EXCEPTIONS (the import is gone): {gone}"
