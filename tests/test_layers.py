@@ -182,11 +182,6 @@ MODULE_CIRCLE_EXCEPTIONS: dict[tuple[str, str, str], str] = {
     # events (EventKind, Event, Progress): a hook that shows a search's own records closes a circle by design.
     ("kforge.search._run", "kforge.views", "_ipython_display_"):
         "a notebook display hook (OptimizationRun shows its progress view)",
-    # NB: kernels/_cutlass.py (issue 45's work in flight, not issue 44's to edit) reads find_nvcc and CompileError
-    # from _compile, which imports _cutlass: the shared pieces belong in a module both import. The lead deletes
-    # these two lines once that lands.
-    ("kforge.kernels._cutlass", "kforge.kernels._compile", "driver_library"): "kernels, pending",
-    ("kforge.kernels._cutlass", "kforge.kernels._compile", "cutlass_build"): "kernels, pending",
 }
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ._binary import BinaryCheckUnavailable, check_library
+from ._toolchain import BinaryRejected, CompileError, SourceRejected, find_nvcc
 from ._cutlass import (CUTLASS_ADDRESS_SPACE, CUTLASS_FILE_BYTES, CUTLASS_TIMEOUT_S, cutlass_build, target_arch,
                        uses_cutlass)
 from ._screen import binary_check_disabled, describe, screen, screen_disabled
@@ -47,20 +48,6 @@ CONTRACT_VERSION = 1
 _RECIPE = 2
 # NB: the header's bytes are part of every cache key: a changed helper in kforge.h rebuilds what used it.
 _HEADER_DIGEST = hashlib.sha256((INCLUDE_DIR / "kforge.h").read_bytes()).hexdigest()[:16]
-
-
-class CompileError(RuntimeError):
-    def __init__(self, message: str, log: str):
-        super().__init__(message)
-        self.log = log
-
-
-class SourceRejected(CompileError):
-    """The static screen refused the source (``log`` lists every finding); it was not compiled."""
-
-
-class BinaryRejected(SourceRejected):
-    """The built library imports, links or executes what a kernel may not (``log`` lists why); it never loads."""
 
 
 class KernelIntegrityError(RuntimeError):
@@ -177,16 +164,6 @@ def load_verified(path: Path | str, sha256: str | None = None) -> "Kernel":
     from ._library import Kernel
 
     return Kernel(verify_binary(path, sha256))
-
-
-def find_nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
-            return os.path.join(root, "bin", "nvcc")
-    return None
 
 
 _CUBLASLT_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]cublasLt\.h[>"]', re.M)

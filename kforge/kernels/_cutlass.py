@@ -21,6 +21,8 @@ import os
 import re
 from pathlib import Path
 
+from ._toolchain import CompileError, find_nvcc
+
 # NB: measured here (nvcc 13.0, gcc 12, 2 cores): a TMA warp-specialised GEMM with an epilogue visitor tree and an
 # implicit-GEMM convolution each built in 47 s of wall (34 s of CPU), cicc at 3.2-3.4 GB resident; 60-340 s were seen
 # for larger tiles and designs. The limits leave 2.5x of the time seen and 4x of the memory.
@@ -84,8 +86,6 @@ def driver_library() -> Path | None:
         p = Path(folder) / "libcuda.so.1"
         if p.exists():
             return p
-    from ._compile import find_nvcc
-
     nvcc = find_nvcc()
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
              str(Path(os.path.realpath(nvcc)).parent.parent) if nvcc else None, "/usr/local/cuda"]
@@ -101,8 +101,6 @@ def cutlass_build(arch: str) -> tuple[list[str], tuple[Path, ...], str]:
     """(nvcc's arguments for a CUTLASS source beyond a plain kernel's, the folders the compiler must read, what of
     this machine the build depends on: part of the cache key). ``arch``: the target (``target_arch``'s). Raises
     CompileError where the CUTLASS headers are not here."""
-    from ._compile import CompileError
-
     root = cutlass_root()
     if root is None:
         raise CompileError("the source includes CUTLASS headers, but none were found: pip install nvidia-cutlass "

@@ -214,8 +214,8 @@ def chains_by_default(device: str) -> Callable[[Variant], bool] | bool:
     """Which vendor-headed chains a capture claims unless told: none yet, on either backend.
 
     A chain claims its tail's nodes, which were a region card of their own; a chain without a winner leaves them on
-    eager at deploy. On the CPU no C loop beats MKL's GEMM or oneDNN's convolution (as ``linear_gelu`` is off
-    there). On CUDA the CUTLASS designs (16-bit products only: a float32 one would run in TF32, which eager does not
+    eager at deploy. On the CPU no C loop beats MKL's GEMM or oneDNN's convolution (as the fused GEMM + GELU family
+    is off there). On CUDA the CUTLASS designs (16-bit products only: a float32 one would run in TF32, which eager does not
     use) build in the judge but have not run on a GPU yet, and their default cluster (1x2) launches with a launch
     attribute the CUDA recorder refuses, so such a winner would stay on eager with replay on (docs/architecture.md,
     "Vendor-headed chains"): claiming them by default could cost a model its region kernels. ``has_cuda_design`` is
