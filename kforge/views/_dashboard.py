@@ -15,14 +15,14 @@ from ._pump import EventPump
 from ._snapshot import SnapshotDisplay
 
 if TYPE_CHECKING:
-    from ..search import OptimizationRun
+    from ._run import Run
     from ._session import Session
 
 
 class Dashboard:
     """The views of one session; selection flows table → tree → source, run events flow into all."""
 
-    def __init__(self, session: "Session", run: "OptimizationRun | None" = None, interval: float = 0.25):
+    def __init__(self, session: "Session", run: "Run | None" = None, interval: float = 0.25):
         from ._widgets import CardTable, RunProgress, SearchTree, Selection, SourceView
 
         ipywidgets = require("ipywidgets")
@@ -55,7 +55,7 @@ class Dashboard:
         self.tree.layout = ipywidgets.Layout(flex="1 1 440px", min_width="0")
         self.source.layout = ipywidgets.Layout(flex="1 1 440px", min_width="0")
 
-    def _resync(self, run: "OptimizationRun") -> None:
+    def _resync(self, run: "Run") -> None:
         """Re-read once after subscribing: nothing the run did while the views were built is lost."""
         self.table.apply([])
         self.tree.refresh()
@@ -112,12 +112,12 @@ class Dashboard:
         return bundle
 
 
-def dashboard(session: "Session", run: "OptimizationRun | None" = None) -> Dashboard:
+def dashboard(session: "Session", run: "Run | None" = None) -> Dashboard:
     """The session's views in one display: progress (if a run exists), cards, search tree, source."""
     return Dashboard(session, run)
 
 
-def progress(run: "OptimizationRun") -> Any:
+def progress(run: "Run") -> Any:
     """A progress view of ``run`` with pause / resume / stop, updated live while it searches."""
     from ._widgets import RunProgress
 

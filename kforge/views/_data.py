@@ -164,7 +164,7 @@ def _detail(cand: "Candidate", parent: "Candidate | None") -> dict[str, Any]:
 
 def run_notes(run: Any, labels: "dict[str, str] | None" = None) -> list[str]:
     """Why a card of ``run`` got no new candidate (e.g. it was searched before to this budget)."""
-    from ..search import EventKind
+    from ..search._events import EventKind
 
     labels = labels or {}
     resumed: dict[str, int] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..search import OptimizationRun
+    from ._run import Run
 
 
 def notebook_shell() -> Any:
@@ -24,7 +24,7 @@ def notebook_shell() -> Any:
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def run_live(run: "OptimizationRun") -> bool:
+def run_live(run: "Run") -> bool:
     """Run ``run`` in its thread with its progress view shown, and wait for it; False (nothing done)
     where no live view can show: no notebook kernel, or no widget libraries."""
     if notebook_shell() is None:

@@ -11,10 +11,11 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..search import EventKind
+from ..search._events import EventKind
 
 if TYPE_CHECKING:
-    from ..search import Event, OptimizationRun
+    from ..search._events import Event
+    from ._run import Run
 
 Sink = Callable[["Sequence[Event]"], None]
 
@@ -26,14 +27,14 @@ class EventPump:
         self.sinks: list[Sink] = list(sinks)
         self.interval = interval
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._runs: list[OptimizationRun] = []
+        self._runs: list[Run] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._flushing = threading.Lock()
         self.batches = 0
 
-    def follow(self, run: "OptimizationRun") -> None:
+    def follow(self, run: "Run") -> None:
         """Deliver ``run``'s future events; the flusher runs until every followed run is done."""
         with self._lock:
             if run in self._runs:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from ..deploy import EndToEnd
     from ..ops import Cards
-    from ..search import OptimizationRun, Results
+    from ._run import Results, Run
     from ..store import Store
 
 
@@ -17,7 +17,7 @@ class Session(Protocol):
 
     workdir: Path
     store: "Store"
-    run: "OptimizationRun | None"
+    run: "Run | None"
     last_end_to_end: "EndToEnd | None"
     _cards: "Cards | None"   # None until the session has captured (``cards`` raises then)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..search import OptimizationRun
+    from ._run import Run
     from ._session import Session
 
 
@@ -39,7 +39,7 @@ def model_level(session: "Session") -> list[str]:
             "session.end_to_end() times the whole model eager and compiled, with and without the winners"]
 
 
-def display_run(run: "OptimizationRun") -> None:
+def display_run(run: "Run") -> None:
     """Show the live progress view of ``run``; its text repr where there are no widgets."""
     from IPython.display import display
 

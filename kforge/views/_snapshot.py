@@ -15,10 +15,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..search import EventKind
+from ..search._events import EventKind
 
 if TYPE_CHECKING:
-    from ..search import Event
+    from ..search._events import Event
 
 
 class SnapshotDisplay:

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..search import EventKind
+from ..search._events import EventKind, Progress
 from . import _data, _html
 from ._optional import require
 from ._snapshot import SnapshotDisplay
@@ -30,8 +30,9 @@ t = require("traitlets")
 
 if TYPE_CHECKING:
     from ..ops import Cards
-    from ..search import Event, OptimizationRun, Progress
+    from ..search._events import Event
     from ..store import Store
+    from ._run import Run
 
 
 class View(anywidget.AnyWidget):
@@ -143,13 +144,13 @@ def _selection_of(kwargs: dict[str, Any], **values: Any) -> Selection:
     return selection
 
 
-def _last_started(run: "OptimizationRun | None") -> str:
+def _last_started(run: "Run | None") -> str:
     """The card a run started last ("" when none)."""
     keys = [e.card_key for e in list(run.events) if e.kind is EventKind.CARD_STARTED] if run is not None else []
     return (keys[-1] or "") if keys else ""
 
 
-def _searching(run: "OptimizationRun | None") -> str:
+def _searching(run: "Run | None") -> str:
     """The card a run is searching now ("" when none): right for views made mid-run too."""
     if run is None or run.done:
         return ""
@@ -181,7 +182,7 @@ class CardTable(View):
     filter_text = t.Unicode("").tag(sync=True)
     model_us = t.Float(None, allow_none=True).tag(sync=True)
 
-    def __init__(self, cards: "Cards", store: "Store", run: "OptimizationRun | None" = None, **kwargs: Any):
+    def __init__(self, cards: "Cards", store: "Store", run: "Run | None" = None, **kwargs: Any):
         selection = _selection_of(kwargs, card_key=kwargs.pop("selected_key", None))
         super().__init__(selection=selection, **kwargs)
         self._cards, self._store, self._run = cards, store, run
@@ -262,7 +263,7 @@ class SearchTree(View):
     live = t.Bool(False).tag(sync=True)
 
     def __init__(self, store: "Store", cards: "Cards | None" = None, card_key: str = "",
-                 run: "OptimizationRun | None" = None, **kwargs: Any):
+                 run: "Run | None" = None, **kwargs: Any):
         selection = _selection_of(kwargs, card_key=card_key or None, candidate_id=kwargs.pop("selected_id", None))
         super().__init__(selection=selection, **kwargs)
         self._store, self._cards = store, cards
@@ -446,7 +447,7 @@ class RunProgress(View):
 
     LOG_LINES = 8
 
-    def __init__(self, run: "OptimizationRun", control: bool = True, **kwargs: Any):
+    def __init__(self, run: "Run", control: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         self._run = run
         self._lock = threading.Lock()
@@ -483,9 +484,7 @@ class RunProgress(View):
         self.state = "pausing" if action == "pause" and not self._run.done else self._run.state.value
         return {"state": self.state}
 
-    def _progress(self) -> "Progress":
-        from ..search import Progress
-
+    def _progress(self) -> Progress:
         return Progress.of(list(self._run.events), cards_total=len(self._run.planned),
                            iterations=self._run.budget.iterations)
 

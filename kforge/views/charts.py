@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ._optional import require
 
 if TYPE_CHECKING:
-    from ..search import OptimizationRun
+    from ._run import Run
     from ._session import Session
 
 
@@ -169,7 +169,7 @@ class LiveChart:
     a kernel."""
 
     def __init__(self, build: Callable[["Session"], Any], session: "Session",
-                 run: "OptimizationRun | None" = None, interval: float = 1.0):
+                 run: "Run | None" = None, interval: float = 1.0):
         from ._pump import EventPump
 
         from ._snapshot import SnapshotDisplay
@@ -207,6 +207,6 @@ class LiveChart:
         return bundle
 
 
-def live(build: Callable[["Session"], Any], session: "Session", run: "OptimizationRun | None" = None) -> LiveChart:
+def live(build: Callable[["Session"], Any], session: "Session", run: "Run | None" = None) -> LiveChart:
     """``build(session)`` shown live: redrawn as ``run`` (default: the session's) evaluates candidates."""
     return LiveChart(build, session, run)
