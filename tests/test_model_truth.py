@@ -16,7 +16,7 @@ from kforge.evaluate import Evaluation, Status
 from kforge.proposers import Proposal, ProposerError, Usage
 from kforge.proposers._base import ProposerExhausted
 from kforge.search import EventKind, Progress
-from kforge.search._events import ETA_AFTER_EVALUATIONS, ETA_AFTER_FRACTION
+from kforge._events import ETA_AFTER_EVALUATIONS, ETA_AFTER_FRACTION
 from kernel_files import kernel_source
 
 

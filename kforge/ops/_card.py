@@ -36,6 +36,11 @@ class Card:
         return self.variant.signature
 
     @property
+    def in_model_us(self) -> float:
+        """One call's time inside the model's forward (capture's), 0 where the forward was not timed."""
+        return self.forward_us / self.calls if self.calls and self.forward_us > 0 else 0.0
+
+    @property
     def total_us(self) -> float:
         return self.calls * self.eager_us
 

@@ -1,7 +1,7 @@
 """Search: MCTS (and the policies it is measured against) over candidate kernels, per card."""
 from __future__ import annotations
 
-from ._events import Event, EventKind, Progress, print_progress
+from .._events import Event, EventKind, Progress, print_progress
 from ._ledger import TRANSITIONS, CardTally, IllegalTransition, RunLedger, RunState
 from ._planner import PlannedCard, plan
 from ._results import CardResult, Results

@@ -19,7 +19,7 @@ from ..ops import Card
 from ..proposers._base import Attempt, Proposal, ProposalRequest, Proposer, ProposerError, ProposerExhausted
 from ..store import Candidate, Store, is_infra_failure
 from ._decide import decide
-from ._events import EventKind
+from .._events import EventKind
 from ._ledger import RunLedger
 from ._settings import RunSettings
 from ._tree import Tree, TreeNode

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from ._events import Event, EventKind
+from .._events import Event, EventKind
 
 
 class RunState(str, enum.Enum):

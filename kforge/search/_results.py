@@ -55,11 +55,6 @@ class CardResult:
         return speedup_label(self.status, self.winner_speedup, self.speedup_low, self.speedup_high, self.confirmed)
 
 
-def in_model_us(card) -> float:
-    """One call's time inside the model's forward (capture's), 0 where the forward was not timed."""
-    return card.forward_us / card.calls if card.calls and card.forward_us > 0 else 0.0
-
-
 class Results:
     """The search outcome of every card of a session, read from the store."""
 
@@ -80,7 +75,7 @@ class Results:
                 card.key, card.op, card.signature, card.share, v.status, v.reason, v.winner_id,
                 v.winner_speedup if won else None, v.speedup_low if won else None, v.speedup_high if won else None,
                 v.confirmed, v.first_speedup, None if won else v.best_candidate_speedup, v.eager_us,
-                v.kernel_us if won else None, in_model_us(card), card.eager_us, counts.get(card.key, 0),
+                v.kernel_us if won else None, card.in_model_us, card.eager_us, counts.get(card.key, 0),
                 store.dollars(card.key), v.roofline_fraction))
 
     def __iter__(self) -> Iterator[CardResult]:

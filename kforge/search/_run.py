@@ -15,7 +15,7 @@ from ..kernels import DeviceInfo
 from ..proposers._base import Proposer
 from ..store import Store
 from ._card_search import InlineSearch, PooledSearch, budget_units_left, proposes_inline
-from ._events import Event, EventKind, Progress
+from .._events import Event, EventKind, Progress
 from ._ledger import RunLedger, RunState
 from ._planner import PlannedCard
 from ._settings import Budget, RunSettings

@@ -54,8 +54,6 @@ class TreeRow:
 def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> list[dict[str, Any]]:
     """The card table: one row per card, with the search outcome read from the store. A card's speedup is
     its verdict's; a card without a winner shows its best candidate apart, as unconfirmed."""
-    from ..search._results import in_model_us
-
     verdicts = store.results()
     best: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -79,7 +77,7 @@ def card_rows(cards: "Cards", store: "Store", searching: str | None = None) -> l
         won = verdict is not None and verdict.status.has_winner and status != CardStatus.SEARCHING.value
         rows.append(asdict(CardRow(
             card.key, card.op, short_label(card), card.signature, card.vendor or "", card.calls, card.share,
-            verdict.eager_us if verdict else None, in_model_us(card),
+            verdict.eager_us if verdict else None, card.in_model_us,
             verdict.winner_speedup if won else None, verdict.speedup_low if won else None,
             verdict.speedup_high if won else None, None if won else best.get(card.key),
             status, counts.get(card.key, 0), dollars.get(card.key, 0.0))))
@@ -164,7 +162,7 @@ def _detail(cand: "Candidate", parent: "Candidate | None") -> dict[str, Any]:
 
 def run_notes(run: Any, labels: "dict[str, str] | None" = None) -> list[str]:
     """Why a card of ``run`` got no new candidate (e.g. it was searched before to this budget)."""
-    from ..search._events import EventKind
+    from .._events import EventKind
 
     labels = labels or {}
     resumed: dict[str, int] = {}

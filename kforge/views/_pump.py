@@ -11,10 +11,10 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..search._events import EventKind
+from .._events import EventKind
 
 if TYPE_CHECKING:
-    from ..search._events import Event
+    from .._events import Event
     from ._run import Run
 
 Sink = Callable[["Sequence[Event]"], None]

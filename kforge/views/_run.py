@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ..ops import Card, CardStatus
-    from ..search._events import Event
+    from .._events import Event
 
 
 class PlannedCard(Protocol):

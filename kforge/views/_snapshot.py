@@ -15,10 +15,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..search._events import EventKind
+from .._events import EventKind
 
 if TYPE_CHECKING:
-    from ..search._events import Event
+    from .._events import Event
 
 
 class SnapshotDisplay:

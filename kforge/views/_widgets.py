@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..search._events import EventKind, Progress
+from .._events import EventKind, Progress
 from . import _data, _html
 from ._optional import require
 from ._snapshot import SnapshotDisplay
@@ -30,7 +30,7 @@ t = require("traitlets")
 
 if TYPE_CHECKING:
     from ..ops import Cards
-    from ..search._events import Event
+    from .._events import Event
     from ..store import Store
     from ._run import Run
 
