@@ -285,28 +285,31 @@ class Session:
 
     # ------------------------------------------------------------------ deploy
 
-    def deployment_plan(self, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
-                        ) -> "DeploymentPlan":
+    def deployment_plan(self, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None,
+                        uncaptured: bool = False) -> "DeploymentPlan":
         """What ``apply()`` and ``export()`` start from: every card's winner with what it is expected to save per
         forward (``kernels``), less the operators whose winners save less than dispatching them costs the host
         (``left_out``, each with why; ``all_winners=True`` leaves none out). ``compile()`` and ``end_to_end()``
         start from it with ``all_winners=True``, their model-level checks in place of the filter."""
         from .deploy import plan_deployment
 
-        return plan_deployment(self.cards, self.store, device=self.device, all_winners=all_winners,
+        # NB: rewrites alone need no cards: a session not captured deploys no kernel
+        cards = self.cards if self._cards is not None or not uncaptured else []
+        return plan_deployment(cards, self.store, device=self.device, all_winners=all_winners,
                                dispatch_cost=dispatch_cost)
 
-    def _deployable(self, all_winners: bool, dispatch_cost: DispatchCost | None = None) -> "ReadyKernels":
+    def _deployable(self, all_winners: bool, dispatch_cost: DispatchCost | None = None,
+                    uncaptured: bool = False) -> "ReadyKernels":
         """The deployment plan's kernels ready in this process (a CPU kernel served by a sandboxed worker, a CUDA
         kernel replayed from its recorded launch plan), each re-checked here against eager on its card's captured
         examples and fresh inputs; those that are not, left out with why (``kforge.deploy.make_ready``)."""
         from .deploy import make_ready
 
-        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost)
+        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost, uncaptured=uncaptured)
         return make_ready(plan, self.evaluator if plan.kernels else None, self.store)
 
     def apply(self, model: Any = None, *, scope: str = "model", all_winners: bool = False,
-              dispatch_cost: DispatchCost | None = None) -> "Deployment":
+              dispatch_cost: DispatchCost | None = None, rewrites: Sequence[str] = ()) -> "Deployment":
         """Make the model run the winners: exact-signature calls use the kernel, all else eager.
 
         Region and fused-operator winners (several torch calls each) run in the model's forward captured
@@ -326,19 +329,28 @@ class Session:
         first timed on its inputs with them and without them (interleaved, in this process): they are
         installed only if the model is measurably faster with them, since the captured forward's own cost
         (guards, the graph run op by op) can exceed what they save; ``all_winners=True`` skips that check.
+
+        ``rewrites``: inference rewrites made in that captured forward (``kforge.rewrites``; ``"fold_batch_norm"``
+        folds each eval-mode batch norm into the convolution before it). Each is kept only where the model's output
+        with it is eager's on the session's inputs and on fresh ones, and the model measures faster with it (timed
+        as above); ``all_winners=True`` makes them unchecked. ``Deployment.skipped`` says why one was left out.
         """
         from .deploy import graph_forward_pays
+        from .deploy import add_rewrites
 
         if scope not in ("model", "process"):
             raise ValueError("scope is 'model' or 'process'")
         model = model if model is not None else self.model
         if scope == "model" and not isinstance(model, torch.nn.Module):
             raise ValueError("scope='model' needs an nn.Module (pass model=, or use scope='process')")
-        ready = self._deployable(all_winners, dispatch_cost)
+        ready = self._deployable(all_winners, dispatch_cost, uncaptured=bool(rewrites))
         # NB: timed on the session's inputs: another model, or none, has nothing to time and keeps them
         if not all_winners and scope == "model" and model is self.model and self.batches != [None]:
             ready = graph_forward_pays(ready, model, self._forward(), self.device)
-        return ready.deployment(model if scope == "model" else None).install()
+        deployment = ready.deployment(model if scope == "model" else None)
+        inputs = self._inputs() if model is self.model and self.batches != [None] else None
+        return add_rewrites(deployment, rewrites, model=model if scope == "model" else None, inputs=inputs,
+                            device=self.device, checked=not all_winners).install()
 
     def _inputs(self) -> tuple[tuple, dict]:
         from .capture import split_batch
@@ -354,7 +366,7 @@ class Session:
         return lambda m: m(*args, **kwargs)
 
     def compile(self, model: Any = None, *, guard: bool = True, backend: str = "inductor",
-                **torch_compile_kwargs: Any) -> Any:
+                rewrites: Sequence[str] = (), **torch_compile_kwargs: Any) -> Any:
         """The model compiled by torch.compile with the winners inside its graphs.
 
         Each call whose operator and exact signature has a winner becomes a ``torch.ops.kforge.run``
@@ -366,14 +378,18 @@ class Session:
         ``kforge_fallback`` says which and by how much), as are kernels no call in the compiled graphs
         matches and a kept set that moves the output from eager's further than plain compile does. ``result.kforge_backend.graphs`` lists what
         each compiled graph got. ``backend="eager"`` skips Inductor (debugging).
+        ``rewrites`` (as in ``apply``) are made in the compiled graphs' ATen graphs, each kept with ``guard`` only
+        where the model compiled with it is faster than without and its output eager's (``result.kforge_rewrites``
+        says so); Inductor folds no batch norm by default (only with ``freezing``, where kforge leaves it to it).
         """
-        from .deploy import compile_checked
+        from .deploy import compile_rewritten
 
         model = model if model is not None else self.model
-        ready = self._deployable(all_winners=True)
+        ready = self._deployable(all_winners=True, uncaptured=bool(rewrites))
         forward = self._forward() if guard and ready.kernels else None
-        return compile_checked(model, ready, forward, device=self.device, guard=guard, backend=backend,
-                               **torch_compile_kwargs)
+        inputs = self._inputs() if rewrites and guard and model is self.model and self.batches != [None] else None
+        return compile_rewritten(model, ready, forward, device=self.device, guard=guard, backend=backend,
+                                 rewrites=rewrites, inputs=inputs, **torch_compile_kwargs)
 
     def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
                    guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,

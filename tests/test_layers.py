@@ -23,7 +23,7 @@ PACKAGE = ROOT / "kforge"
 
 # Lowest first. A unit is a subpackage or top-level module of kforge; "kforge" is the package root.
 LAYERS: list[set[str]] = [
-    {"_version", "_config", "_redact", "_events", "examples", "models"},   # leaves: import no other layer of kforge
+    {"_version", "_config", "_redact", "_events", "examples", "models", "rewrites"},   # leaves: import no other layer
     {"ops"},                               # operator specs, Variant, Card/Cards, CardVerdict/CardStatus
     {"timing"},                            # the one timing function (kforge/timing.py)
     {"kernels"},                           # contract, compilers, Kernel, DeviceInfo

@@ -85,6 +85,10 @@ class Deployment:
     # remove() stops the workers of served CPU kernels no other installed deployment holds (not for the model-level
     # check's arms, installed and removed for every block they time: each would start the workers again)
     stops_workers: bool = field(default=True, repr=False)
+    # inference rewrites (kforge.rewrites' names) made in the model's graph: eagerly in the captured forward, and in
+    # the graphs compile() makes
+    rewrites: tuple[str, ...] = ()
+    rewrite_checks: list = field(default_factory=list, repr=False)   # the check's RewriteVerdicts, where it ran
 
     @property
     def active(self) -> bool:
@@ -105,20 +109,25 @@ class Deployment:
             why = not_in_eager(dk.variant, self.model)
             if why is not None and (dk.variant.signature, why) not in self.skipped:
                 self.skipped.append((dk.variant.signature, why))
-        if isinstance(self.model, torch.nn.Module) and self.graph_kernels:
+        if self.rewrites and not isinstance(self.model, torch.nn.Module):
+            for name in self.rewrites:
+                why = "a rewrite runs in the model's forward captured as a graph: install it for an nn.Module"
+                if (name, why) not in self.skipped:
+                    self.skipped.append((name, why))
+        if isinstance(self.model, torch.nn.Module) and (self.graph_kernels or self.rewrites):
             if self.graph is None:
                 # NB: no twin: this graph keeps the traced layouts, and the calls a twin would take (a group_norm
                 # read by a SiLU) are left for it in dynamo's graph, where a plain kernel would have taken them
                 self.graph = GraphForward(self.model, [dk for dk in self.kernels if not _layout_twin(dk.variant)],
-                                          self._graph_failed)
+                                          self._graph_failed, rewrites=self.rewrites)
             self.graph.attach()
         self.installed = True
         return self
 
     def _graph_failed(self, why: str) -> None:
-        for dk in self.kernels:
-            if in_graph(dk.variant) and (dk.variant.signature, why) not in self.skipped:
-                self.skipped.append((dk.variant.signature, why))
+        for sig in [dk.variant.signature for dk in self.kernels if in_graph(dk.variant)] + list(self.rewrites):
+            if (sig, why) not in self.skipped:
+                self.skipped.append((sig, why))
 
     def remove(self) -> None:
         """Undo: the model (and torch) run exactly as before; graphs compiled with these kernels
@@ -150,12 +159,14 @@ class Deployment:
         """``torch.compile(model, **torch_compile_kwargs)`` with this deployment's kernels (or
         ``kernels``, a subset) as ``torch.ops.kforge.run`` nodes in the graph; Inductor compiles
         the rest in the given ``mode``. The result's ``kforge_backend.graphs`` says what each
-        graph got. ``backend="eager"`` skips Inductor (debugging)."""
+        graph got. The deployment's rewrites are made there too (``rewrites=()`` for none).
+        ``backend="eager"`` skips Inductor (debugging)."""
         from ._graph import compile_with
 
         model = model if model is not None else self.model
         if model is None:
             raise ValueError("no model to compile: pass model= (this deployment is not scoped to one)")
+        torch_compile_kwargs.setdefault("rewrites", self.rewrites)
         compiled = compile_with(model, self.kernels if kernels is None else kernels, backend=backend,
                                 **torch_compile_kwargs)
         self._backends.append(compiled.kforge_backend)
@@ -173,6 +184,11 @@ class Deployment:
         return {dk.variant.signature: dk.calls for dk in self.kernels}
 
     @property
+    def rewritten(self) -> list[str]:
+        """Where the inference rewrites changed the model's captured graphs, a line per site (after a forward)."""
+        return [] if self.graph is None else [line for r in self.graph.backend.rewritten for line in r.sites]
+
+    @property
     def graph_kernels(self) -> list[DeployedKernel]:
         """The region and fused-operator kernels, which run in the model's forward captured as a graph."""
         return [dk for dk in self.kernels if in_graph(dk.variant)]
@@ -185,4 +201,6 @@ class Deployment:
             off = self.graph is None or self.graph.failure is not None
             where = (f" ({len(self.kernels) - graph} operator, {graph} region/fused in the model's graph"
                      + (": not running, see skipped" if off else "") + ")")
-        return f"<kforge Deployment {state}: {len(self.kernels)} kernels{where}, {len(self.skipped)} kept on eager>"
+        rewrites = f", rewrites {', '.join(self.rewrites)}" if self.rewrites else ""
+        return (f"<kforge Deployment {state}: {len(self.kernels)} kernels{where}{rewrites}, "
+                f"{len(self.skipped)} kept on eager>")

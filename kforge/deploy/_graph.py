@@ -30,6 +30,7 @@ import torch.fx
 from ..ops import (Epilogue, Unsupported, all_families, family_of, found_in_graph, get_spec, inplace_binder, is_fused,
                    placed_in_aten_graph, spec_for, without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
+from ..rewrites import Rewritten, get_rewrite
 from ._dispatch import _eager_only, _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -267,6 +268,7 @@ class CompiledGraph:
     nodes: int
     replaced: list[str]
     missed: list = field(default_factory=list)   # calls of a kernel's operator that stayed
+    rewritten: list[Rewritten] = field(default_factory=list)   # what each inference rewrite did to its ATen graph
 
 
 @dataclass
@@ -287,11 +289,13 @@ class KforgeBackend:
     enabled: bool = True   # False: graphs compiled from now on (recompilations) get no kernels
     function_hooks: Any = field(default=None, repr=False)   # hooks of functions whose graph twins it places
     traced_layout: bool = False   # the graph runs as traced (an eager deployment's): no channels-last twins
+    rewrites: tuple[str, ...] = ()   # inference rewrites (kforge.rewrites) for the ATen graphs that record no gradients
 
     def __post_init__(self):
         self._inductor = None
         self._other = None
         self.aten_passes = [p for make in _ATEN_PASS_MAKERS if (p := make(self.kernels)) is not None]
+        self._rewrites = [get_rewrite(name) for name in self.rewrites]
         if self.inner == "inductor":
             # NB: Inductor's own wrapper turns mode/options into config exactly as plain torch.compile does.
             self._inductor = torch._TorchCompileInductorWrapper(self.mode, self.options, self.dynamic)
@@ -308,7 +312,10 @@ class KforgeBackend:
         record = CompiledGraph(len(gm.graph.nodes), replaced, missed)
         self.graphs.append(record)
         compiler = self._other if self._inductor is None else self._inductor
-        if not (self.enabled and self.aten_passes):
+        # NB: a rewrite's constants have no gradient: only a graph that records none is rewritten
+        rewrites = self._rewrites if self.enabled and not (torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)) else []
+        if not (self.enabled and (self.aten_passes or rewrites)):
             return compiler(gm, example_inputs)
         from torch._dynamo.backends.common import aot_autograd
         from torch._functorch.aot_autograd import make_boxed_func
@@ -323,6 +330,17 @@ class KforgeBackend:
                     for aten_pass in self.aten_passes:
                         record.replaced.extend(aten_pass(aten_gm))
                         record.missed.extend(getattr(aten_pass, "missed", ()))
+                    # NB: after the kernels' passes, which were searched on the graph as traced: a rewrite takes
+                    # what they left. With Inductor's freezing on, Inductor folds constants itself
+                    values = _placeholder_values(aten_gm, example_inputs) if forward else None
+                    freezing = compiler is self._inductor and torch._inductor.config.freezing
+                    for rewrite in rewrites if values is not None and not freezing else ():
+                        # NB: AOTAutograd compiles under its fake mode; a rewrite's constants are real tensors
+                        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                            done = rewrite.apply(aten_gm, values)
+                        if done is not None:
+                            record.replaced.extend(done.sites)
+                            record.rewritten.append(done)
             finally:
                 _TRACED_LAYOUT.reset(traced)
                 _INDUCTOR_LOWERS.reset(token)
@@ -331,9 +349,11 @@ class KforgeBackend:
             # into inputs an inference graph keeps; so do the aot_* backends). What they return takes its arguments unpacked, which
             # AOTAutograd's runtime does not do for a compiler's result: box it (tests/test_regions.py).
             if compiler is not self._inductor:
-                return make_boxed_func(compiler(aten_gm, aten_inputs))
-            return make_boxed_func(_inductor_keeping_static_inputs(dict(self._inductor.config), aten_gm,
-                                                                   aten_inputs, static=forward))
+                run = make_boxed_func(compiler(aten_gm, aten_inputs))
+            else:
+                run = make_boxed_func(_inductor_keeping_static_inputs(dict(self._inductor.config), aten_gm,
+                                                                      aten_inputs, static=forward))
+            return _refreshing(run, record.rewritten) if forward and record.rewritten else run
 
         # NB: a backward graph's inputs are saved activations and gradients: no parameter index applies.
         # keep_inference_input_mutations as Inductor's own pass has it: a buffer written in place (a
@@ -365,6 +385,40 @@ class KforgeBackend:
     @property
     def missed(self) -> list:
         return [m for g in self.graphs for m in g.missed]
+
+    @property
+    def rewritten(self) -> list[Rewritten]:
+        """What the inference rewrites did, one record per rewrite and graph."""
+        return [r for g in self.graphs for r in g.rewritten]
+
+
+def _placeholder_values(aten_gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list | None:
+    """The real values of an inference ATen graph's placeholders: dynamo's example inputs, which AOTAutograd hands
+    on one for one (its own are fake), or None where they do not line up (an effect token, another count, shapes
+    or dtypes that differ)."""
+    places = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
+    if len(places) != len(example_inputs):
+        return None
+    for node, value in zip(places, example_inputs):
+        fake = node.meta.get("val")
+        if isinstance(value, torch.Tensor) != isinstance(fake, torch.Tensor):
+            return None
+        if isinstance(value, torch.Tensor) and (tuple(fake.shape) != tuple(value.shape) or fake.dtype != value.dtype):
+            return None
+    return list(example_inputs)
+
+
+def _refreshing(run: Callable, rewritten: Sequence[Rewritten]) -> Callable:
+    """``run`` (a boxed compiled graph) that first lets each rewrite bring its constants up to date with the
+    arguments (the model's parameters and buffers as they are now)."""
+    refreshes = [r.refresh for r in rewritten]
+
+    def run_rewritten(args: list) -> Any:
+        for refresh in refreshes:
+            refresh(args)
+        return run(args)
+    run_rewritten._boxed_call = True  # type: ignore[attr-defined]
+    return run_rewritten
 
 
 def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule, aten_inputs: list, *,
@@ -414,15 +468,17 @@ def _inductor_keeping_static_inputs(config: dict, aten_gm: torch.fx.GraphModule,
 
 def compile_with(model: Any, kernels: Sequence[DeployedKernel], *, backend: str = "inductor",
                  mode: str | None = None, options: dict | None = None, dynamic: bool | None = None,
-                 passes: Sequence[GraphPass] = (), **torch_compile_kwargs: Any) -> Any:
-    """``torch.compile(model, mode=..., ...)`` with ``kernels`` inside its graphs.
+                 passes: Sequence[GraphPass] = (), rewrites: Sequence[str] = (), **torch_compile_kwargs: Any) -> Any:
+    """``torch.compile(model, mode=..., ...)`` with ``kernels`` inside its graphs (and ``rewrites``, kforge.rewrites'
+    names, made in its ATen graphs that record no gradients).
 
     The returned object is what torch.compile returns, with ``kforge_backend`` (a KforgeBackend:
     what each compiled graph got) set on it.
     """
     if mode is not None and options is not None:
         raise ValueError("pass mode= or options=, not both (as with torch.compile)")
-    kb = KforgeBackend(list(kernels), mode, options, dynamic, inner=backend, passes=list(passes))
+    kb = KforgeBackend(list(kernels), mode, options, dynamic, inner=backend, passes=list(passes),
+                       rewrites=tuple(rewrites))
     compiled = torch.compile(model, backend=kb, dynamic=dynamic, **torch_compile_kwargs)
     specs = {spec.name: spec for spec in (get_spec(dk.variant.op) for dk in kernels) if spec.functions}
     if specs:
@@ -465,7 +521,8 @@ class GraphForward:
     through dynamo and AOTAutograd (``torch.compile`` with ``KforgeBackend``, ``inner="eager"``: no Inductor,
     the layouts as traced): each region and fused operator with a kernel becomes a ``kforge::run`` call, and
     so does each call with an operator kernel (the dispatcher steps aside while dynamo traces); every other
-    node runs eagerly, op by op. Installed as the model instance's ``forward`` while its Deployment is.
+    node runs eagerly, op by op. Installed as the model instance's ``forward`` while its Deployment is. The
+    deployment's inference rewrites (``rewrites``, kforge.rewrites) are made in that graph too.
 
     The plain forward runs instead, as without kforge: while dynamo traces (a compile of the user's own) or
     torch.jit traces; where the dispatcher runs calls eagerly (a torch function or dispatch mode, functorch
@@ -476,10 +533,10 @@ class GraphForward:
     """
 
     def __init__(self, model: torch.nn.Module, kernels: Sequence[DeployedKernel],
-                 on_failure: Callable[[str], None] = lambda why: None):
+                 on_failure: Callable[[str], None] = lambda why: None, rewrites: Sequence[str] = ()):
         self.model = model
         self.kernels = list(kernels)
-        self.backend = KforgeBackend(self.kernels, inner="eager", traced_layout=True)
+        self.backend = KforgeBackend(self.kernels, inner="eager", traced_layout=True, rewrites=tuple(rewrites))
         # NB: the library functions' hooks are the dispatcher's (held while the deployment is installed);
         # graph_calls around the call makes dynamo trace their graph twins, which replace_calls takes
         self.functions = any(get_spec(dk.variant.op).functions for dk in self.kernels)
