@@ -91,20 +91,7 @@ def test_a_gain_that_holds_in_one_process_and_not_in_another_is_noisy(tmp_path):
     (r,) = s.results
     assert judges.asked == ["search"] * 3 + ["other"]
     assert r.status is CardStatus.NOISY and r.winner_speedup is None and not s.winners()
-    assert "below what the timer resolves here" in r.reason and "60.5 us in the search's, 52.0 us in the other" \
-        in r.reason, r.reason
-    s.close()
-
-
-def test_a_spike_of_eager_within_one_process_does_not_outweigh_a_gain_the_two_processes_agree_on(tmp_path):
-    # the search's judge timed eager at 60, 75 (a spike) and 60 us beside its three candidates; the other judge timed
-    # the best kernel at 50 us against an eager of 61 us: eager's medians moved 1 us between the processes, and the
-    # 10 us a call the kernel saves is a gain. The range of eager's times (60 to 75 us) would have called it noisy
-    judges = TwoJudges(search=[(Status.NO_GAIN, 60.0, 60.0, 0.02), (Status.NO_GAIN, 74.0, 75.0, 0.02),
-                               (F, 50.0, 60.0, 0.02)], other=[(F, 50.0, 61.0, 0.02)])
-    s = _session(tmp_path, judges, 3)
-    (r,) = s.results.winners
-    assert r.winner_speedup == pytest.approx(61.0 / 50.0)
+    assert "below what the timer resolves here" in r.reason and "52.0 to 61.0 us" in r.reason
     s.close()
 
 

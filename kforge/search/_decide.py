@@ -152,34 +152,6 @@ def eager_movement(candidates: list["Candidate"], decided: "Candidate") -> tuple
     return (min(times), max(times)) if times else None
 
 
-def eager_between_processes(candidates: list["Candidate"], decided: "Candidate") -> tuple[float, float, str] | None:
-    """Where a card's candidates were timed in two judge processes (``elsewhere``: each first confirmation in the
-    second judge, everything else in the search's): (the least eager time over the card's correct timings, that
-    plus how far eager's median moved between the two processes, those medians in words), the span ``unresolved``
-    reads in place of ``eager_movement``'s; None where the second judge timed nothing correct.
-
-    NB: ``eager_movement`` is a range: the largest eager time less the least, over every timing of the card. It
-    grows with the number of timings and is set by the card's single worst one; on the loaded 2-core CPU it left
-    cards with a steady 1.2-1.4x gain (5-12 us a call on a 45-60 us eager) noisy in 2-4 of 5 runs and winners in
-    the others (docs/benchmarks.md, 2026-12-07, session 26). What the next run will see is the movement between
-    processes, which this measures directly: a spike within one process is the timing's own noise, which the
-    stated interval already carries."""
-    def eager(evaluations) -> list[float]:
-        return [e.eager_us for e in evaluations if e is not None and not is_infra_failure(e) and e.status.is_correct
-                and e.eager_us]
-
-    # NB: as in eager_movement, without the decided candidate's first timing once it is confirmed: a load spike that
-    # slowed eager there is one way it became the best
-    other = eager(c.confirmations[0] for c in candidates if c.confirmations)
-    search = eager([c.evaluation for c in candidates if c.id != decided.id or not c.confirmations]
-                   + [e for c in candidates for e in c.confirmations[1:]])
-    if not other or not search:
-        return None
-    least, here, there = min(other + search), statistics.median(search), statistics.median(other)
-    return least, least + abs(here - there), (f"eager's median moved between the two judge processes ({here:.1f} us "
-                                              f"in the search's, {there:.1f} us in the other)")
-
-
 def wants_confirmation(cand: "Candidate") -> bool:
     """Whether a candidate needs another timing before its card is decided: it has none; or its one
     confirmation disagrees with the search's timing beyond the noise (further apart than ``TIMINGS_AGREE``,
@@ -273,8 +245,7 @@ def _disagreement(cand: "Candidate", est: SpeedupEstimate) -> str:
             "eager: eager stays (search again on a quieter machine)")
 
 
-def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, float] | None,
-               how: str | None = None) -> str | None:
+def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, float] | None) -> str | None:
     """Why a candidate's gain cannot be told apart from eager's own movement, or None when it can: the time it
     saves a call (the least eager time over the card's timings, since load only adds time, less the kernel's
     pooled over its own timings) is no more than the span of eager's times over the card's timings
@@ -286,9 +257,9 @@ def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, floa
     gain, span = moved[0] - eager / est.speedup, moved[1] - moved[0]
     if gain > span:
         return None
-    how = how or f"eager's own time moved between the card's evaluations ({moved[0]:.1f} to {moved[1]:.1f} us)"
-    return (f"candidate {cand.id}: {est.speedup:.2f}x saves {gain:.1f} us a call, no more than {how}: below what "
-            "the timer resolves here, so eager stays (search again on a quieter machine)")
+    return (f"candidate {cand.id}: {est.speedup:.2f}x saves {gain:.1f} us a call, no more than eager's own time "
+            f"moved between the card's evaluations ({moved[0]:.1f} to {moved[1]:.1f} us): below what the timer "
+            "resolves here, so eager stays (search again on a quieter machine)")
 
 
 def contended(cand: "Candidate") -> str | None:
@@ -346,10 +317,7 @@ def decide(search: "CardSearch") -> CardVerdict:
         # NB: host time only: on a GPU, CUDA events time the kernel on the device and eager's moves follow the host's
         # pace (``rank_winners``), so a move there is no measure of the timer's noise on the kernel
         if what is Call.FASTER and backend != "cuda":
-            cands = [n.candidate for n in tree.evaluated]
-            between = eager_between_processes(cands, cand) if elsewhere(search, 0) is not None else None
-            why = contended(cand) or (unresolved(cand, est, between[:2], between[2]) if between is not None
-                                       else unresolved(cand, est, eager_movement(cands, cand)))
+            why = contended(cand) or unresolved(cand, est, eager_movement([n.candidate for n in tree.evaluated], cand))
             if why is not None:
                 noisy.append(why)
                 continue
