@@ -261,7 +261,7 @@ def _cards_json(cards) -> dict:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     session = _session(args)
-    cards = session.capture()
+    cards = session.capture(vendor_chains=args.vendor_chains)
     if args.json:
         for line in _capture_summary(session, cards):
             print(line, file=sys.stderr)
@@ -371,7 +371,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                                        "dollars_before": session.store.dollars() if since is None else since})
     out = _out(args)
     if not resume or session._cards is None:
-        session.capture()
+        session.capture(vendor_chains=getattr(args, "vendor_chains", None))
         print("\n".join(_capture_summary(session, session.cards)), file=out)
         print(session.cards.table(args.limit), file=out)
     cards = session.cards
@@ -555,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "importable")
         p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
         p.add_argument("--workdir", default=None, help="where the session's store lives (default: a new temp dir)")
+        p.add_argument("--vendor-chains", dest="vendor_chains", action="store_true", default=None,
+                       help="a matrix product or convolution and the chain after it as one vendor_chain card "
+                            "(Session.capture(vendor_chains=True); off by default)")
 
     p = sub.add_parser("capture", help="run a model, record its operators, print the card table")
     model_args(p)

@@ -335,3 +335,29 @@ def test_an_exported_chain_kernel_runs_after_load_in_a_fresh_process(searched, t
     assert result["skipped"] == [] and list(result["calls"].values()) == [1], result
     torch.testing.assert_close(torch.tensor(result["out"]), _eager(s.model, s.batches[0]).flatten(), rtol=1e-4,
                                atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- command line and views
+
+
+def test_the_command_line_captures_chains_when_asked_and_a_chains_label_keeps_its_tail(tmp_path):
+    from kforge.views._data import short_label
+
+    def capture(*flags):
+        proc = subprocess.run([sys.executable, "-m", "kforge.cli", "capture", "--example", "tiny_cnn", "--device", "cpu",
+                               "--workdir", str(tmp_path / ("on" if flags else "off")), "--json", *flags],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)["cards"]
+
+    on, off = capture("--vendor-chains"), capture()
+    def chains(cards):
+        return [c for c in cards if c["variant"]["op"] == VENDOR_CHAIN]
+
+    assert chains(on) and not chains(off)   # off unless asked
+    model, x = conv_chain()
+    s = kforge.Session(model, x, device="cpu", workdir=tmp_path / "s")
+    cards = s.capture(timing_budget_ms=2.0, vendor_chains=True)
+    label = short_label(next(c for c in cards if c.op == VENDOR_CHAIN), limit=200)
+    assert label.startswith("conv2d(") and " -> [" in label, label   # the head and its tail, not the head alone
+    s.close()

@@ -90,7 +90,10 @@ def short_label(card: Any, limit: int = 48) -> str:
         v = card.variant
         describe = getattr(get_spec(v.op), "describe", None)
         if describe is not None:  # a region: its operators, then its inputs (its IR is in the signature)
-            sig = describe(v).split(" -> ")[0]
+            text = describe(v)
+            # NB: a region's describe() ends with " -> " and its outputs; a vendor chain's head is followed by " -> "
+            # and its tail, which is the card's point (``addmm 32x64x64 NN float32 -> [gelu,add]``)
+            sig = text if v.op == "vendor_chain" else text.split(" -> ")[0]
         else:
             parts = [s.short() for s in v.inputs if s is not None]
             parts += [f"{k}={val}" for k, val in v.params if val is not None and val is not False]
