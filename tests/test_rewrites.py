@@ -66,6 +66,19 @@ class ConvReadTwice(nn.Module):
         return F.relu(self.bn(y) + y)
 
 
+class GroupedAndTransposed(nn.Module):
+    """A grouped transposed convolution (weight [in, out / groups, k, k]) and a depthwise one, each before a batch
+    norm: the fold scales the weight along its output channels, which sit in a different place in each."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.bn1 = nn.ConvTranspose2d(8, 12, 3, stride=2, groups=2), nn.BatchNorm2d(12)
+        self.depthwise, self.bn2 = nn.Conv2d(12, 12, 3, padding=1, groups=12), nn.BatchNorm2d(12)
+
+    def forward(self, x):
+        return self.bn2(self.depthwise(F.relu(self.bn1(self.up(x)))))
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -84,7 +97,8 @@ def _norms(ops: dict[str, int]) -> int:
 @pytest.mark.parametrize("model,x,sites,rtol", [
     (ConvBnRelu(), torch.randn(2, 3, 12, 12), 2, SINGLE_LAYER_RTOL),
     (SmallResNet(), torch.randn(2, 3, 32, 32), 12, DEEP_RTOL),   # the stem, 3 bottlenecks x 3, 2 downsamples
-], ids=["conv_bn_relu", "resnet_bottlenecks"])
+    (GroupedAndTransposed(), torch.randn(2, 8, 6, 6), 2, SINGLE_LAYER_RTOL),
+], ids=["conv_bn_relu", "resnet_bottlenecks", "grouped_and_transposed"])
 def test_every_batch_norm_after_a_convolution_is_folded_and_the_output_is_eagers(model, x, sites, rtol):
     model = _randomised(model)
     with torch.no_grad():
