@@ -426,7 +426,7 @@ PY
       KFORGE_CUDA_REPLAY=$r timeout 60 python3 -c "from kforge.deploy import measure_dispatch_cost as m; print('KFORGE_CUDA_REPLAY=$r:', m('cuda').describe())" 2>&1 | grep -v "Warn" | tail -2
     done | tee "$OUT/dispatch_cost.txt"
     gpu_tests "${KF_GPU_A_S:-250}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py" gpu44_a 30
-    gpu_tests "${KF_GPU_B_S:-230}" "tests/test_gpu_attacks.py tests/test_gpu_replay.py" gpu44_b 20 ;;
+    gpu_tests "${KF_GPU_B_S:-230}" "${KF_GPU_B_FILES:-tests/test_gpu_attacks.py tests/test_gpu_replay.py}" gpu44_b 20 ;;
   vendor41)
     # issues 45 and 41 (2026-12-07): vendor-headed chains (CUTLASS through kforge's compile path, in parallel, then
     # eager / compile default / max-autotune / kforge; carry build/cutlass), then a seed model's repeatability
