@@ -2,6 +2,7 @@
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
 #   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
+#   device run: bash benchmarks/device_session.sh rewrites45  issue 45: batch-norm folding on ResNet-50, eager and compile
 #   device run: bash benchmarks/device_session.sh owed0607  the dispatch cost through a replayed plan and in process,
 #                                                            what a user gets with replayed kernels (model-level figure)
 #   device run: bash benchmarks/device_session.sh vendor    benchmarks/vendor_chains.py, KF_VENDOR_CASES (CUTLASS headers
@@ -438,6 +439,11 @@ PY
     timeout "${KF_REPEAT_S:-250}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
         ${KF_REPEAT_ARGS:---model gemma4_e2b --layers 2 --cards 3} --json-out "$OUT/repeatability_cuda.json" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/repeatability_cuda.txt" | tail -25 ;;
+  rewrites45)
+    # issue 45: batch norm folded into the convolution before it, ResNet-50 eager / compile default with and without
+    timeout "${KF_RW_S:-420}" python3 benchmarks/rewrites.py --device cuda --batch "${KF_RW_BATCH:-32}" --resolution 224 \
+        --rounds "${KF_RW_ROUNDS:-20}" --reps 10 --json-out "$OUT/rewrites_cuda.json" 2>&1 | grep -v "^DEBUG" \
+        | tee "$OUT/rewrites_cuda.txt" | tail -20 ;;
   owed0607)
     # issue 41/42, 2026-12-07: what the dispatch cost is through a replayed plan (the default) and in process, then the
     # model-level figure of what_a_user_gets with replayed kernels (cut by its step last time)

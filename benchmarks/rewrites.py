@@ -14,6 +14,7 @@ built here: torchvision does not install beside the CPU torch. Batch norm statis
 defaults (a fold of mean 0, variance 1 changes almost nothing).
 
     python benchmarks/rewrites.py --batch 2 --resolution 160 --rounds 12 --threads 2 --json-out /tmp/rewrites.json
+    python benchmarks/rewrites.py --device cuda --batch 32 --resolution 224 --rounds 20 --reps 10 --json-out $OUT/rw.json
 """
 from __future__ import annotations
 
@@ -95,11 +96,12 @@ def resnet50(seed: int = 0) -> ResNet50:
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
+    return float((out.double().cpu() - ref.double()).norm() / ref.double().norm())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--resolution", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=12)
@@ -110,10 +112,16 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
 
+    device = torch.device(a.device)
     model = resnet50()
     x = torch.randn(a.batch, 3, a.resolution, a.resolution, generator=torch.Generator().manual_seed(1))
     fresh = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
-    model64 = copy.deepcopy(model).double()
+    model64 = copy.deepcopy(model).double()   # NB: the float64 reference on the CPU, whatever the device
+    model, x, fresh = model.to(device), x.to(device), fresh.to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     started = time.perf_counter()
 
     fold = Deployment([], model, rewrites=(FOLD,))
@@ -126,13 +134,15 @@ def main() -> None:
 
     arms = {"eager": model, "eager + fold": eager_fold, "compile default": plain_compiled,
             "compile default + fold": fold_compiled}
-    out: dict = {"batch": a.batch, "resolution": a.resolution, "threads": torch.get_num_threads(),
+    out: dict = {"device": str(device), "name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                 "batch": a.batch, "resolution": a.resolution, "threads": torch.get_num_threads(),
                  "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "arms": {}}
     with torch.no_grad(), no_recompile_limit():
-        ref = {name: model64(inp.double()) for name, inp in (("timed", x), ("fresh", fresh))}
+        ref = {name: model64(inp.double().cpu()) for name, inp in (("timed", x), ("fresh", fresh))}
         for name, fn in arms.items():   # warm-up: compiles, captures
             t0 = time.perf_counter()
             fn(x)
+            sync()
             warm = time.perf_counter() - t0
             out["arms"][name] = {"first_forward_s": round(warm, 2),
                                  "rel_vs_float64": {k: rel(fn(inp), ref[k]) for k, inp in (("timed", x),
@@ -149,9 +159,11 @@ def main() -> None:
             for name in order:
                 fn = arms[name]
                 fn(x)   # untimed: the first forward after another arm's block can stall on this CPU
+                sync()
                 t0 = time.perf_counter()
                 for _ in range(a.reps):
                     fn(x)
+                sync()
                 times[name].append((time.perf_counter() - t0) / a.reps * 1e6)
 
     # does plain Inductor fold the batch norms? Its generated code computes the normalisation's square root if not
