@@ -21,6 +21,7 @@ import kforge
 from kforge.ops import CardStatus, CardVerdict, placed_in_aten_graph
 
 import extras
+from scripted import search_until_correct
 
 SEARCHED = ("region", "group_norm_silu", "softmax")
 
@@ -62,25 +63,7 @@ def session(tmp_path_factory):
     keys = [c.key for c in s.cards if c.op in SEARCHED]
     assert sorted(s.cards[k].op for k in keys) == ["group_norm_silu", "region", "region", "softmax"]
 
-    def correct(key):
-        return [c for c in s.store.candidates(key) if c.status is not None and c.status.is_correct]
-
-    for _ in range(3):   # NB: a judge that a loaded machine timed out may leave a card without a correct candidate
-        todo = [k for k in keys if not correct(k)]
-        if not todo:
-            break
-        s.optimize(proposer="builtin", iterations=2, cards=todo, confirm=False)
-    verdicts = s.store.results()
-    for key in keys:
-        found = correct(key)
-        assert found, [(c.strategy, c.status) for c in s.store.candidates(key)]
-        v = verdicts.get(key)
-        if v is None or not v.status.has_winner:
-            card = s.cards[key]
-            s.store.save_result(key, CardVerdict(CardStatus.WINNER, "test: the search's first correct candidate",
-                                                 winner_id=found[0].id, winner_speedup=1.5,
-                                                 kernel_us=card.eager_us / 1.5, eager_us=card.eager_us,
-                                                 candidates=len(found)))
+    search_until_correct(s, keys, iterations=2)
     yield s
     s.close()
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import kforge
 from kforge.evaluate import Evaluator, Status
 from kforge.kernels import DeviceInfo
-from kforge.ops import Card, CardStatus, CardVerdict, get_spec
+from kforge.ops import Card, get_spec
 from kforge.proposers import ProposalRequest
 from kforge.proposers._llm import card_prompt
 from kforge.proposers.builtin import strategies_for
@@ -29,6 +29,8 @@ from kforge.regions._deploy import partition
 from kforge.regions._vendor import aten_graph_calls, find_vendor_chains
 from kforge.regions._vendor_spec import chain_source
 from kforge.regions._vendor_strategies import has_cuda_design
+
+from scripted import search_until_correct
 
 H200 = DeviceInfo("cuda", "H200", "sm_90", 132, 4250.0)
 
@@ -264,26 +266,8 @@ def searched(tmp_path_factory):
         s.capture(timing_budget_ms=5.0, vendor_chains=True)
         keys = [c.key for c in s.cards if c.op == VENDOR_CHAIN]
 
-        def correct(key):
-            return [c for c in s.store.candidates(key) if c.status is not None and c.status.is_correct]
-
-        for _ in range(3):
-            todo = [k for k in keys if not correct(k)]
-            if not todo:
-                break
-            s.optimize(proposer="builtin", iterations=1, cards=todo, confirm=False)
-        verdicts = s.store.results()
-        for key in keys:
-            found = correct(key)
-            assert found, [(c.strategy, c.status) for c in s.store.candidates(key)]
-            assert found[0].strategy == "vendor_chain.cpu.loops"
-            v = verdicts.get(key)
-            if v is None or not v.status.has_winner:
-                card = s.cards[key]
-                s.store.save_result(key, CardVerdict(CardStatus.WINNER, "test: the search's first correct candidate",
-                                                     winner_id=found[0].id, winner_speedup=1.5,
-                                                     kernel_us=card.eager_us / 1.5, eager_us=card.eager_us,
-                                                     candidates=len(found)))
+        found = search_until_correct(s, keys, iterations=1)
+        assert all(f[0].strategy == "vendor_chain.cpu.loops" for f in found.values())
         out.append(s)
     yield out
     for s in out:
