@@ -272,7 +272,7 @@ def test_an_evaluators_thread_count_is_checked_and_carried_by_its_jobs():
     card = Card.for_call("softmax", torch.randn(8, 128), -1)
     assert Evaluator("cpu").job_for(card, "").cpu_threads == torch.get_num_threads()
     assert Evaluator("cpu", cpu_threads=1).job_for(card, "").cpu_threads == 1
-    for bad in (-1, 1.5, "2"):
+    for bad in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="cpu_threads must be"):
             Evaluator("cpu", cpu_threads=bad)
 

@@ -143,7 +143,8 @@ class Evaluator:
     def __init__(self, device: str = "cpu", *, timeout_s: float = 60.0, random_sets: int = 3,
                  budget_ms: float | None = None, cpu_threads: int | None = None):
         self.backend = backend_of(device)
-        if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 0):
+        if cpu_threads is not None and (not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool)
+                                        or cpu_threads < 0):
             raise ValueError(f"cpu_threads must be a count of threads (>= 1), 0 (as many as the cores other "
                              f"processes leave idle, measured per evaluation) or None, not {cpu_threads!r}")
         # NB: CPU verdicts hold for one thread count, fixed for the evaluator's life (kforge.evaluate._judge.
