@@ -195,6 +195,20 @@ def test_infrastructure_failures_cost_no_budget_and_are_redone_on_resume(tmp_pat
     s.close()
 
 
+def test_a_repeated_source_uses_its_budget_unit_in_a_resumed_run_too(tmp_path):
+    s = _session(tmp_path)
+    ev = _with_evaluator(s, [(Status.NO_GAIN, 1.0), (Status.NO_GAIN, 1.0)])
+    first, second = _sources(2)
+    s.optimize(proposer=ScriptedProposer([first, first]), iterations=2, parallel=1, confirm=False)
+    assert len(s.store.candidates()) == 1 and len(ev.calls) == 1   # the repeat used a unit, nothing judged
+    run = s.optimize(proposer=ScriptedProposer([second]), iterations=2, parallel=1, confirm=False)
+    assert len(ev.calls) == 1 and len(s.store.candidates()) == 1, "the budget of 2 was used in the first run"
+    assert not [e for e in run.events if e.kind is EventKind.EVALUATED]
+    s.optimize(proposer=ScriptedProposer([second]), iterations=3, parallel=1, confirm=False)
+    assert len(ev.calls) == 2                                       # one unit more, one candidate more
+    s.close()
+
+
 def test_repeated_infrastructure_failures_end_the_card_with_a_reason(tmp_path):
     s = _session(tmp_path)
     _with_evaluator(s, [(infra_status, 0.0)] * 10)

@@ -43,8 +43,15 @@ def budget_units_left(store: Store, card_key: str, iterations: int) -> int:
     candidates = store.candidates(card_key)
     waiting = sum(1 for c in candidates if not c.is_evaluated)
     redo = sum(1 for c in candidates if is_infra_failure(c.evaluation) and not c.is_evaluated)
-    failed = int(store.get_meta(f"proposer_failures:{card_key}") or 0)
-    return max(iterations - (len(candidates) - redo + failed), 0) + waiting
+    return max(iterations - (len(candidates) - redo + _spent_on_nothing(store, card_key)), 0) + waiting
+
+
+def _spent_on_nothing(store: Store, card_key: str) -> int:
+    """Budget units a card's searches used without storing a candidate: proposer failures and repeated sources.
+
+    NB: stored, so that a resumed run spends what the first left, no more: a repeat that used a unit in one run but
+    was forgotten gave the card one more candidate on resume than ``--iterations`` allowed."""
+    return sum(int(store.get_meta(f"{what}:{card_key}") or 0) for what in ("proposer_failures", "proposal_repeats"))
 
 
 def _attempt(node: TreeNode) -> Attempt:
@@ -72,7 +79,6 @@ class CardSearch:
         self.exhausted = False      # the proposer said it has nothing new for this card
         self.infra_failures = 0     # evaluations failed outside the candidate's control, in a row
         self.evaluated = 0          # evaluations made in this run that count
-        self.repeats = 0            # proposals that repeated a source (not stored; they use budget)
         self.reason = "iteration budget used"
         self.examples = self.store.example_paths(card.key)
 
@@ -80,11 +86,10 @@ class CardSearch:
 
     @property
     def attempts(self) -> int:
-        """Budget units used: candidates evaluated for good or waiting, plus proposer failures."""
+        """Budget units used: candidates evaluated for good or waiting, plus proposer failures and repeats."""
         redo = sum(1 for n in self.tree.nodes.values() if is_infra_failure(n.candidate.evaluation)
                    and not n.candidate.is_evaluated)
-        failed = int(self.store.get_meta(f"proposer_failures:{self.card.key}") or 0)
-        return len(self.tree) - redo + failed + self.repeats
+        return len(self.tree) - redo + _spent_on_nothing(self.store, self.card.key)
 
     def _out_of_budget(self) -> bool:
         """True (with the reason set) when the run stops or a dollar, time or failure budget is reached."""
@@ -151,7 +156,8 @@ class CardSearch:
         call_id = self._record_call(proposal)
         with self._lock:
             if proposal.source in self.seen:
-                self.repeats += 1
+                meta = f"proposal_repeats:{self.card.key}"
+                self.store.set_meta(meta, int(self.store.get_meta(meta) or 0) + 1)
                 return "the proposer repeated a candidate already evaluated; not evaluated again"
             self.seen.add(proposal.source)
         cid = self.store.add_candidate(self.card.key, parent.id, self.proposer.name, proposal.source,
