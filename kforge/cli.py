@@ -183,6 +183,19 @@ def _end_to_end_modes(spec: str) -> tuple[str, ...] | None:
     return tuple(w for w in words if w != "eager")
 
 
+def _rewrites(spec: str | None) -> tuple[str, ...]:
+    """--rewrites' names (kforge.rewrites), each known, before anything runs."""
+    from .rewrites import rewrite_names
+
+    names = tuple(dict.fromkeys(w.strip() for w in (spec or "").split(",") if w.strip()))
+    for name in names:
+        if name not in rewrite_names():
+            close = difflib.get_close_matches(name, rewrite_names(), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UsageError(f"--rewrites: kforge has no rewrite {name!r}; {hint}use {', '.join(rewrite_names())}")
+    return names
+
+
 def _cluster(spec: str | None):
     """The Ray cluster of ``--cluster ray[:ADDRESS]`` (Ray importable), before anything runs; None without it."""
     from .cluster import RayCluster
@@ -362,6 +375,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     run_dollars, since = _run_options(args, session.store if session is not None else None)
     ops = check_optimize_args(args)
     modes = _end_to_end_modes(getattr(args, "end_to_end", "eager"))
+    rewrites = _rewrites(getattr(args, "rewrites", None))
     proposer = checked_proposer(args.proposer)
     cluster = _cluster(args.cluster)
     _check_cache()
@@ -429,16 +443,21 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         "outside": dict(cards.outside),
         "resume": resume_cmd,
     }
-    if summary["winners"] and not interrupted and run.error is None and modes is not None:
+    if (summary["winners"] or rewrites) and not interrupted and run.error is None and modes is not None:
         # NB: the cards' speedups are each card's calls alone; what the model gets is timed here, whole
         try:
-            summary["model"] = session.end_to_end(compile=bool(modes), modes=modes, progress=True).to_json()
+            summary["model"] = session.end_to_end(compile=bool(modes), modes=modes, progress=True,
+                                                  rewrites=rewrites).to_json()
         except Exception as exc:  # noqa: BLE001 - the search's results are stored; say why the model was not timed
             summary["model"] = {"error": f"{type(exc).__name__}: {exc}", "headline": []}
     exported = None
     if args.export and not interrupted and run.error is None:
-        exported = str(session.export(args.export))
-        summary["exported"] = {"path": exported, "kernels": len(session.winners())}
+        from .deploy import read_manifest, rewrites_of
+
+        exported = str(session.export(args.export, rewrites=rewrites))
+        manifest = read_manifest(exported)
+        summary["exported"] = {"path": exported, "kernels": len(manifest["kernels"]),
+                               "rewrites": [v.to_json() for v in rewrites_of(manifest)[0]]}
     if args.json:
         print(json.dumps({"workdir": str(session.workdir), "device": session.device, "summary": summary,
                           "results": results.to_records()}, indent=2, default=str))
@@ -493,7 +512,9 @@ def _optimize_summary(summary: dict, cards) -> list[str]:
     if "model" in summary and summary["model"].get("error"):
         lines.append(f"the model could not be timed with the winners: {summary['model']['error']}")
     elif "model" in summary:
-        lines.append("the model, timed whole in this process with and without the winners (what it gets):")
+        lines.append("the model, timed whole in this process with and without the winners"
+                     + (" and rewrites" if any(r.get("rewrite") for r in summary["model"].get("rows", ()))
+                        else "") + " (what it gets):")
         lines += [f"  {line}" for line in summary["model"]["headline"]]
     elif summary["winners"]:
         # NB: a search times each card's calls alone, never the model: on this CPU a group_norm winner confirmed at
@@ -505,6 +526,8 @@ def _optimize_summary(summary: dict, cards) -> list[str]:
     lines.append(f"store: {summary['resume'].split('--workdir ')[-1]}  (resume with: {summary['resume']})")
     if "exported" in summary:
         lines.append(f"exported {summary['exported']['kernels']} kernels to {summary['exported']['path']}")
+        for v in summary["exported"].get("rewrites", ()):
+            lines.append(f"  {v['name']}: {'kept' if v['kept'] else 'left out'}: {v['why']}")
     return lines
 
 
@@ -590,6 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a run with winners, time the whole model with and without them in these modes, "
                         "comma-separated: eager, default, max-autotune, reduce-overhead (torch.compile's), or none "
                         "(default: eager, seconds; each compile mode takes minutes on a CPU)")
+    p.add_argument("--rewrites", default=None, metavar="NAMES",
+                   help="inference rewrites, comma-separated (fold_batch_norm: an eval batch norm folded into the "
+                        "convolution before it): timed as rows of their own in the --end-to-end table, and written "
+                        "with their verdicts into the --export artifact; each kept only where the output stays "
+                        "eager's and the model measures faster")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout (progress on stderr)")
     p.add_argument("--limit", type=int, default=None, help="print at most this many cards")
     p.set_defaults(func=cmd_optimize)

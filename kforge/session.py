@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from .capture import Batches, CaptureError, CaptureLimits, Cards, capture_cards
+from .rewrites import as_rewrites
 from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
@@ -335,6 +336,11 @@ class Session:
         with it is eager's on the session's inputs and on fresh ones, and the model measures faster with it (timed
         as above); ``all_winners=True`` makes them unchecked. ``Deployment.skipped`` says why one was left out.
         """
+        return self._deployment(model, scope, all_winners, dispatch_cost, rewrites).install()
+
+    def _deployment(self, model: Any, scope: str, all_winners: bool, dispatch_cost: DispatchCost | None,
+                    rewrites: Sequence[str]) -> "Deployment":
+        """What ``apply()`` installs, checked as it says, not yet installed."""
         from .deploy import graph_forward_pays
         from .deploy import add_rewrites
 
@@ -350,7 +356,7 @@ class Session:
         deployment = ready.deployment(model if scope == "model" else None)
         inputs = self._inputs() if model is self.model and self.batches != [None] else None
         return add_rewrites(deployment, rewrites, model=model if scope == "model" else None, inputs=inputs,
-                            device=self.device, checked=not all_winners).install()
+                            device=self.device, checked=not all_winners)
 
     def _inputs(self) -> tuple[tuple, dict]:
         from .capture import split_batch
@@ -394,7 +400,7 @@ class Session:
     def end_to_end(self, *, compile: bool = True, modes: Sequence[str] = ("default", "max-autotune", "reduce-overhead"),
                    guard: bool = True, compile_backend: str = "inductor", all_winners: bool = False,
                    compare: Callable | None = None, on_mode: Callable[["EndToEnd"], None] | None = None,
-                   progress: bool | Callable[[str], None] = True) -> "EndToEnd":
+                   progress: bool | Callable[[str], None] = True, rewrites: Sequence[str] = ()) -> "EndToEnd":
         """The model's forward on the first example batch, in one run: eager, torch.compile in each of
         ``modes``, and each of them with kforge, timed interleaved against its baseline, with outputs
         compared with eager's. With ``guard=True`` each mode keeps only the kernels that make the
@@ -404,35 +410,77 @@ class Session:
         ``progress``: a line on stderr as each mode is compiled and timed, and each mode's result as it ends
         (True, the default: a run takes minutes on a CPU); False for none, or a callable to take the lines.
         The table's ``headline()`` is the model-level result per mode; the session keeps the last table
-        (``last_end_to_end``), which its display shows beside the cards."""
+        (``last_end_to_end``), which its display shows beside the cards.
+
+        ``rewrites`` (as in ``apply``): in each mode, the model with what that mode kept and each rewrite, timed in
+        the same run against the same model without it ("eager + kforge + fold_batch_norm" against "eager + kforge";
+        "compile default + fold_batch_norm" against "compile default" where that mode kept no kernel), a row of its
+        own; checked as ``apply`` and ``compile`` check it (the output eager's, the model measurably faster), so a
+        rewrite that is not kept shows no time, only why."""
         import sys
 
-        from .deploy import measure
+        from .deploy import RewriteRows, measure
 
         if progress is True:
             say = lambda line: print(f"kforge end_to_end: {line}", file=sys.stderr, flush=True)  # noqa: E731
         else:
             say = progress or None
         args, kwargs = self._inputs()
-        ready = self._deployable(all_winners or guard)  # the check replaces the filter
+        names = as_rewrites(rewrites)
+        ready = self._deployable(all_winners or guard, uncaptured=bool(names))  # the check replaces the filter
         table = measure(self.model, args, kwargs, ready.kernels, ready.expected_savings_us, device=self.device,
                         modes=modes, compile=compile, guard=guard, backend=compile_backend, compare=compare,
-                        skipped=ready.skipped, on_mode=on_mode, progress=say)
+                        skipped=ready.skipped, on_mode=on_mode, progress=say,
+                        rewrites=RewriteRows(names) if names else None)
         self.last_end_to_end = table
         return table
 
-    def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None) -> Path:
+    def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None,
+               rewrites: Sequence[str] = ()) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs (region and
         fused-operator winners too: ``kforge.load(model, path)`` runs them as ``apply()`` does).
 
         Like ``apply()``, an operator's winners are left out when dispatching it costs the host
         more than they save (``dispatch_cost`` as in ``apply``); ``all_winners=True`` exports every
         winner.
+
+        ``rewrites`` (as in ``apply``): each is checked here as ``apply(rewrites=...)`` checks it, on the session's
+        model and inputs (``all_winners=True`` leaves it unchecked), and its verdict (kept or left out, the ratio the
+        model ran with it and its noise, the sites it changed) is written into the manifest with a description of
+        the inputs (shapes, dtypes, value ranges; not their values). ``kforge.load`` makes the kept ones again on
+        the model it loads into, once the model's output with them checks equal to its output without them.
+        Nothing is exported for rewrites unless they are named here: a rewrite kept by an earlier ``apply()`` is not
+        carried by itself.
         """
         from .deploy import export_plan
 
-        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost)
-        return export_plan(path, plan, self.device, self.evaluator if plan.kernels else None)
+        names = as_rewrites(rewrites)
+        plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost, uncaptured=bool(names))
+        verdicts, probe = self._export_rewrites(names, all_winners, dispatch_cost) if names else ((), None)
+        return export_plan(path, plan, self.device, self.evaluator if plan.kernels else None, rewrites=verdicts,
+                           probe=probe)
+
+    def _export_rewrites(self, names: tuple[str, ...], all_winners: bool, dispatch_cost: DispatchCost | None
+                         ) -> tuple[list, Any]:
+        """Each rewrite's verdict for the session's model as ``apply`` would decide it, and the probe (``Probe``) its
+        inputs make, or why they make none."""
+        from .deploy import Probe, RewriteVerdict
+
+        if self.model is None:
+            raise CaptureError("rewrites are checked on the session's model: Session.open(workdir, model=model, "
+                               "inputs=inputs) to export them")
+        dep = self._deployment(self.model, "model", all_winners, dispatch_cost, names)
+        try:
+            checked = {v.rewrite: v for v in dep.rewrite_checks}
+            why_not = dict(dep.skipped)
+            verdicts = [checked.get(name) or
+                        (RewriteVerdict(name, "eager", True, (), "unchecked (exported with all_winners=True)")
+                         if name in dep.rewrites else RewriteVerdict(name, "eager", False, (), why_not.get(name, "")))
+                        for name in names]
+        finally:
+            dep.remove()   # NB: never installed; stops the workers its kernels started for the check
+        probe = Probe.of(*self._inputs()) if self.batches != [None] else "the exported session had no inputs"
+        return verdicts, probe
 
     def __enter__(self) -> "Session":
         return self

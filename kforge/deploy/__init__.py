@@ -12,7 +12,9 @@ from ._artifact import (
     load_artifact,
     plan_of_artifact,
     read_manifest,
+    rewrites_of,
 )
+from ._artifact_rewrites import Probe
 from ._deployment import Deployment
 from ._deployment_plan import (
     DeploymentPlan,
@@ -26,11 +28,13 @@ from ._graph import GraphForward, register_aten_pass
 from ._launch import DeployedKernel
 from ._ready import ReadyKernels, make_ready
 from ._report import MODES, EndToEnd, compile_checked, graph_forward_pays, measure
-from ._rewrites import RewriteVerdict, add_rewrites, compile_rewritten
+from ._fallback import RewriteVerdict
+from ._rewrites import RewriteRows, add_rewrites, compile_rewritten
 from ._select import DispatchCost, measure_dispatch_cost
 
 __all__ = ["MODES", "ArtifactError", "DeployedKernel", "Deployment", "DeploymentPlan", "DispatchCost", "EndToEnd",
-           "ExportedKernel", "GraphForward", "LeftBy", "LeftOut", "PlannedKernel", "ReadyKernels", "RewriteVerdict",
-           "add_rewrites", "choose", "compile_checked", "compile_rewritten", "export_artifact", "export_plan",
-           "graph_forward_pays", "load_artifact", "make_ready", "measure", "measure_dispatch_cost", "plan_deployment", "plan_of_artifact", "read_manifest",
-           "register_aten_pass"]
+           "ExportedKernel", "GraphForward", "LeftBy", "LeftOut", "PlannedKernel", "Probe", "ReadyKernels",
+           "RewriteRows", "RewriteVerdict", "add_rewrites", "choose", "compile_checked", "compile_rewritten",
+           "export_artifact", "export_plan", "graph_forward_pays", "load_artifact", "make_ready", "measure",
+           "measure_dispatch_cost", "plan_deployment", "plan_of_artifact", "read_manifest", "register_aten_pass",
+           "rewrites_of"]

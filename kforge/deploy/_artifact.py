@@ -3,7 +3,9 @@
 Loading never unpickles anything: the manifest is JSON and binaries are checked against their
 SHA-256 before they are loaded. On another GPU architecture, backend or torch version, each
 kernel is rebuilt from its source and re-validated against eager before use; any that fails stays
-on eager, and the report says so.
+on eager, and the report says so. The inference rewrites an export kept are listed in the manifest with their
+verdicts (``rewrites``) and a description of the inputs they were checked on (``probe``); a load makes them again on
+the loaded model after checking its output with them (``_artifact_rewrites``). A manifest without them loads with none.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -27,8 +29,11 @@ from ..kernels import (
     verify_binary,
 )
 from ..ops import Variant
+from ..rewrites import as_rewrites
 from ._deployment import Deployment
+from ._artifact_rewrites import Probe, load_rewrites
 from ._deployment_plan import DeploymentPlan, LeftBy, LeftOut, PlannedKernel, choose, left_out
+from ._fallback import RewriteVerdict
 from ._launch import DeployedKernel, deploy_winners
 from ._replay import replay_enabled
 from ._select import DispatchCost
@@ -84,10 +89,13 @@ class ExportedKernel:
                              self.eager_us, self.kernel_us)
 
 
-def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str, evaluator: Any = None) -> Path:
+def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device: str, evaluator: Any = None, *,
+                    rewrites: Sequence[RewriteVerdict] = (), probe: Probe | str | None = None) -> Path:
     """Write ``kernels`` (validated winners) to the folder ``path``; returns it. A CUDA kernel is written with its
     launch plan (its ``plan``, else one ``evaluator`` records in the sandbox): what ``kforge.load`` replays; one that
-    has none is written with the reason (``not_replayable``) and stays on eager where it is loaded."""
+    has none is written with the reason (``not_replayable``) and stays on eager where it is loaded. ``rewrites``: the
+    inference rewrites' verdicts (kept or not), which ``kforge.load`` reads back; ``probe``: the inputs they were
+    checked on, described (or why they could not be), which the load draws inputs from to check them again."""
     root = Path(path)
     if root.exists() and any(root.iterdir()) and not (root / "manifest.json").exists():
         raise ArtifactError(f"{root} exists and is not a kforge artifact; choose an empty or new folder")
@@ -108,6 +116,9 @@ def export_artifact(path: str | Path, kernels: Iterable[ExportedKernel], device:
         entries.append(entry)
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "kforge": __version__,
                 "contract": CONTRACT_VERSION, "target": _target(device), "kernels": entries}
+    if rewrites:
+        manifest["rewrites"] = [v.to_json() for v in rewrites]
+        manifest["probe"] = probe.to_json() if isinstance(probe, Probe) else {"none": probe or "not recorded"}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return root
 
@@ -118,13 +129,15 @@ def build_kernels(plan: DeploymentPlan, evaluator: Any) -> list[ExportedKernel]:
             for k in plan.kernels]
 
 
-def export_plan(path: str | Path, plan: DeploymentPlan, device: str, evaluator: Any = None) -> Path:
+def export_plan(path: str | Path, plan: DeploymentPlan, device: str, evaluator: Any = None, *,
+                rewrites: Sequence[RewriteVerdict] = (), probe: Probe | str | None = None) -> Path:
     """Write the kernels of ``plan`` to the artifact folder ``path`` (``export_artifact``), built for ``evaluator``'s
     architecture; ``kforge.load`` reads the plan back (``plan_of_artifact``). ``evaluator`` is needed only where the
-    plan has kernels (a CUDA kernel's launch plan is recorded by it)."""
+    plan has kernels (a CUDA kernel's launch plan is recorded by it). ``rewrites`` and ``probe`` as in
+    ``export_artifact``."""
     exported = build_kernels(plan, evaluator) if plan.kernels else []
     cuda = any(k.variant.device.startswith("cuda") for k in exported)
-    return export_artifact(path, exported, device, evaluator if cuda else None)
+    return export_artifact(path, exported, device, evaluator if cuda else None, rewrites=rewrites, probe=probe)
 
 
 def _write_plan(root: Path, stem: str, k: ExportedKernel, evaluator: Any) -> dict[str, Any]:
@@ -190,7 +203,22 @@ def read_manifest(path: str | Path) -> dict:
             if _sha256(p) != e[f"{kind}_sha256"]:
                 raise ArtifactError(f"{p} does not match its checksum in manifest.json: the artifact was modified "
                                     "or damaged; refusing to load it. Export it again from the session")
+    rewrites_of(manifest, root)   # NB: a malformed rewrites field fails here, with the rest of the manifest's checks
     return manifest
+
+
+def rewrites_of(manifest: dict, root: str | Path = "the artifact") -> tuple[tuple[RewriteVerdict, ...], Probe | str | None]:
+    """The inference rewrites' verdicts an artifact's manifest records and the probe input it describes (a string:
+    why the export could record none; None: none recorded). A manifest from before rewrites were exported has
+    neither: no rewrites."""
+    try:
+        verdicts = tuple(RewriteVerdict.from_json(d) for d in manifest.get("rewrites") or ())
+        raw = manifest.get("probe")
+        probe = None if raw is None else str(raw["none"]) if "none" in raw else Probe.from_json(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ArtifactError(f"the rewrites recorded in {root}/manifest.json are malformed ({type(exc).__name__}: "
+                            f"{exc}): export it again") from None
+    return verdicts, probe
 
 
 def plan_of_artifact(path: str | Path, *, device: str | None = None, all_winners: bool = False,
@@ -206,8 +234,8 @@ def plan_of_artifact(path: str | Path, *, device: str | None = None, all_winners
 
 
 def load_artifact(model: Any, path: str | Path, *, device: str | None = None, revalidate: bool | None = None,
-                  install: bool = True, all_winners: bool = False, dispatch_cost: DispatchCost | None = None
-                  ) -> Deployment:
+                  install: bool = True, all_winners: bool = False, dispatch_cost: DispatchCost | None = None,
+                  inputs: Any = None, rewrites: Sequence[str] | None = None) -> Deployment:
     """Install the kernels of an exported artifact for ``model``; no LLM, no search, no store. Region and
     fused-operator kernels run in ``model``'s forward captured as a graph, as ``Session.apply`` runs them.
 
@@ -216,6 +244,13 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
     ``Session.apply``, an operator's kernels are left out when dispatching it costs this host more
     than they save (``all_winners=True`` installs them anyway), the cost measured in this process
     unless ``dispatch_cost`` or ``KFORGE_DISPATCH_COST`` gives it (``plan_of_artifact``).
+
+    The inference rewrites the export kept (``rewrites``: None for all of them, or the names of those wanted) are
+    made again in ``model``'s captured forward and in ``Deployment.compile``'s graphs, their constants made from
+    ``model``'s own parameters (and made again whenever one changes). Each is first checked: ``model``'s output with
+    it against without it, on ``inputs`` (what the model runs on, as for ``Session(model, inputs)``) or on inputs
+    drawn from the probe the export recorded; one whose output moves is left out. With nothing to check on it is
+    made unchecked, with a warning; ``revalidate=False`` skips the check.
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -287,6 +322,12 @@ def load_artifact(model: Any, path: str | Path, *, device: str | None = None, re
     plan = plan.leaving_out(left)
     kernels, refused = refuse_failing(kernels)   # NB: fresh inputs only: an artifact carries no examples
     dep = Deployment(kernels, model, plan.leaving_out(left_out(refused, LeftBy.RECHECK)).skipped)
+    verdicts, probe = rewrites_of(manifest, root)
+    if verdicts or rewrites:
+        from ..capture import split_batch
+
+        dep = load_rewrites(dep, verdicts, inputs=None if inputs is None else split_batch(inputs), probe=probe,
+                            check=revalidate is not False, wanted=None if rewrites is None else as_rewrites(rewrites))
     return dep.install() if install else dep
 
 

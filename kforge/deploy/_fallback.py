@@ -213,6 +213,43 @@ class FallbackReport:
         return out
 
 
+@dataclass(frozen=True)
+class RewriteVerdict:
+    """What the check decided for one inference rewrite (``kforge.rewrites``) in one mode ("eager" or a compile
+    mode): kept or left out, where it changed the model's graphs, why, and the timing it was decided on. An exported
+    artifact's manifest holds one per rewrite (``to_json``), and ``kforge.load`` reads it back (``from_json``)."""
+
+    rewrite: str
+    mode: str
+    kept: bool
+    sites: tuple[str, ...]   # where the rewrite changed the model's graphs
+    why: str                 # the ratio where timed, or why it was left out
+    comparison: Comparison | None = None
+
+    def line(self) -> str:
+        verdict = "kept" if self.kept else "left out"
+        return f"{self.rewrite} ({self.mode}, {len(self.sites)} site(s)): {verdict}: {self.why}"
+
+    def to_json(self) -> dict:
+        c = self.comparison
+        timing = None if c is None else {
+            "speedup": c.speedup, "speedup_noise": c.speedup_noise, "outcome": c.outcome.value, "with_us": c.with_us,
+            "without_us": c.without_us, "noise_us": c.noise_us, "paired_us": c.paired_us, "margin_us": c.margin_us}
+        return {"name": self.rewrite, "mode": self.mode, "kept": self.kept, "sites": list(self.sites), "why": self.why,
+                "comparison": timing}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RewriteVerdict":
+        """The inverse of ``to_json`` (the comparison without its rounds: its ratio, noise and outcome are the
+        same)."""
+        c = data.get("comparison")
+        comparison = None if c is None else Comparison(float(c["with_us"]), float(c["without_us"]),
+                                                       float(c["noise_us"]), c.get("paired_us"),
+                                                       margin_us=float(c.get("margin_us") or 0.0))
+        return cls(str(data["name"]), str(data.get("mode") or "eager"), bool(data["kept"]),
+                   tuple(str(s) for s in data.get("sites") or ()), str(data.get("why") or ""), comparison)
+
+
 class Arm:
     """One way to run the model's forward: ``enter``/``exit`` around a block of calls (installing
     and removing eager kernels), ``forward`` one call; ``kernels``: the signatures it runs."""

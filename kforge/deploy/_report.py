@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -17,11 +17,14 @@ from ._fallback import (
     Comparison,
     FallbackReport,
     Outcome,
+    RewriteVerdict,
     interleaved,
     keep_faster,
 )
 from ._graph import compile_with, nearest_miss, no_recompile_limit
 from ._launch import DeployedKernel
+# NB: output_tolerance is read from here too (tests, benchmarks)
+from ._outputs import first_tensor, output_tolerance, relative_difference, wrong_output  # noqa: F401
 from ._ready import ReadyKernels
 
 MODES = ("default", "max-autotune", "reduce-overhead")
@@ -41,12 +44,21 @@ class Row:
     error: str | None = None
     float64_rel_diff: float | None = None  # against the model's output computed in float64 (None: not computed)
     no_kernel: str | None = None     # a "+ kforge" row whose mode kept no kernel: why (it runs as its baseline)
+    # a row that adds an inference rewrite to its baseline: the check's verdict (not kept: no time, and why)
+    rewrite: RewriteVerdict | None = None
+
+    @property
+    def runs_as_baseline(self) -> bool:
+        """Whether this row kept nothing (no kernel, or its rewrite left out): it shows no time of its own."""
+        return self.no_kernel is not None or (self.rewrite is not None and not self.rewrite.kept)
 
     def cell(self) -> str:
         if self.error:
             return f"failed: {self.error}"
         if self.no_kernel is not None:
             return f"no kernel kept ({self.no_kernel})"
+        if self.rewrite is not None and not self.rewrite.kept:
+            return f"not kept ({self.rewrite.why})"
         if self.comparison is None:
             return ""
         # NB: the baseline's time from the same interleaved run: on this CPU eager read 0.27 ms in its own row
@@ -86,7 +98,7 @@ class EndToEnd:
         read = lambda c: c.ratio() + (" against" if c.outcome is Outcome.WITHIN_NOISE else " than")  # noqa: E731
         lines = []
         for r in self.rows:
-            if r.label.endswith(" + kforge"):
+            if r.label.endswith(" + kforge") or r.rewrite is not None:
                 continue
             parts = []
             if r.error:
@@ -99,6 +111,15 @@ class EndToEnd:
                     parts.append(f"+ kforge: no kernel kept ({plus.no_kernel})")
                 elif plus.comparison is not None:
                     parts.append(f"+ kforge ({plus.kernels} kernel(s)): {read(plus.comparison)} {plus.baseline}")
+            for w in (w for w in self.rows if w.rewrite is not None and not r.error
+                      and _mode_label(w.rewrite.mode) == r.label):
+                if w.error:
+                    parts.append(f"+ {w.rewrite.rewrite}: failed: {w.error}")
+                elif not w.rewrite.kept:
+                    parts.append(f"+ {w.rewrite.rewrite}: not kept ({w.rewrite.why})")
+                elif w.comparison is not None:
+                    parts.append(f"+ {w.rewrite.rewrite} ({len(w.rewrite.sites)} site(s)): {read(w.comparison)} "
+                                 f"{w.baseline}")
             lines.append(f"{r.label}: " + "; ".join(parts) if parts else f"{r.label}: {ms(r.us).strip()}")
         return lines
 
@@ -113,9 +134,11 @@ class EndToEnd:
             if r.kernels:
                 extra += f"; {r.kernels} kernel(s)" + (f", {self.dispatch} dispatch" if r.label == "eager + kforge"
                                                        and self.dispatch else "")
-            if r.output_rel_diff is not None and r.no_kernel is None:
+            if r.rewrite is not None and r.rewrite.kept and not r.error:
+                extra += f"; {len(r.rewrite.sites)} site(s)"
+            if r.output_rel_diff is not None and not r.runs_as_baseline:
                 extra += f"; output rel. diff {r.output_rel_diff:.1e}"
-            if r.float64_rel_diff is not None and r.no_kernel is None:
+            if r.float64_rel_diff is not None and not r.runs_as_baseline:
                 extra += f"; from float64 {r.float64_rel_diff:.1e}"
             lines.append(f"{r.label:<{width}}{ms(r.us)}  {extra}".rstrip())
         if any(r.comparison is not None for r in self.rows):
@@ -158,7 +181,10 @@ class EndToEnd:
                                            "rounds": [list(r) for r in c.rounds]}
         return {"rows": [{"label": r.label, "us": r.us, "baseline": r.baseline, "comparison": cmp(r.comparison),
                           "output_rel_diff": r.output_rel_diff, "float64_rel_diff": r.float64_rel_diff,
-                          "kernels": r.kernels, "error": r.error, "no_kernel_kept": r.no_kernel}
+                          "kernels": r.kernels, "error": r.error, "no_kernel_kept": r.no_kernel,
+                          "rewrite": None if r.rewrite is None else {
+                              "name": r.rewrite.rewrite, "kept": r.rewrite.kept, "sites": len(r.rewrite.sites),
+                              "why": r.rewrite.why}}
                          for r in self.rows],
                 "headline": self.headline(),
                 "fallback": [{"mode": f.mode, "kept": list(f.kept), "forwards_built": f.forwards_built,
@@ -169,6 +195,41 @@ class EndToEnd:
                               "left_out": [{"signature": lo.signature, "comparison": cmp(lo.comparison)}
                                            for lo in f.left_out]} for f in self.fallback],
                 "skipped": [list(s) for s in self.skipped], "dispatch": self.dispatch}
+
+
+def _mode_label(mode: str) -> str:
+    """The table's label of the mode a rewrite verdict was made in ("eager", else a compile mode)."""
+    return mode if mode == "eager" else f"compile {mode}"
+
+
+class RewriteChecks(Protocol):
+    """The inference rewrites the table times (``deploy._rewrites.RewriteRows``, which imports this module): each
+    checked against the model without it, eagerly (``eager``, with the kernels eager kept installed) and compiled
+    (``compiled``: ``compiled`` is the model compiled with the kernels the mode kept; returns the model compiled with
+    the rewrites kept too), each verdict with the comparison it was decided on."""
+
+    names: tuple[str, ...]
+
+    def eager(self, kernels: Sequence[DeployedKernel], model: Any, args: tuple, kwargs: dict, device: str,
+              compare: Compare) -> list[RewriteVerdict]: ...
+
+    def compiled(self, kernels: Sequence[DeployedKernel], model: Any, compiled: Any, args: tuple, kwargs: dict,
+                 compare: Compare, **torch_compile_kwargs: Any) -> tuple[Any, list[RewriteVerdict]]: ...
+
+
+def rewrite_rows(verdicts: Sequence[RewriteVerdict], base: str, cumulative: bool) -> list[Row]:
+    """A row per rewrite verdict: the model with it against ``base`` (the mode's row, or its "+ kforge" row where the
+    mode kept kernels). ``cumulative``: each kept rewrite stays in the rows after it (compiled: each is checked with
+    those kept before it); else each is checked alone against ``base``. A rewrite not kept shows no time."""
+    rows, kept = [], []
+    for v in verdicts:
+        baseline = " + ".join([base, *kept])
+        label = f"{baseline} + {v.rewrite}"
+        cmp = v.comparison if v.kept else None
+        rows.append(Row(label, cmp.with_paired_us if cmp is not None else None, baseline, cmp, rewrite=v))
+        if v.kept and cumulative:
+            kept.append(v.rewrite)
+    return rows
 
 
 def ms(us: float | None) -> str:
@@ -196,26 +257,6 @@ def forward_us(fn: Callable[[], Any], device: str) -> float:
     """Median latency of a whole forward pass (warm caches: the model's own steady state)."""
     with torch.no_grad():
         return bench(fn, device=device, flush_l2=False, warmup=3, budget_ms=1000, min_reps=10, max_reps=200).median_us
-
-
-def first_tensor(obj: Any) -> torch.Tensor | None:
-    from ..store import iter_tensors
-
-    return next(iter(iter_tensors(obj)), None)
-
-
-def relative_difference(a: Any, b: Any, model: Any = None) -> float | None:
-    """||b - a|| / ||a|| on the first output tensor. Where ``model`` has ``same_context(a, b)`` (a
-    decoding, ``kforge.models.Generate``), only the part of the outputs computed from the same context
-    is compared: two greedy decodings that part at a near-tie continue different texts."""
-    ta, tb = first_tensor(a), first_tensor(b)
-    # NB: a method of the model's class (a submodule a user model happens to name so is not one)
-    if callable(getattr(type(model), "same_context", None)) and ta is not None and tb is not None:
-        ta, tb = model.same_context(ta, tb)
-    if ta is None or tb is None or ta.shape != tb.shape:
-        return None
-    ta, tb = ta.double(), tb.double()
-    return float((ta - tb).norm() / ta.norm().clamp_min(1e-30))
 
 
 def launch_paths(kernels: Sequence[DeployedKernel]) -> str:
@@ -285,47 +326,6 @@ def compiled_arms(model: Any, forward: Callable[[Any], Any], mode: str | None, b
 
     build.control = control  # type: ignore[attr-defined]
     return build, made
-
-
-def output_tolerance(reference: Any, model: Any = None) -> float:
-    """How far (relative L2, first output tensor) a model with kernels may move from eager's output
-    beyond what its plain baseline moves: each kernel was checked against eager per call, so this
-    catches what a per-call check cannot (a kernel placed where its call's check did not reach).
-
-    The precision is the model's where ``model`` is a module computing in bfloat16 or float16 that
-    casts its output to float32 (a language model's logits): its kernels were checked to half
-    precision's tolerance, so its output is held to that, not to float32's."""
-    t = first_tensor(reference)
-    if t is None:
-        return float("inf")
-    half = t.dtype not in (torch.float32, torch.float64)
-    if not half and isinstance(model, torch.nn.Module):
-        half = any(p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters())
-    return 5e-2 if half else 1e-3
-
-
-def wrong_output(diff: float | None, plain_diff: float | None, reference: Any, baseline: str,
-                 err64: float | None = None, plain_err64: float | None = None, model: Any = None) -> str | None:
-    """Why a kernel set's output is not the model's (None: it is): its difference from eager's output
-    beyond twice the baseline's own difference and the dtype's tolerance, or not a number.
-
-    With ``err64`` and ``plain_err64`` (the set's and the baseline's difference from the output
-    computed in float64) those are compared instead: a deep model in bfloat16 with random weights
-    amplifies rounding until eager's own output is far from the true one (Gemma 4 E2B, 35 layers: 0.78
-    from float64 on a CPU), so a difference from eager says little; the distance from the truth does."""
-    if err64 is not None and plain_err64 is not None:
-        allowed = max(2.0 * plain_err64, output_tolerance(reference, model))
-        if err64 <= allowed:   # NB: a NaN fails this
-            return None
-        return (f"with them the output differs from the float64 model's by {err64:.1e} (relative), {baseline} "
-                f"by {plain_err64:.1e}; at most {allowed:.1e} is allowed")
-    if diff is None:
-        return None
-    allowed = max(2.0 * (plain_diff or 0.0), output_tolerance(reference, model))
-    if diff <= allowed:   # NB: a NaN fails this
-        return None
-    return (f"with them the output differs from eager's by {diff:.1e} (relative), {baseline} by "
-            f"{plain_diff or 0.0:.1e}; at most {allowed:.1e} is allowed")
 
 
 def float64_output(model: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -494,10 +494,11 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
             device: str, modes: Sequence[str] = MODES, compile: bool = True, guard: bool = True,
             backend: str = "inductor", compare: Compare | None = None, skipped: Sequence[tuple[str, str]] = (),
             dynamic: bool | None = False, on_mode: Callable[[EndToEnd], None] | None = None,
-            progress: Callable[[str], None] | None = None) -> EndToEnd:
+            progress: Callable[[str], None] | None = None, rewrites: RewriteChecks | None = None) -> EndToEnd:
     """The end-to-end table in one run (see ``Session.end_to_end``). ``on_mode`` gets the table so far after
     eager and after each compile mode (what a run cut later still has); ``progress`` gets a line as each step
-    starts (which mode is compiled or timed) and each mode's result as it ends."""
+    starts (which mode is compiled or timed) and each mode's result as it ends. ``rewrites``: each mode gets a row
+    per inference rewrite, the model with what the mode kept and the rewrite against the model with what it kept."""
     compare = compare or interleaved(device)
     forward = lambda m: m(*args, **kwargs)  # noqa: E731
     started = time.perf_counter()
@@ -571,10 +572,62 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
     rows.append(Row("eager", eager_us, float64_rel_diff=eager_err64))
     compile_us = compile_kforge_us = None
     compiled_rows: list[Row] = []
+    rewritten_rows: list[Row] = []
+
+    def with_output(row: Row, out: Any) -> Row:
+        return replace(row, output_rel_diff=relative_difference(reference, out, model), float64_rel_diff=err64(out))
+
+    def rewrites_failed(mode: str, base: str, exc: Exception) -> list[Row]:
+        """The rows of a rewrite check that raised: each says so; the mode's own rows stay."""
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log.warning("kforge: %s: the rewrites' check failed: %s", mode, why)
+        return [Row(f"{base} + {name}", None, base, error=why, rewrite=RewriteVerdict(name, mode, False, (), why))
+                for name in rewrites.names]
+
+    if rewrites is not None:
+        base = "eager + kforge" if kept else "eager"
+        say(f"eager: timing the model with and without {', '.join(rewrites.names)}"
+            + (f" (and its {len(kept)} kept kernel(s))" if kept else ""))
+        try:
+            if isinstance(model, torch.nn.Module):
+                with no_recompile_limit():
+                    verdicts = rewrites.eager(kept, model, args, kwargs, device, compare)
+            else:
+                verdicts = [RewriteVerdict(name, "eager", False, (), "a rewrite runs in the model's forward captured "
+                                           "as a graph, and the model is no nn.Module") for name in rewrites.names]
+            for row in rewrite_rows(verdicts, base, cumulative=False):
+                if row.rewrite.kept:   # NB: each was checked alone, with eager's kept kernels
+                    with no_recompile_limit(), torch.no_grad(), Deployment(kept, model, stops_workers=False,
+                                                                           rewrites=(row.rewrite.rewrite,)):
+                        row = with_output(row, forward(model))
+                rewritten_rows.append(row)
+        except Exception as exc:  # noqa: BLE001 - the table keeps what it timed; the rewrites' rows say why not
+            rewritten_rows.extend(rewrites_failed("eager", base, exc))
+
+    def compiled_rewrites(mode: str, label: str, ckept: Sequence[DeployedKernel], made: dict) -> list[Row]:
+        """One compile mode's rewrite rows: the model compiled with the kernels it kept and each rewrite, against it
+        without the rewrite (each kept one stays in what the next is checked with)."""
+        base = f"{label} + kforge" if ckept else label
+        say(f"{label}: compiling the model with {', '.join(rewrites.names)}, then timing it against {base}")
+        mode_kw = {"backend": backend, "mode": None if backend != "inductor" else mode, "dynamic": dynamic}
+        try:
+            key = tuple(sorted(dk.run_name for dk in ckept))
+            current = made[key] if key in made else compile_with(model, list(ckept), **mode_kw)
+            with no_recompile_limit():
+                final, verdicts = rewrites.compiled(list(ckept), model, current, args, kwargs, compare, **mode_kw)
+            out = rewrite_rows([replace(v, mode=mode) for v in verdicts], base, cumulative=True)
+            if final is not current:   # NB: the last kept rewrite's row runs what the mode ends with
+                with torch.no_grad():
+                    last = max(i for i, r in enumerate(out) if r.rewrite.kept)
+                    out[last] = with_output(out[last], forward(final))
+            return out
+        except Exception as exc:  # noqa: BLE001 - the mode's own rows stay
+            return rewrites_failed(mode, base, exc)
 
     def table() -> EndToEnd:
         out = rows + [Row("eager + kforge", kforge_us if kept else None, "eager", cmp if kept else None, diff,
                           len(kept), float64_rel_diff=kforge_err64, no_kernel=eager_none)] + compiled_rows
+        out += rewritten_rows
         return EndToEnd(eager_us, kforge_us, compile_us, compile_kforge_us, diff, len(kept), list(skipped), dispatch,
                         tuple(out), tuple(reports))
 
@@ -625,6 +678,8 @@ def measure(model: Any, args: tuple, kwargs: dict, kernels: Sequence[DeployedKer
                     if compile_us is None:
                         compile_us = vs_eager.with_paired_us
                         compile_kforge_us = ccmp.with_paired_us if ckept else compile_us
+                    if rewrites is not None:
+                        rewritten_rows.extend(compiled_rewrites(mode, label, ckept, made))
             except Exception as exc:  # one mode that does not compile here does not lose the others
                 # NB: what the mode got before it failed goes (its check's report, a plain row), else the
                 # report would show a kept set that never ran and two rows of one label
