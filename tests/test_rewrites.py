@@ -3,6 +3,7 @@ forward captured as a graph) and under torch.compile, kept only where the model'
 model measures faster with it."""
 from __future__ import annotations
 
+import sys
 import tempfile
 
 import pytest
@@ -248,3 +249,54 @@ def test_a_graph_that_records_gradients_is_not_rewritten():
         compiled = compile_with(model, [], backend="eager", rewrites=(FOLD,))
         compiled(x)
         assert len(compiled.kforge_backend.rewritten[0].sites) == 2
+
+
+def test_the_folded_constants_have_static_shapes_in_the_compiled_graph(monkeypatch):
+    """The fold's new weight and bias are described to the compiler with their sizes as numbers: a symbol per size
+    (what dynamo's fake mode gives a tensor by default) has no source, and a guard on it broke dynamo's guard build."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kforge.deploy._graph import compile_with
+
+    made: list = []
+    plain = FakeTensorMode.from_tensor
+
+    def spy(self, t, *a, **kw):
+        fake = plain(self, t, *a, **kw)
+        if sys._getframe(1).f_globals.get("__name__") == "kforge.rewrites._batch_norm":
+            made.append(fake)
+        return fake
+
+    monkeypatch.setattr(FakeTensorMode, "from_tensor", spy)
+    model = _randomised(ConvBnRelu())
+    with torch.no_grad():
+        compiled = compile_with(model, [], backend="eager", rewrites=(FOLD,))
+        compiled(torch.randn(2, 3, 12, 12))
+    assert len(made) == 4   # two folds, a weight and a bias each
+    assert all(type(d) is int for fake in made for d in fake.shape)
+
+
+def test_a_rewrite_whose_compile_fails_is_left_out_and_the_compile_goes_on(monkeypatch):
+    import kforge.deploy._fallback as fallback
+    import kforge.deploy._rewrites as rewrites
+
+    arms: list = []
+    monkeypatch.setattr(fallback, "interleaved", _timer(True, arms))
+
+    def broken(*a, **kw):
+        def run(*args, **kwargs):
+            raise IndexError("list index out of range")
+        run.kforge_backend = None
+        return run
+
+    monkeypatch.setattr(rewrites, "compile_with", broken)
+    model = _randomised(ConvBnRelu())
+    x = torch.randn(2, 3, 12, 12)
+    session = kforge.Session(model, x, workdir=tempfile.mkdtemp())
+    with torch.no_grad():
+        eager = model(x)
+        compiled = session.compile(rewrites=(FOLD,), backend="eager")
+        (verdict,) = compiled.kforge_rewrites
+        assert not verdict.kept and arms == []
+        assert verdict.why == "compiling the model with it failed: IndexError: list index out of range"
+        assert _rel(compiled(x), eager) < SINGLE_LAYER_RTOL

@@ -12,28 +12,12 @@ import torch
 
 from ..rewrites import as_rewrites
 from ._deployment import Deployment
-from ._fallback import Arm, Comparison
+from ._fallback import Arm, Comparison, RewriteVerdict
 from ._graph import compile_with, no_recompile_limit
 from ._launch import DeployedKernel
 from ._report import relative_difference, wrong_output
 
 FRESH_BATCHES = 2   # fresh input sets the output check runs beside the session's own
-
-
-@dataclass(frozen=True)
-class RewriteVerdict:
-    """What the check decided for one rewrite in one mode ("eager" or a compile mode)."""
-
-    rewrite: str
-    mode: str
-    kept: bool
-    sites: tuple[str, ...]   # where the rewrite changed the model's graphs
-    why: str                 # the ratio where timed, or why it was left out
-    comparison: Comparison | None = None
-
-    def line(self) -> str:
-        verdict = "kept" if self.kept else "left out"
-        return f"{self.rewrite} ({self.mode}, {len(self.sites)} site(s)): {verdict}: {self.why}"
 
 
 def fresh_inputs(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, dict]:
@@ -125,13 +109,21 @@ def check_rewrites_compiled(names: Sequence[str], kernels: Sequence[DeployedKern
                                  **torch_compile_kwargs)
         current = compiled
         with no_recompile_limit(), torch.no_grad():
-            candidate(*args, **kwargs)   # compiles and makes the rewrite
+            try:
+                candidate(*args, **kwargs)   # compiles and makes the rewrite
+            except Exception as e:   # NB: the user's compile goes on without this rewrite, never ends here
+                verdicts.append(RewriteVerdict(name, label, False, (), f"compiling the model with it failed: "
+                                               f"{type(e).__name__}: {_first_line(e)}"))
+                continue
             sites = tuple(line for r in candidate.kforge_backend.rewritten if r.rewrite == name for line in r.sites)
             if not sites:
                 verdicts.append(RewriteVerdict(name, label, False, (), "nothing in the model's graphs matches it"))
                 continue
-            why = _wrong(lambda a, kw: candidate(*a, **kw), lambda a, kw: model(*a, **kw),
-                         lambda a, kw: current(*a, **kw), _batches(args, kwargs), model, f"compile {label}")
+            try:
+                why = _wrong(lambda a, kw: candidate(*a, **kw), lambda a, kw: model(*a, **kw),
+                             lambda a, kw: current(*a, **kw), _batches(args, kwargs), model, f"compile {label}")
+            except Exception as e:
+                why = f"running the model compiled with it failed: {type(e).__name__}: {_first_line(e)}"
             if why is not None:
                 verdicts.append(RewriteVerdict(name, label, False, sites, why))
                 continue
@@ -143,6 +135,30 @@ def check_rewrites_compiled(names: Sequence[str], kernels: Sequence[DeployedKern
             kept.append(name)
             compiled = candidate
     return compiled, verdicts
+
+
+@dataclass(frozen=True)
+class RewriteRows:
+    """The rewrites ``names`` checked for the end-to-end table (``deploy._report.measure``, which reads them through its
+    ``RewriteChecks`` protocol: this module imports that one): eagerly as ``apply`` checks them, compiled as
+    ``compile`` does, each verdict with the comparison its row shows."""
+
+    names: tuple[str, ...]
+
+    def eager(self, kernels: Sequence[DeployedKernel], model: torch.nn.Module, args: tuple, kwargs: dict,
+              device: str, compare: Callable[[Arm, Arm], Comparison]) -> list[RewriteVerdict]:
+        return check_rewrites_eager(self.names, kernels, model, args, kwargs, device, compare)
+
+    def compiled(self, kernels: Sequence[DeployedKernel], model: Any, compiled: Any, args: tuple, kwargs: dict,
+                 compare: Callable[[Arm, Arm], Comparison], **torch_compile_kwargs: Any
+                 ) -> tuple[Any, list[RewriteVerdict]]:
+        return check_rewrites_compiled(self.names, kernels, model, compiled, args, kwargs, compare,
+                                       **torch_compile_kwargs)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
 
 
 def _labelled(arm: Arm, *rewrites: str) -> Arm:

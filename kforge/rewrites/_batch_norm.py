@@ -169,8 +169,11 @@ def fold_batch_norms(gm: torch.fx.GraphModule, values: Sequence[Any]) -> Rewritt
             nodes = [gm.graph.get_attr(name) for name in names]
         fake = conv.args[1].meta.get("val")
         if fake is not None and hasattr(fake, "fake_mode"):
+            # NB: static: dynamo's fake mode has a shape env, and a fake made in it without static_shapes gets a
+            # symbol per size with no source (duck-sized: a 3x3 kernel's 3s one symbol), which a compiler's
+            # guard on the convolution's output size then holds; building dynamo's guards on it raised IndexError
             for node, t in zip(nodes, (w, b)):
-                node.meta["val"] = fake.fake_mode.from_tensor(t)
+                node.meta["val"] = fake.fake_mode.from_tensor(t, static_shapes=True)
         conv.args = (conv.args[0], nodes[0], nodes[1], *conv.args[3:])
         for user in list(site.norm.users):
             if user.args[1] == 0:
