@@ -231,3 +231,32 @@ def test_evaluate_elsewhere_runs_in_a_second_judge_process_that_close_ends():
         ev.close()
     assert not search_judge.alive() and not other_judge.alive()
 
+
+
+def _verdict_rules():
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "verdict_rules.py"
+    spec = importlib.util.spec_from_file_location("verdict_rules", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # NB: its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_kept_run_decided_again_offline_gives_its_stored_verdict_and_another_rule_another(tmp_path):
+    """benchmarks/verdict_rules.py re-decides a kept run from its stored timings alone: kforge's own rule gives
+    the verdict the run stored; without the range rule the same timings make the card a winner."""
+    rules = _verdict_rules()
+    judges = TwoJudges(search=SEARCH, other=[(F, 45.0, 52.0, 0.02)])
+    s = _session(tmp_path, judges, 3)
+    (stored,) = s.results
+    key = stored.key
+    s.close()
+    again = rules.decide_run(tmp_path / "wd", "current")
+    assert stored.status is CardStatus.NOISY
+    assert again == {key: {"status": "noisy", "speedup": None, "why": stored.reason}}
+    other = rules.decide_run(tmp_path / "wd", "no range rule")[key]
+    assert other["status"] == "winner" and other["speedup"] == pytest.approx(52 / 45)   # its confirmation
