@@ -158,6 +158,12 @@ def small_variants(dtype: torch.dtype) -> list[Variant]:
         variant("moe_experts", _Experts(5, 24, 12, dtype), x(1, 24), torch.tensor([[4, 1]]), x(1, 2).softmax(-1)),
         variant("moe_experts", _Experts(6, 20, 10, dtype), x(3, 20), torch.tensor([[0, 5], [2, 3], [5, 1]]),
                 r(3, 2).softmax(-1)),
+        # attention: causal with a value width of its own; grouped heads with a boolean mask over batch and heads;
+        # written out by hand, soft-capped, with an added mask (tests/test_attention.py: every mask, Gemma's and SD3.5's)
+        variant("scaled_dot_product_attention", x(2, 3, 7, 16), x(2, 3, 9, 16), x(2, 3, 9, 12), is_causal=True),
+        variant("scaled_dot_product_attention", x(1, 4, 5, 8), x(1, 2, 6, 8), x(1, 2, 6, 8),
+                attn_mask=torch.rand(5, 6) > 0.3, enable_gqa=True),
+        variant("softmax_attention", x(2, 2, 5, 8), x(2, 2, 6, 8), x(2, 2, 6, 8), x(1, 1, 5, 6), 0.3, 20.0),
     ]
 
 

@@ -152,6 +152,16 @@ def _wide_inputs(spec, variant: Variant, seed: int) -> list | None:
     return None
 
 
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` where ``dst`` may hold one element at many indices (a broadcast dimension, stride 0: the
+    key a model expanded over a group of query heads): each element written once, from ``src``'s first index along
+    such a dimension."""
+    for d in range(dst.dim()):
+        if dst.stride(d) == 0 and dst.shape[d] > 1:
+            dst, src = dst.narrow(d, 0, 1), src.narrow(d, 0, 1)
+    dst.copy_(src)
+
+
 class _Pool:
     """Random values per input, from which every timed batch draws fresh sets by random offset: ``draws``
     samples of each input end to end, a set starting anywhere in the first ``draws - 1`` of them."""
@@ -177,7 +187,7 @@ class _Pool:
                 if sig is None:
                     continue
                 n = max(extent(sig), 1)
-                torch.as_strided(flats[i][d * n:(d + 1) * n], sig.shape, sig.stride).copy_(ins[i].cpu())
+                _copy_into(torch.as_strided(flats[i][d * n:(d + 1) * n], sig.shape, sig.stride), ins[i].cpu())
             del ins
         return cls(flats, draws)
 
@@ -466,7 +476,7 @@ class _Trial:
             for s, (_, raw) in enumerate(card.sets):
                 for i, t in enumerate(raw):
                     if t is not None:
-                        arenas.inputs(val, i)[2 * s:2 * s + 2].copy_(t.unsqueeze(0).expand(2, *t.shape))
+                        _copy_into(arenas.inputs(val, i)[2 * s:2 * s + 2], t.unsqueeze(0).expand(2, *t.shape))
             for o, sig in enumerate(layout.outputs):
                 view = arenas._view(arenas.out, sig, val.out_base + layout.out_offsets[o], val.out_stride, val.count,
                                     True)

@@ -334,30 +334,6 @@ register(OpSpec(
     reference=lambda x, p: torch.matmul(x[0], x[1]), doc="matrix product (matmul, mm, bmm, @)"))
 
 
-def _bind_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):
-    if dropout_p:
-        raise Unsupported("dropout")
-    return Call((query, key, value, attn_mask),
-                {"is_causal": bool(is_causal), "scale": None if scale is None else float(scale),
-                 "enable_gqa": bool(enable_gqa)})
-
-
-def _sdpa_reference(x, p):
-    kwargs = {"attn_mask": x[3], "is_causal": p["is_causal"], "scale": p["scale"]}
-    if p["enable_gqa"]:
-        kwargs["enable_gqa"] = True
-    return F.scaled_dot_product_attention(x[0], x[1], x[2], **kwargs)
-
-
-register(OpSpec(
-    name="scaled_dot_product_attention", kind="vendor", vendor="flash",
-    targets=(F.scaled_dot_product_attention,),
-    inputs=("query", "key", "value", "attn_mask"), params=("is_causal", "scale", "enable_gqa"),
-    bind=_bind_sdpa, reference=_sdpa_reference,
-    doc="softmax(q k^T * scale + mask) v"))
-
-
 
 def inplace_binder(spec: OpSpec, func) -> Any:
     """The binder for one spelling of ``spec``: in-place spellings mark the call in-place; a function's graph

@@ -7,7 +7,8 @@ the graph kforge captures and deploys in. Matching a graph is done in two steps:
 
 1. structure: every node calling the pattern's last operator is tried as the pattern's output, and the pattern is
    walked back from there (operands of ``add`` and ``mul`` in either order; a placeholder binds one tensor node; an
-   example's scalar, the ``eps`` of a norm, binds the literal found where it went);
+   example's scalar, the ``eps`` of a norm, binds the literal found where it went; a ``view`` of the examples'
+   contiguous tensors binds the contiguous copy and unsafe view that a reshape of other strides leaves);
 2. specialisation: the function is traced again on inputs with exactly the bound tensors' shapes, strides and dtypes
    and with the bound scalars, and that graph must be the matched one, literal for literal. Shapes, dtype casts and
    the views the decompositions put around an operator (``F.linear`` on a 3-d input) are thereby the model's own,
@@ -249,6 +250,12 @@ def _unify(p: Any, t: Any, st: _State, scalars: dict, exact: bool) -> Iterator[_
             if seen is t:
                 yield st
             return
+        if not exact and p.target is aten.view.default and _copied_view(t) and t not in st.nodes.values():
+            # NB: a reshape is a view where the strides allow one, else a contiguous copy and an unsafe view (a
+            # batched product's operands): the structure takes either, the specialised trace says which
+            yield from _unify_all(list(p.args[:2]), [t.args[0].args[0], t.args[1]], st.plus(nodes={p: t}), scalars,
+                                  exact)
+            return
         if t.op != "call_function" or t.target != p.target or t in st.nodes.values():
             return
         st = st.plus(nodes={p: t})
@@ -276,6 +283,15 @@ def _unify(p: Any, t: Any, st: _State, scalars: dict, exact: bool) -> Iterator[_
         yield st
 
 
+def _copied_view(t: fx.Node) -> bool:
+    """``t`` is ``_unsafe_view(clone(x, contiguous), size)``: how a reshape that no view can give is in the graph."""
+    if t.op != "call_function" or t.target is not aten._unsafe_view.default or not isinstance(t.args[0], fx.Node):
+        return False
+    copy = t.args[0]
+    return copy.op == "call_function" and copy.target is aten.clone.default \
+        and copy.kwargs.get("memory_format") is torch.contiguous_format and len(copy.users) == 1
+
+
 def _unify_all(ps: Sequence, ts: Sequence, st: _State, scalars: dict, exact: bool) -> Iterator[_State]:
     if not ps:
         yield st
@@ -293,8 +309,8 @@ def _same_literal(a: Any, b: Any) -> bool:
 
 def _arguments(node: fx.Node) -> dict[str, Any]:
     """A node's arguments by name, as the same call however it was spelt: schema defaults filled in and then left
-    out where given, ``dim`` counted from the front, a slice's open ends closed, a conversion's own device and
-    strided layout dropped."""
+    out where given, ``dim`` (and a transpose's ``dim0``, ``dim1``) counted from the front, a slice's open ends
+    closed, a conversion's own device and strided layout dropped."""
     if node.target is operator.getitem:
         return {"self": node.args[0], "index": node.args[1]}
     if not hasattr(node.target, "_schema"):
@@ -310,7 +326,7 @@ def _arguments(node: fx.Node) -> dict[str, Any]:
     rank = fv.dim() if isinstance(fv, torch.Tensor) else 0
     out = {}
     for name, value in bound.items():
-        if name == "dim" and rank and isinstance(value, int) and not isinstance(value, bool):
+        if name in ("dim", "dim0", "dim1") and rank and isinstance(value, int) and not isinstance(value, bool):
             value = value % rank
         elif name == "dim" and rank and isinstance(value, (list, tuple)) \
                 and all(isinstance(d, int) for d in value):
