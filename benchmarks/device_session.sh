@@ -3,6 +3,7 @@
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
 #   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh rewrites45  issue 45: batch-norm folding on ResNet-50, eager and compile
+#   device run: bash benchmarks/device_session.sh attention45  issue 45: the attention cards at the seed shapes against SDPA
 #   device run: bash benchmarks/device_session.sh owed0607  the dispatch cost through a replayed plan and in process,
 #                                                            what a user gets with replayed kernels (model-level figure)
 #   device run: bash benchmarks/device_session.sh vendor    benchmarks/vendor_chains.py, KF_VENDOR_CASES (CUTLASS headers
@@ -439,6 +440,12 @@ PY
     timeout "${KF_REPEAT_S:-250}" python3 benchmarks/repeatability.py --device cuda --runs "${KF_RUNS:-5}" \
         ${KF_REPEAT_ARGS:---model gemma4_e2b --layers 2 --cards 3} --json-out "$OUT/repeatability_cuda.json" 2>&1 \
         | grep --line-buffered -v "^DEBUG" | tee "$OUT/repeatability_cuda.txt" | tail -25 ;;
+  attention45)
+    # issue 45: the attention cards at the seed shapes (Gemma 4's sliding and full layers, the SD3.5 joint attention,
+    # a soft-capped written-out chain), every flash_tiles configuration against eager's SDPA and compile, one run
+    timeout "${KF_ATT_S:-400}" python3 benchmarks/attention.py --device cuda --modes "${KF_ATT_MODES:-default}" \
+        --jobs 14 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
+        | tail -20 ;;
   rewrites45)
     # issue 45: batch norm folded into the convolution before it, ResNet-50 eager / compile default with and without
     timeout "${KF_RW_S:-420}" python3 benchmarks/rewrites.py --device cuda --batch "${KF_RW_BATCH:-32}" --resolution 224 \

@@ -61,3 +61,21 @@ def test_the_profile_reads_each_kernels_launch_shape_from_the_trace():
     summary = profile.summarize({name[:100]: 1573.7}, 5, {name[:100]: 48.0}, shapes)
     assert summary["top"][0]["launch_shape"]["grid"] == [4096, 1, 1]
     assert profile.summarize({"nvjet_x": 1.0}, 5, {}, shapes)["top"][0]["launch_shape"] is None
+
+
+def test_the_attention_benchmark_checks_and_times_each_configuration_on_the_cpu():
+    """benchmarks/attention.py on its small CPU case: the C kernel built, held to the card's tolerance on fresh
+    inputs and timed beside eager; a kernel output off by one element is not within tolerance."""
+    import torch
+
+    bench = _script("attention")
+    variants = bench.cases("cpu")
+    assert set(variants) == {"gemma4_sliding_window_32", "gemma4_full_causal_64", "sd35_joint", "chain_softcap_added"}
+    row = bench.run_case("gemma4_full_causal_64", variants["gemma4_full_causal_64"], "cpu", [], 1, 20.0, 1)
+    assert [c["correct"] for c in row["configs"]] == [True] and set(row["us"]) == {"eager", "kforge[default]"}
+    assert row["speedup_vs_eager"] == row["us"]["eager"] / row["us"]["kforge[default]"]
+    ref = torch.randn(4, 8)
+    off = ref.clone()
+    off[1, 2] += 1.0
+    assert bench._within(ref.clone(), ref, 1e-5, 1e-5)[0] and not bench._within(off, ref, 1e-5, 1e-5)[0]
+    assert not bench._within(torch.full_like(ref, float("nan")), ref, 1e-5, 1e-5)[0]
