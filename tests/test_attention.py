@@ -210,6 +210,21 @@ def test_a_written_out_attention_is_one_card_that_takes_its_operators_share(tmp_
         s.close()
 
 
+def test_plain_pytorch_attention_is_a_card_too(tmp_path):
+    """The built-in example's attention as plain PyTorch writes it (``q @ k.transpose(-1, -2)``, a softmax in the
+    scores' dtype, no mask, the heads unbound from one projection) is a softmax_attention card; its SDPA call another."""
+    model, ids = kforge.example("tiny_transformer")
+    s = captured(model, ids, tmp_path)
+    try:
+        (chain,) = s.cards.by_op(CHAIN)
+        (sdpa,) = s.cards.by_op(SDPA)
+        assert chain.variant.param_dict == {"scale": 0.25, "softcap": None, "fill": None}
+        assert chain.variant.inputs[3] is None and chain.share > 0 and sdpa.variant.param_dict["is_causal"]
+        assert all(c.share == 0.0 for c in s.cards if c.op in ("softmax", "matmul"))
+    finally:
+        s.close()
+
+
 def test_the_written_out_chains_kernel_is_judged_and_replaces_the_chain_in_the_compiled_graph(tmp_path):
     torch.manual_seed(0)
     s = captured(_EagerAttention(), torch.randn(2, 8, 32), tmp_path)

@@ -309,8 +309,8 @@ def _same_literal(a: Any, b: Any) -> bool:
 
 def _arguments(node: fx.Node) -> dict[str, Any]:
     """A node's arguments by name, as the same call however it was spelt: schema defaults filled in and then left
-    out where given, ``dim`` (and a transpose's ``dim0``, ``dim1``) counted from the front, a slice's open ends
-    closed, a conversion's own device and strided layout dropped."""
+    out where given, ``dim`` (and a transpose's ``dim0``, ``dim1``, in either order) counted from the front, a slice's
+    open ends closed, a conversion's own device and strided layout dropped."""
     if node.target is operator.getitem:
         return {"self": node.args[0], "index": node.args[1]}
     if not hasattr(node.target, "_schema"):
@@ -339,6 +339,9 @@ def _arguments(node: fx.Node) -> dict[str, Any]:
         if name in defaults and _same_literal(defaults[name], value) and not isinstance(value, fx.Node):
             continue
         out[name] = value
+    if node.target is aten.transpose.int and isinstance(out.get("dim0"), int) and isinstance(out.get("dim1"), int):
+        # NB: transpose(x, 3, 2) is transpose(x, 2, 3): ``k.transpose(-1, -2)`` is the pattern's ``transpose(2, 3)``
+        out["dim0"], out["dim1"] = sorted((out["dim0"], out["dim1"]))
     if node.target is aten.slice.Tensor and isinstance(fv, torch.Tensor):
         size = fv.shape[out.get("dim", 0)]
         start, end = out.get("start", 0), out.get("end")

@@ -143,20 +143,24 @@ def bind_chain(query, key, value, mask=None, scale=1.0, softcap=None, fill=None)
                                             "fill": None if fill is None else float(fill)})
 
 
-def chain_reference(x, p):
-    """The chain as transformers' eager attention writes it: scores, scaled, soft-capped, masked, a float32 softmax
-    rounded to the query's dtype, times the values. Each step rounds to its dtype as eager's operators do."""
-    q, k, v, mask = x
+def _chain_scores(x, p):
+    q, k, _, mask = x
     s = torch.matmul(q, k.transpose(2, 3)) * p["scale"]
     if p["softcap"] is not None:
         s = torch.tanh(s / p["softcap"]) * p["softcap"]
     if mask is not None:
         s = s.masked_fill(mask, p["fill"]) if p["fill"] is not None else s + mask
-    return torch.matmul(F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    return s
+
+
+def chain_reference(x, p):
+    """The chain as transformers' eager attention writes it: scores, scaled, soft-capped, masked, a float32 softmax
+    rounded to the query's dtype, times the values. Each step rounds to its dtype as eager's operators do."""
+    return torch.matmul(F.softmax(_chain_scores(x, p), dim=-1, dtype=torch.float32).to(x[0].dtype), x[2])
 
 
 class ChainSpec(OpSpec):
-    """``softmax_attention``'s spec: an operator of its own whose tolerance is argued here."""
+    """``softmax_attention``'s spec: its tolerance, argued here, and the operator calls a chain stands for."""
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         # NB: float32: another summation order of E products moves a score by ~sqrt(E) x 6e-8 of its size, and the
@@ -164,6 +168,14 @@ class ChainSpec(OpSpec):
         if dtype == "float32":
             return (1e-4, 1e-4)
         return super().tolerance(dtype)
+
+    def replay(self, x, p):
+        """The operator calls one chain stands for (``regions.covered_op_calls``), its softmax as both spellings
+        write it: in float32 (transformers' ``dtype=torch.float32``) and in the scores' dtype (plain code), which a
+        float32 graph cannot tell apart. Only the spelling the model used has an operator card to cover."""
+        s = _chain_scores(x, p)
+        F.softmax(s, dim=-1)
+        return torch.matmul(F.softmax(s, dim=-1, dtype=torch.float32).to(x[0].dtype), x[2])
 
 
 def score_dtype(variant: Variant) -> str:
