@@ -424,3 +424,27 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
         scale = ref.float().abs().max().item()
         err = (got.float() - ref.float()).abs()
         assert (err <= atol * scale + rtol * ref.float().abs()).all(), (config, err.max().item())
+
+
+def test_the_llm_prompt_names_attentions_building_blocks_and_the_problem():
+    from kforge.ops import Card
+    from kforge.proposers import ProposalRequest
+    from kforge.proposers._llm import card_prompt
+
+    sliding, full, joint, chain = (v.on("cuda:0") for v in _gemma_e2b())
+    text = card_prompt(ProposalRequest(Card(sliding, 1, 10.0, 0.5, None), "cuda", H100))
+    for needle in ("# An attention card", "4096 query rows (leading dimensions [1, 8] x 512 queries), 512 keys",
+                   "one head expanded over the query heads (stride 0)", "boolean, True keeps a key",
+                   "never assume its pattern", "online softmax", "CuTe", "wgmma", "sm_90a", "gives zeros"):
+        assert needle in text, needle
+    text = card_prompt(ProposalRequest(Card(full, 1, 10.0, 0.5, None), "cuda", H100))
+    assert "causal (key j is visible to query i where j <= i" in text and "Mask: an input" not in text
+    text = card_prompt(ProposalRequest(Card(chain, 1, 10.0, 0.5, None), "cuda", H100))
+    for needle in ("soft-capped as 50.0 * tanh(s / 50.0)", "bfloat16, added to the scores",
+                   "writes and reads the whole score matrix (512 x 512 per head)", "is NaN"):
+        assert needle in text, needle
+    gqa = CASES["gqa"]
+    text = card_prompt(ProposalRequest(Card(gqa, 1, 10.0, 0.5, None), "cpu", CPU))
+    assert "2 query heads share each key and value head (query head h reads key head h // 2)" in text
+    assert "(q . k_j) * 0.3" in text and "no library beyond OpenMP" in text and "CuTe" not in text
+    assert "1/sqrt(16)" in card_prompt(ProposalRequest(Card(CASES["causal"], 1, 10.0, 0.5, None), "cpu", CPU))

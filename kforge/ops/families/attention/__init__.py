@@ -14,18 +14,17 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..._family import Family, register_family
-from ..._registry import OpSpec
 from . import _spec
 from ._pattern import PATTERN
 
 _STRATEGIES = (f"{__name__}.strategies",)   # NB: the proposers layer's, imported by name only
 
 SDPA = register_family(Family(
-    OpSpec(name="scaled_dot_product_attention", kind="vendor", vendor="flash",
-           targets=(F.scaled_dot_product_attention,),
-           inputs=("query", "key", "value", "attn_mask"), params=("is_causal", "scale", "enable_gqa"),
-           bind=_spec.bind_sdpa, reference=_spec.sdpa_reference, sample=_spec.sample_attention,
-           doc="softmax(q k^T * scale + mask) v"),
+    _spec.AttentionSpec(name="scaled_dot_product_attention", kind="vendor", vendor="flash",
+                        targets=(F.scaled_dot_product_attention,),
+                        inputs=("query", "key", "value", "attn_mask"), params=("is_causal", "scale", "enable_gqa"),
+                        bind=_spec.bind_sdpa, reference=_spec.sdpa_reference, sample=_spec.sample_attention,
+                        doc="softmax(q k^T * scale + mask) v"),
     doc="torch's scaled_dot_product_attention: causal, masked (boolean or added), grouped-query",
     strategies=_STRATEGIES))
 

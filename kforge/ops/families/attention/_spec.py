@@ -159,7 +159,75 @@ def chain_reference(x, p):
     return torch.matmul(F.softmax(_chain_scores(x, p), dim=-1, dtype=torch.float32).to(x[0].dtype), x[2])
 
 
-class ChainSpec(OpSpec):
+def building_blocks(variant: Variant, backend: str) -> str:
+    """The LLM proposers' prompt section for an attention card: the problem as attention kernels name it (rows,
+    keys, widths, grouped heads, the mask and the numerics eager keeps) and what a kernel can be built from on
+    ``backend`` (``proposers._prompt.card_prompt`` adds it where a spec has this method)."""
+    q, k, v, mask = variant.inputs
+    p = variant.param_dict
+    chain = variant.op == "softmax_attention"
+    g = geometry(q, k, v, mask, gqa=not chain and bool(p.get("enable_gqa")))
+    scale = p.get("scale")
+    lines = ["# An attention card",
+             f"Index space: {g.rows} query rows (leading dimensions {list(g.lead)} x {g.L} queries), {g.S} keys; "
+             f"query and key width {g.E}, value width {g.EV}; per row out = sum_j softmax(s)_j v_j over "
+             f"s_j = (q . k_j) * {'1/sqrt(' + str(g.E) + ')' if scale is None else repr(scale)}"
+             + (f", soft-capped as {p['softcap']!r} * tanh(s / {p['softcap']!r})" if chain and p.get("softcap") else "")
+             + "."]
+    if g.group > 1:
+        lines.append(f"Grouped-query attention: {g.group} query heads share each key and value head (query head h "
+                     f"reads key head h // {g.group}); load each key and value tile once for its group.")
+    if len(k.stride) >= 3 and k.stride[-3] == 0 and len(k.shape) >= 3 and k.shape[-3] > 1:
+        lines.append("The key and value heads are one head expanded over the query heads (stride 0): every query "
+                     "head reads the same keys; load them once.")
+    if mask is None:
+        lines.append("Mask: " + ("causal (key j is visible to query i where j <= i, top-left aligned as torch's "
+                                 "is_causal): skip the key tiles above the diagonal." if p.get("is_causal")
+                                 else "none."))
+    else:
+        kind = ("boolean, True keeps a key" if mask.dtype == "bool" and not chain else
+                f"boolean, True places filled with {p.get('fill')!r} (masked_fill)" if mask.dtype == "bool" else
+                f"{mask.dtype}, added to the scores")
+        lines.append(f"Mask: an input ({kind}; shape {list(mask.shape)}, strides {list(mask.stride)}, broadcast over "
+                     "the rest): its values are the model's (a causal or sliding-window mask arrives as one); read it "
+                     "as given, never assume its pattern.")
+    lines.append("Numerics: scores, the softmax's running maximum and sum, and the output accumulated in float; "
+                 + ("a query row with no key left gives zeros, as torch's kernels do; 16-bit inputs: the "
+                    "unnormalised probabilities rounded to the input dtype before they weigh the values."
+                    if not chain else
+                    "each step rounded to its dtype as eager's operators round it (the product, the scaling, the "
+                    "soft-capping, the mask), the probabilities normalised in float and rounded to the query's dtype "
+                    "before they weigh the values; a row that is -inf everywhere is NaN, as eager's softmax gives."))
+    lines.append("Eager: " + ("the SDPA backend torch chose for these inputs (flash, memory-efficient, cuDNN or its "
+                              "C++ math)." if not chain else
+                              "two batched products around a softmax that writes and reads the whole score matrix "
+                              f"({g.L} x {g.S} per head)."))
+    if backend == "cuda":
+        lines += ["Building blocks on this device (Hopper, sm_90a), beyond the general rules above:",
+                  "- The flash algorithm: a block takes a tile of query rows, streams key and value tiles through "
+                  "shared memory, keeps the scores in registers with an online softmax (running maximum and sum, the "
+                  "accumulator rescaled when the maximum grows); the score matrix is never written.",
+                  "- Tensor cores through CuTe (`cute/...` headers, CUTLASS 3.x): mma.sync or wgmma with 16-bit "
+                  "operands and float accumulation for the two products; TMA or cp.async to bring key and value "
+                  "tiles in, double-buffered. float32 inputs: float FMAs only (no TF32: the tolerance refuses it). "
+                  "Build flags: -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr.",
+                  "- Tile sizes (query rows, keys a tile), warps, stages and whether a block serves a group of query "
+                  "heads are the knobs; a row tile whose keys are all masked can be skipped only where the mask's "
+                  "values say so."]
+    else:
+        lines.append("On the CPU no library beyond OpenMP is allowed: rows in parallel, the dot products vectorised "
+                     "along the width, key blocks that stay in cache, the online softmax per row.")
+    return "\n".join(lines)
+
+
+class AttentionSpec(OpSpec):
+    """``scaled_dot_product_attention``'s spec: an OpSpec whose prompt names attention's building blocks."""
+
+    def building_blocks(self, variant: Variant, backend: str) -> str:
+        return building_blocks(variant, backend)
+
+
+class ChainSpec(AttentionSpec):
     """``softmax_attention``'s spec: its tolerance, argued here, and the operator calls a chain stands for."""
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
