@@ -1,9 +1,11 @@
-"""Inference rewrites on ResNet-50 (issue 45): batch norm folded into the convolution before it.
+"""Inference rewrites on ResNet-50 (issue 45): batch norm folded into the convolution before it, convolution chains
+run channels-last.
 
-Four arms of one model, timed interleaved in one run: eager, eager + fold (the forward captured as a graph by an
-eager deployment, ``Deployment(rewrites=("fold_batch_norm",))``), torch.compile default, and compile default + fold
-(``compile_with(rewrites=...)``). Each round times a block of forwards of every arm, in an order that rotates by a
-round; each "+ fold" arm's ratio over its baseline is read from the paired per-round times
+The arms of one model, timed interleaved in one run: eager, torch.compile default, and for each rewrite set of
+``--sets`` (default: the fold alone) eager + the set (the forward captured as a graph by an eager deployment,
+``Deployment(rewrites=names)``) and compile default + the set (``compile_with(rewrites=...)``). Each round times a
+block of forwards of every arm, in an order that rotates by a round; each "+ set" arm's ratio over its baseline is
+read from the paired per-round times
 (``kforge.deploy._fallback.comparison_of``: the median of the paired differences, noise three robust standard
 errors of them), printed with that noise and its label. Outputs are compared with the model computed in float64
 (relative L2) for every arm, on the timed inputs and on a fresh batch. It also says whether plain Inductor folds
@@ -14,6 +16,7 @@ built here: torchvision does not install beside the CPU torch. Batch norm statis
 defaults (a fold of mean 0, variance 1 changes almost nothing).
 
     python benchmarks/rewrites.py --batch 2 --resolution 160 --rounds 12 --threads 2 --json-out /tmp/rewrites.json
+    python benchmarks/rewrites.py --sets fold_batch_norm,channels_last,fold_batch_norm+channels_last ...
     python benchmarks/rewrites.py --device cuda --batch 32 --resolution 224 --rounds 20 --reps 10 --json-out $OUT/rw.json
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kforge.deploy import Deployment  # noqa: E402
 from kforge.deploy._fallback import comparison_of  # noqa: E402
 from kforge.deploy._graph import compile_with, no_recompile_limit  # noqa: E402
+from kforge.rewrites import as_rewrites  # noqa: E402
 
 FOLD = "fold_batch_norm"
 
@@ -107,8 +111,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--reps", type=int, default=3, help="forwards per arm per round")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--sets", default=FOLD, help="the rewrite sets timed, each in eager and compiled: names joined by "
+                    "'+', sets by ',' (e.g. fold_batch_norm,channels_last,fold_batch_norm+channels_last)")
     ap.add_argument("--json-out", type=Path, default=None)
     a = ap.parse_args()
+    sets = [tuple(as_rewrites(tuple(part.split("+")))) for part in a.sets.split(",") if part]
     if a.threads:
         torch.set_num_threads(a.threads)
 
@@ -124,16 +131,19 @@ def main() -> None:
             torch.cuda.synchronize(device)
     started = time.perf_counter()
 
-    fold = Deployment([], model, rewrites=(FOLD,))
     plain_compiled = compile_with(model, [])
-    fold_compiled = compile_with(model, [], rewrites=(FOLD,))
+    arms = {"eager": model, "compile default": plain_compiled}
+    deployments, compiled_sets = {}, {}
+    for names in sets:
+        label = " + ".join(names)
+        dep = deployments[label] = Deployment([], model, rewrites=names)
+        compiled_sets[label] = compile_with(model, [], rewrites=names)
 
-    def eager_fold(inp):
-        with fold:
-            return model(inp)
-
-    arms = {"eager": model, "eager + fold": eager_fold, "compile default": plain_compiled,
-            "compile default + fold": fold_compiled}
+        def eager_with(inp, dep=dep):
+            with dep:
+                return model(inp)
+        arms[f"eager + {label}"] = eager_with
+        arms[f"compile default + {label}"] = compiled_sets[label]
     out: dict = {"device": str(device), "name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                  "batch": a.batch, "resolution": a.resolution, "threads": torch.get_num_threads(),
                  "torch": torch.__version__, "machine": platform.processor() or platform.machine(), "arms": {}}
@@ -149,8 +159,9 @@ def main() -> None:
                                                                                               ("fresh", fresh))}}
             print(f"{name}: first forward {warm:.1f} s, rel to float64 {out['arms'][name]['rel_vs_float64']}",
                   file=sys.stderr, flush=True)
-        out["sites"] = {"eager": len(fold.rewritten),
-                        "compile": sum(len(r.sites) for r in fold_compiled.kforge_backend.rewritten)}
+        out["sites"] = {label: {"eager": len(deployments[label].rewritten),
+                                "compile": sum(len(r.sites) for r in compiled_sets[label].kforge_backend.rewritten)}
+                        for label in deployments}
 
         times: dict[str, list[float]] = {name: [] for name in arms}
         names = list(arms)
@@ -175,16 +186,18 @@ def main() -> None:
 
     lines = [f"ResNet-50 (torchvision's layers, built here) batch {a.batch} {a.resolution}x{a.resolution} float32, "
              f"{torch.get_num_threads()} thread(s), {a.rounds} rounds x {a.reps} forwards, torch {torch.__version__}",
-             f"batch norms folded: eager {out['sites']['eager']}, compile {out['sites']['compile']}; plain Inductor's "
-             f"code computes sqrt at {out['inductor_default_sqrt_sites']} site(s) (0 would mean it folds them)"]
+             "sites rewritten: " + "; ".join(f"{label}: eager {n['eager']}, compile {n['compile']}"
+                                             for label, n in out["sites"].items())
+             + f"; plain Inductor's code computes sqrt at {out['inductor_default_sqrt_sites']} site(s) (0 would mean "
+             "it folds the batch norms)"]
     for name in names:
         med = statistics.median(times[name])
         out["arms"][name]["median_us"] = med
         out["arms"][name]["rounds_us"] = times[name]
         lines.append(f"  {name:24s} {med / 1e3:8.2f} ms   rel to float64 {out['arms'][name]['rel_vs_float64']['timed']:.1e}"
                      f" (fresh {out['arms'][name]['rel_vs_float64']['fresh']:.1e})")
-    for base, with_ in (("eager", "eager + fold"), ("compile default", "compile default + fold"),
-                        ("eager", "compile default")):
+    pairs = [(base, f"{base} + {label}") for label in deployments for base in ("eager", "compile default")]
+    for base, with_ in pairs + [("eager", "compile default")]:
         cmp = comparison_of(times[with_], times[base])
         out.setdefault("ratios", {})[f"{with_} / {base}"] = {"ratio": cmp.speedup, "text": cmp.ratio()}
         lines.append(f"  {with_} over {base}: {cmp.ratio()}")

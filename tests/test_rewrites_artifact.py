@@ -16,7 +16,7 @@ import torch
 
 import kforge
 from kforge import cli
-from kforge.deploy import read_manifest
+from kforge.deploy import ArtifactError, read_manifest
 from kforge.deploy._fallback import Comparison, Outcome, RewriteVerdict
 from kforge.deploy._report import rewrite_rows
 
@@ -125,7 +125,7 @@ def test_a_fold_whose_output_moves_on_load_is_left_out(tmp_path, monkeypatch):
     dep.remove()
 
 
-def test_load_checks_the_fold_on_the_inputs_it_is_given_and_warns_where_it_has_none(tmp_path, monkeypatch):
+def test_load_checks_the_fold_on_the_inputs_it_is_given_and_leaves_it_out_where_it_has_none(tmp_path, monkeypatch):
     model = _randomised(ConvBnRelu())
     x = torch.randn(2, 3, 12, 12)
     path = _exported(tmp_path, model, x, monkeypatch)
@@ -138,15 +138,84 @@ def test_load_checks_the_fold_on_the_inputs_it_is_given_and_warns_where_it_has_n
         (check,) = dep.rewrite_checks
         assert check.kept and "the inputs given to kforge.load" in check.why
         data = json.loads((path / "manifest.json").read_text())
-        del data["probe"]   # as an artifact whose export could describe no inputs
+        del data["probe"]   # as an artifact whose export could describe no inputs, or a damaged one
         (path / "manifest.json").write_text(json.dumps(data))
-        with pytest.warns(UserWarning, match="made without a check on load: .*pass inputs= to kforge.load"):
-            dep = kforge.load(model, path, device="cpu")
-        with dep:
+        with kforge.load(model, path, device="cpu") as dep:   # nothing to check its output on: it stays out
+            assert _rel(model(x), eager) == 0.0 and dep.rewrites == () and dep.rewritten == []
+            assert "cannot be checked here: pass inputs= to kforge.load" in dict(dep.skipped)[FOLD]
+        with kforge.load(model, path, device="cpu", inputs=x) as dep:   # the load's own inputs check it
+            assert _rel(model(x), eager) < SINGLE_LAYER_RTOL and len(dep.rewritten) == 2
+        with kforge.load(model, path, device="cpu", revalidate=False) as dep:   # unchecked, asked for
             assert _rel(model(x), eager) < SINGLE_LAYER_RTOL and len(dep.rewritten) == 2
         with kforge.load(model, path, device="cpu", rewrites=()) as dep:   # asked for none
             model(x)
             assert dep.rewrites == () and dep.rewritten == []
+
+
+def _forged(path, change) -> None:
+    data = json.loads((path / "manifest.json").read_text())
+    change(data)
+    (path / "manifest.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage", ["huge", "negative", "not_a_number", "no_probe_at_all"])
+def test_a_forged_verdict_with_a_probe_kforge_cannot_draw_installs_nothing(tmp_path, monkeypatch, damage):
+    """A manifest that says kept for a fold that was left out, beside a probe that is absent, far too large, or
+    not numbers: the load draws nothing it cannot afford, checks nothing, and leaves the fold out."""
+    model = _randomised(ConvBnRelu())
+    x = torch.randn(2, 3, 12, 12)
+    path = _exported(tmp_path, model, x, monkeypatch, faster=False)
+
+    def forge(data):
+        data["rewrites"][0]["kept"] = True
+        leaf = data["probe"]["leaves"][0]["tensor"]
+        if damage == "huge":
+            leaf["shape"] = [100000, 100000, 100]
+        elif damage == "negative":
+            leaf["shape"] = [-1, 3, 12, 12]
+        elif damage == "not_a_number":
+            leaf["mean"] = "abc"
+        else:
+            del data["probe"]
+    _forged(path, forge)
+    with torch.no_grad():
+        eager = model(x)
+        if damage in ("negative", "not_a_number"):
+            with pytest.raises(ArtifactError, match="rewrites recorded in .* are malformed"):
+                kforge.load(model, path, device="cpu")
+            return
+        with kforge.load(model, path, device="cpu") as dep:
+            assert _rel(model(x), eager) == 0.0 and dep.rewrites == () and dep.rewritten == []
+            why = dict(dep.skipped)[FOLD]
+            assert "cannot be checked here" in why and ("GiB" in why) == (damage == "huge"), why
+
+
+def test_a_probe_structure_of_an_unknown_type_is_a_malformed_artifact(tmp_path, monkeypatch):
+    model = _randomised(ConvBnRelu())
+    path = _exported(tmp_path, model, torch.randn(2, 3, 12, 12), monkeypatch)
+    _forged(path, lambda data: data["probe"].__setitem__(
+        "structure", [1, {"type": "os.system", "context": "null", "children_spec": []}]))
+    with pytest.raises(ArtifactError, match="malformed .*NotImplementedError"):
+        kforge.load(model, path, device="cpu")
+
+
+def test_a_model_in_training_mode_gets_no_rewrite_and_keeps_its_statistics(tmp_path, monkeypatch):
+    """A rewrite is for inference: a model left in training mode (modules start so) is not run to check one, at
+    apply or at load, so its batch norms' running statistics stay as they were."""
+    model = _randomised(ConvBnRelu())
+    x = torch.randn(2, 3, 12, 12)
+    path = _exported(tmp_path, model, x, monkeypatch)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dep = kforge.load(model, path, device="cpu")
+    assert dep.rewrites == () and "training mode" in dict(dep.skipped)[FOLD] and "model.eval()" in dict(dep.skipped)[FOLD]
+    dep.remove()
+    session = kforge.Session(model, x, workdir=tmp_path / "train")
+    with session.apply(rewrites=(FOLD,)) as dep:
+        assert dep.rewrites == () and "training mode" in dict(dep.skipped)[FOLD]
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    session.close()
 
 
 def test_a_fold_left_out_at_export_is_not_made_on_load(tmp_path, monkeypatch):

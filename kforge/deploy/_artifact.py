@@ -215,7 +215,8 @@ def rewrites_of(manifest: dict, root: str | Path = "the artifact") -> tuple[tupl
         verdicts = tuple(RewriteVerdict.from_json(d) for d in manifest.get("rewrites") or ())
         raw = manifest.get("probe")
         probe = None if raw is None else str(raw["none"]) if "none" in raw else Probe.from_json(raw)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged manifest makes the parsers raise (pytree raises
+        # NotImplementedError for a type it does not know) is one malformed artifact
         raise ArtifactError(f"the rewrites recorded in {root}/manifest.json are malformed ({type(exc).__name__}: "
                             f"{exc}): export it again") from None
     return verdicts, probe

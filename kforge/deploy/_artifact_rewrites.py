@@ -6,7 +6,7 @@ check is about that model, whatever target the artifact was built for."""
 from __future__ import annotations
 
 import json
-import warnings
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +20,9 @@ from ._graph import no_recompile_limit
 from ._outputs import relative_difference, wrong_output
 
 PROBES_AT_LOAD = 3   # probe inputs drawn where the load is given none (two beside the ones it is given)
+# NB: a manifest's probe is the export's word for the inputs' sizes: a damaged or forged one could ask for any
+# amount of memory, so a probe larger than this (one batch) is not drawn and the rewrites wait for inputs=
+PROBE_LIMIT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,14 @@ class ProbeTensor:
         wide = t.detach().long()
         return cls(shape, dtype, low=int(wide.min()), high=int(wide.max()), channels_last=last)
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+
     def draw(self, device: torch.device | str, gen: torch.Generator) -> torch.Tensor:
         dtype = getattr(torch, self.dtype)
         if dtype.is_floating_point:
-            values = torch.randn(self.shape, generator=gen, dtype=torch.float64) * (self.std or 0.0) + (self.mean or 0.0)
+            values = torch.randn(self.shape, generator=gen, dtype=torch.float32) * (self.std or 0.0) + (self.mean or 0.0)
         else:
             low, high = self.low or 0, self.high if self.high is not None else 0
             values = torch.randint(low, high + 1, self.shape, generator=gen, dtype=torch.int64)
@@ -72,8 +79,15 @@ class ProbeTensor:
         dtype = str(d["dtype"])
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"no torch dtype {dtype!r}")
-        return cls(tuple(int(n) for n in d["shape"]), dtype, d.get("mean"), d.get("std"), d.get("low"),
-                   d.get("high"), bool(d.get("channels_last")))
+        shape = tuple(int(n) for n in d["shape"])
+        if any(n < 0 for n in shape):
+            raise ValueError(f"a negative size in shape {list(shape)}")
+        numbers = {k: d.get(k) for k in ("mean", "std", "low", "high")}
+        for k, x in numbers.items():
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+                raise ValueError(f"{k} {x!r} is not a number")
+        return cls(shape, dtype, numbers["mean"], numbers["std"], numbers["low"], numbers["high"],
+                   d.get("channels_last") is True)
 
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -172,19 +186,36 @@ def load_rewrites(deployment: Deployment, exported: Sequence[RewriteVerdict], *,
         deployment.rewrites = tuple(v.rewrite for v in candidates)
         deployment.rewrite_checks = [_unchecked(v, why) for v in candidates]
         return deployment
+    if in_training(model):
+        verdicts = [RewriteVerdict(v.rewrite, "eager", False, (), TRAINING) for v in candidates]
+        deployment.rewrite_checks = verdicts
+        deployment.skipped.extend((v.rewrite, v.why) for v in verdicts)
+        return deployment
     batches, where, why_not = _batches_at_load(model, inputs, probe)
     if not batches:
-        for v in candidates:
-            warnings.warn(f"kforge: {v.rewrite} is made without a check on load: {why_not}; pass inputs= to "
-                          "kforge.load to check it on them", stacklevel=2)
-        deployment.rewrites = tuple(v.rewrite for v in candidates)
-        deployment.rewrite_checks = [_unchecked(v, f"not checked on load: {why_not}") for v in candidates]
+        # NB: never made unchecked: a rewrite whose output nothing here can check stays out (a forged or damaged
+        # manifest's verdict alone installs nothing); the load's own inputs check it
+        why = (f"left out on load: {why_not}, so its output cannot be checked here: pass inputs= to kforge.load to "
+               "check it on them (or revalidate=False to make it unchecked)")
+        verdicts = [RewriteVerdict(v.rewrite, "eager", False, (), why) for v in candidates]
+        deployment.rewrite_checks = verdicts
+        deployment.skipped.extend((v.rewrite, v.why) for v in verdicts)
         return deployment
     verdicts = [_checked_at_load(v, deployment.kernels, model, batches, where) for v in candidates]
     deployment.rewrites = tuple(v.rewrite for v in verdicts if v.kept)
     deployment.rewrite_checks = verdicts
     deployment.skipped.extend((v.rewrite, v.why) for v in verdicts if not v.kept)
     return deployment
+
+
+TRAINING = ("left out: the model is in training mode (a module's .training is True): a rewrite is for inference, "
+            "and checking it would run forwards that update the batch norms' running statistics; call model.eval() "
+            "first")
+
+
+def in_training(model: Any) -> bool:
+    """Whether any module of ``model`` (an nn.Module) is in training mode."""
+    return isinstance(model, torch.nn.Module) and any(m.training for m in model.modules())
 
 
 def _unchecked(v: RewriteVerdict, why: str) -> RewriteVerdict:
@@ -203,6 +234,10 @@ def _batches_at_load(model: torch.nn.Module, inputs: tuple[tuple, dict] | None, 
         return [], "", "the artifact records no probe input (it was exported before kforge recorded one)"
     if isinstance(probe, str):
         return [], "", f"the artifact records no probe input ({probe})"
+    size = sum(leaf.nbytes for leaf in probe.leaves if isinstance(leaf, ProbeTensor))
+    if size > PROBE_LIMIT_BYTES:
+        return [], "", (f"the artifact's probe describes inputs of {size / 2**30:.1f} GiB, more than the "
+                        f"{PROBE_LIMIT_BYTES / 2**30:.0f} GiB kforge draws for a check")
     try:
         batches = [probe.draw(device, seed) for seed in range(PROBES_AT_LOAD)]
     except Exception as exc:  # noqa: BLE001 - a probe this torch cannot draw is no probe

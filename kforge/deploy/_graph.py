@@ -30,7 +30,7 @@ import torch.fx
 from ..ops import (Epilogue, Unsupported, all_families, family_of, found_in_graph, get_spec, inplace_binder, is_fused,
                    placed_in_aten_graph, spec_for, without_prologue)
 from ..ops._functions import enter_graph_calls, graph_calls, hook_functions, leave_graph_calls
-from ..rewrites import Rewritten, get_rewrite
+from ..rewrites import Rewritten, as_rewrites, get_rewrite
 from ._dispatch import _eager_only, _fast_key, _param_values, variant_key
 from ._launch import DeployedKernel
 from ._runop import RUN_TABLE
@@ -295,7 +295,8 @@ class KforgeBackend:
         self._inductor = None
         self._other = None
         self.aten_passes = [p for make in _ATEN_PASS_MAKERS if (p := make(self.kernels)) is not None]
-        self._rewrites = [get_rewrite(name) for name in self.rewrites]
+        # NB: in the registry's order whatever order they were named in: a rewrite reads what the earlier ones left
+        self._rewrites = [get_rewrite(name) for name in as_rewrites(self.rewrites)]
         if self.inner == "inductor":
             # NB: Inductor's own wrapper turns mode/options into config exactly as plain torch.compile does.
             self._inductor = torch._TorchCompileInductorWrapper(self.mode, self.options, self.dynamic)

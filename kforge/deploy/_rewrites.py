@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..rewrites import as_rewrites
+from ._artifact_rewrites import TRAINING, in_training
 from ._deployment import Deployment
 from ._fallback import Arm, Comparison, RewriteVerdict
 from ._graph import compile_with, no_recompile_limit
@@ -63,6 +64,8 @@ def check_rewrites_eager(names: Sequence[str], kernels: Sequence[DeployedKernel]
                          ) -> list[RewriteVerdict]:
     """Each rewrite of ``names`` judged for an eager deployment of ``kernels`` into ``model``: the model with it
     (its forward captured as a graph, the rewrite made there) against the model with the kernels alone."""
+    if in_training(model):   # NB: no forward at all: one in training mode updates the batch norms' statistics
+        return [RewriteVerdict(name, "eager", False, (), TRAINING) for name in as_rewrites(names)]
     verdicts = []
     plain = Deployment(list(kernels), model, stops_workers=False)
     for name in as_rewrites(names):
@@ -104,6 +107,8 @@ def check_rewrites_compiled(names: Sequence[str], kernels: Sequence[DeployedKern
     verdicts: list[RewriteVerdict] = []
     kept: list[str] = []
     label = mode or "default"
+    if in_training(model):
+        return compiled, [RewriteVerdict(name, label, False, (), TRAINING) for name in as_rewrites(names)]
     for name in as_rewrites(names):
         candidate = compile_with(model, kernels, backend=backend, mode=mode, rewrites=(*kept, name),
                                  **torch_compile_kwargs)

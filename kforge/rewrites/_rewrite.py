@@ -49,14 +49,14 @@ def get_rewrite(name: str) -> Rewrite:
 
 
 def as_rewrites(names: Sequence[str] | str | None) -> tuple[str, ...]:
-    """``names`` checked against the registry, in order, each once (a single name may be passed as a string)."""
+    """``names`` checked against the registry, each once, in the registry's order whatever order they are named in
+    (a single name may be passed as a string): a rewrite reads the graph the earlier ones left, and the registry's
+    order is the one that works (``fold_batch_norm`` before ``channels_last``, which takes the folded weights)."""
     if names is None:
         return ()
     if isinstance(names, str):
         names = (names,)
-    out: list[str] = []
     for name in names:
         get_rewrite(name)
-        if name not in out:
-            out.append(name)
-    return tuple(out)
+    order = list(_REWRITES)
+    return tuple(sorted(set(names), key=order.index))
