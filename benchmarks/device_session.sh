@@ -447,9 +447,11 @@ PY
         --jobs 14 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
         | tail -20 ;;
   rewrites45)
-    # issue 45: batch norm folded into the convolution before it, ResNet-50 eager / compile default with and without
-    timeout "${KF_RW_S:-420}" python3 benchmarks/rewrites.py --device cuda --batch "${KF_RW_BATCH:-32}" --resolution 224 \
-        --rounds "${KF_RW_ROUNDS:-20}" --reps 10 --json-out "$OUT/rewrites_cuda.json" 2>&1 | grep -v "^DEBUG" \
+    # issue 45: batch norm folded into the convolution before it and channels-last chains, ResNet-50 eager / compile
+    # default with and without each
+    timeout "${KF_RW_S:-560}" python3 benchmarks/rewrites.py --device cuda --batch "${KF_RW_BATCH:-32}" --resolution 224 \
+        --rounds "${KF_RW_ROUNDS:-20}" --reps 10 --sets "${KF_RW_SETS:-fold_batch_norm,channels_last,fold_batch_norm+channels_last}" \
+        --json-out "$OUT/rewrites_cuda.json" 2>&1 | grep -v "^DEBUG" \
         | tee "$OUT/rewrites_cuda.txt" | tail -20 ;;
   owed0607)
     # issue 41/42, 2026-12-07: what the dispatch cost is through a replayed plan (the default) and in process, then the
