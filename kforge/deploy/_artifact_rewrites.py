@@ -195,7 +195,7 @@ def load_rewrites(deployment: Deployment, exported: Sequence[RewriteVerdict], *,
     if not batches:
         # NB: never made unchecked: a rewrite whose output nothing here can check stays out (a forged or damaged
         # manifest's verdict alone installs nothing); the load's own inputs check it
-        why = (f"left out on load: {why_not}, so its output cannot be checked here: pass inputs= to kforge.load to "
+        why = (f"on load: {why_not}, so its output cannot be checked here: pass inputs= to kforge.load to "
                "check it on them (or revalidate=False to make it unchecked)")
         verdicts = [RewriteVerdict(v.rewrite, "eager", False, (), why) for v in candidates]
         deployment.rewrite_checks = verdicts
@@ -231,7 +231,7 @@ def _batches_at_load(model: torch.nn.Module, inputs: tuple[tuple, dict] | None, 
         drawn = [] if isinstance(own, str) else [own.draw(device, seed) for seed in range(PROBES_AT_LOAD - 1)]
         return [inputs, *drawn], f"the inputs given to kforge.load and {len(drawn)} drawn like them", ""
     if probe is None:
-        return [], "", "the artifact records no probe input (it was exported before kforge recorded one)"
+        return [], "", "the artifact records no probe input (an export before kforge recorded one, or a damaged manifest)"
     if isinstance(probe, str):
         return [], "", f"the artifact records no probe input ({probe})"
     size = sum(leaf.nbytes for leaf in probe.leaves if isinstance(leaf, ProbeTensor))
@@ -257,7 +257,7 @@ def _checked_at_load(v: RewriteVerdict, kernels: Sequence[Any], model: torch.nn.
             return model(*args, **kwargs)
 
     def left_out(why: str, sites: tuple[str, ...] = ()) -> RewriteVerdict:
-        return RewriteVerdict(v.rewrite, v.mode, False, sites, f"left out on load: {why}", v.comparison)
+        return RewriteVerdict(v.rewrite, v.mode, False, sites, f"on load: {why}", v.comparison)
 
     with no_recompile_limit(), torch.no_grad():
         try:
