@@ -58,8 +58,11 @@ def test_attack_gets_a_safe_verdict_and_nothing_escapes(evaluator, jail, name):
     kill_children(children)
     print(f"{name}: {ev.summary()}")
 
-    assert ev.status is not Status.FASTER, ev.summary()
-    assert ev.status in attack.allowed, ev.summary()
+    # NB: a timing while other processes held cores its threads needed (ev.contended) can read an attack's honest
+    # fallback faster than an eager the load slowed (1.42x and 1.64x beside a full test run, 2026-12-07); such a
+    # timing decides no card (search._decide.contended), so it is no win. Uncontended, FASTER is one.
+    assert ev.status is not Status.FASTER or ev.contended, ev.summary()
+    assert ev.status in attack.allowed or (ev.status is Status.FASTER and ev.contended), ev.summary()
     if ev.status.is_failure:
         assert ev.score == 0.0
     # nothing escaped
