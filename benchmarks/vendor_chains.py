@@ -21,8 +21,8 @@ folder and carry it, e.g. ``mkdir -p build/cutlass && cp -r .venv/lib/python3*/s
 {include,tools} build/cutlass/`` (28 MB) and pass ``--cutlass build/cutlass`` (``carry=["build/cutlass"]``).
 Every CUTLASS build takes minutes of one core: ``--jobs`` runs them in parallel from the start; ``--cases`` picks
 cases by name (substring); the JSON is written after every case, so a run cut short keeps what it measured.
-The kernels are loaded without kforge's binary wall, which does not yet let CUTLASS's TMA descriptor call through
-(each build's wall findings are in the JSON); nothing else runs them.
+Each kernel is built through ``compile_source`` as the judge builds a candidate (the screen, the compiler's jail,
+the binary wall, which admits the driver's two TMA encoders: a build the wall refuses is that case's error).
 """
 from __future__ import annotations
 
