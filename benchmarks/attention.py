@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from kforge.evaluate._checks import compare  # noqa: E402
 from kforge.ops import TensorSig  # noqa: E402
 from kforge.ops import Variant, get_spec  # noqa: E402
 from kforge.timing import bench_many  # noqa: E402
@@ -84,15 +85,6 @@ def cases(device: str) -> dict[str, Variant]:
     return out
 
 
-def _within(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float]:
-    """The judge's rule: |got - ref| <= atol x the reference's scale + rtol x |ref| everywhere, NaN nowhere."""
-    g, r = got.float(), ref.float()
-    scale = r.abs().max().item() or 1.0
-    err = (g - r).abs()
-    ok = bool(torch.isfinite(g).all()) and bool((err <= atol * scale + rtol * r.abs()).all())
-    return ok, float(err.max().item()) / scale
-
-
 def _build(strategy, variant: Variant, config: dict, info) -> Any:
     from kforge.deploy import DeployedKernel
     from kforge.kernels import Kernel, compile_source
@@ -120,7 +112,6 @@ def run_case(name: str, variant: Variant, device: str, modes: list[str], seeds: 
     with futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         built = list(pool.map(lambda c: _try(lambda: _build(strategy, variant, c, info)), configs))
     row["build_s"] = round(time.perf_counter() - start, 1)
-    rtol, atol = spec.tolerance(variant.outputs[0].dtype)
     kernels: list[tuple[str, Any]] = []
     row["configs"] = []
     for config, result in zip(configs, built):
@@ -140,11 +131,13 @@ def run_case(name: str, variant: Variant, device: str, modes: list[str], seeds: 
             except Exception as exc:  # noqa: BLE001 - a configuration that fails to run is reported, not fatal
                 entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 break
-            checks.append(_within(got, ref, rtol, atol))
+            checks.append(compare(spec, got, ref, "output"))   # the judge's own rule, eager's NaN rows included
         if "error" in entry:
             continue
-        entry["correct"] = all(ok for ok, _ in checks)
-        entry["max_rel_error"] = max(err for _, err in checks)
+        entry["correct"] = all(m.ok for m in checks)
+        entry["max_rel_error"] = max(m.max_rel for m in checks)
+        if not entry["correct"]:
+            entry["why"] = next(m.message for m in checks if not m.ok)
         if entry["correct"]:
             kernels.append((label, kernel))
     ins = [None if t is None else t.to(device) for t in spec.random_inputs(variant, seed=0)]

@@ -64,18 +64,11 @@ def test_the_profile_reads_each_kernels_launch_shape_from_the_trace():
 
 
 def test_the_attention_benchmark_checks_and_times_each_configuration_on_the_cpu():
-    """benchmarks/attention.py on its small CPU case: the C kernel built, held to the card's tolerance on fresh
-    inputs and timed beside eager; a kernel output off by one element is not within tolerance."""
-    import torch
-
+    """benchmarks/attention.py on its small CPU case: the C kernel built, held to the judge's rule
+    (``evaluate._checks.compare``) on fresh inputs and timed beside eager."""
     bench = _script("attention")
     variants = bench.cases("cpu")
     assert set(variants) == {"gemma4_sliding_window_32", "gemma4_full_causal_64", "sd35_joint", "chain_softcap_added"}
     row = bench.run_case("gemma4_full_causal_64", variants["gemma4_full_causal_64"], "cpu", [], 1, 20.0, 1)
     assert [c["correct"] for c in row["configs"]] == [True] and set(row["us"]) == {"eager", "kforge[default]"}
     assert row["speedup_vs_eager"] == row["us"]["eager"] / row["us"]["kforge[default]"]
-    ref = torch.randn(4, 8)
-    off = ref.clone()
-    off[1, 2] += 1.0
-    assert bench._within(ref.clone(), ref, 1e-5, 1e-5)[0] and not bench._within(off, ref, 1e-5, 1e-5)[0]
-    assert not bench._within(torch.full_like(ref, float("nan")), ref, 1e-5, 1e-5)[0]
