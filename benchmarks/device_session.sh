@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
+#   device run: bash benchmarks/device_session.sh s28a      session 28: the GPU suite, the CUDA attacks and replay, attention45
 #   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh rewrites45  issue 45: batch-norm folding on ResNet-50, eager and compile
 #   device run: bash benchmarks/device_session.sh attention45  issue 45: the attention cards at the seed shapes against SDPA
@@ -429,6 +430,15 @@ PY
     done | tee "$OUT/dispatch_cost.txt"
     gpu_tests "${KF_GPU_A_S:-250}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py" gpu44_a 30
     gpu_tests "${KF_GPU_B_S:-230}" "${KF_GPU_B_FILES:-tests/test_gpu_attacks.py tests/test_gpu_replay.py}" gpu44_b 20 ;;
+  s28a)
+    # session 28's first call: the GPU suite on the current code (the attention family's GPU test in it), the judge's
+    # CUDA attacks and replay, then the attention cards at the seed shapes against eager's SDPA and compile
+    KFORGE_CUDA_REPLAY=1 timeout 60 python3 -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "Warn" | tail -2 | tee "$OUT/dispatch_cost.txt"
+    gpu_tests "${KF_GPU_A_S:-230}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py tests/test_attention.py" s28_a 30
+    gpu_tests "${KF_GPU_B_S:-150}" "tests/test_gpu_attacks.py tests/test_gpu_replay.py" s28_b 16
+    timeout "${KF_ATT_S:-140}" python3 benchmarks/attention.py --device cuda --modes "${KF_ATT_MODES:-default}" \
+        --jobs 14 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
+        | tail -24 ;;
   vendor41)
     # issues 45 and 41 (2026-12-07): vendor-headed chains (CUTLASS through kforge's compile path, in parallel, then
     # eager / compile default / max-autotune / kforge; carry build/cutlass), then a seed model's repeatability
