@@ -2,6 +2,7 @@
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
 #   device run: bash benchmarks/device_session.sh s28a      session 28: the GPU suite, the CUDA attacks and replay, attention45
+#   device run: bash benchmarks/device_session.sh s28b      session 28: every vendor-headed chain (carry [".carry"])
 #   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh rewrites45  issue 45: batch-norm folding on ResNet-50, eager and compile
 #   device run: bash benchmarks/device_session.sh attention45  issue 45: the attention cards at the seed shapes against SDPA
@@ -439,6 +440,16 @@ PY
     timeout "${KF_ATT_S:-140}" python3 benchmarks/attention.py --device cuda --modes "${KF_ATT_MODES:-default}" \
         --jobs 14 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
         | tail -24 ;;
+  s28b)
+    # session 28's vendor call: every GEMM- and convolution-headed chain through kforge's compile path (CUTLASS headers
+    # carried compressed: carry [".carry"], .carry/cutlass.tar.xz = include/ and tools/ of the nvidia-cutlass wheel)
+    # against eager, compile default and compile max-autotune; KF_VENDOR_CASES picks cases (default: all)
+    if [ -f .carry/cutlass.tar.xz ]; then mkdir -p build/cutlass && tar xJf .carry/cutlass.tar.xz -C build/cutlass; fi
+    KFORGE_CACHE="${KFORGE_CACHE:-/tmp/kcache}" timeout "${KF_VENDOR_S:-560}" python3 benchmarks/vendor_chains.py \
+        --device cuda --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-}" --jobs 15 \
+        --budget-s "${KF_VENDOR_BUDGET_S:-470}" --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
+        | grep -v "^AUTOTUNE\|^  triton_\|^  mm \|^  addmm\|^  bmm\|^  convolution\|^strides:\|^dtypes:\|^SingleProcess\|^Autotune\|num_choices" \
+        | tee "$OUT/vendor.txt" | tail -60 ;;
   vendor41)
     # issues 45 and 41 (2026-12-07): vendor-headed chains (CUTLASS through kforge's compile path, in parallel, then
     # eager / compile default / max-autotune / kforge; carry build/cutlass), then a seed model's repeatability
