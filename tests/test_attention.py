@@ -16,7 +16,7 @@ from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
 from kforge.kernels._compile import find_nvcc
 from kforge.kernels._screen import screen
 from kforge.ops import TensorSig, Unsupported, Variant, get_spec
-from kforge.proposers.builtin import strategies_for
+from kforge.proposers.builtin import get_strategy, strategies_for
 
 import extras
 from fused_checks import captured, judged_and_placed
@@ -377,7 +377,7 @@ def _gemma_e2b(device: str = "cpu") -> list[Variant]:
 
 def test_the_cuda_design_fits_the_seed_shapes_and_passes_the_screen():
     for variant in _gemma_e2b():
-        (strategy,) = strategies_for(variant.op, "cuda")
+        strategy = get_strategy(f"{variant.op}.cuda.flash_tiles")
         assert strategy.applies(variant, H100), variant.signature
         configs = list(strategy.configs(variant, H100))
         assert len(configs) > 1
@@ -391,7 +391,7 @@ def test_the_cuda_design_fits_the_seed_shapes_and_passes_the_screen():
         assert default["block_q"] == (16 if e == 512 else 32 if e == 256 else 64), (variant.signature, default)
     # a head too wide for any tile in 48 KB of shared memory has no design there
     small = DeviceInfo("cuda", "small", "sm_90", 1, 1.0, 0, 48 << 10)
-    assert not strategies_for(SDPA, "cuda")[0].applies(_gemma_e2b()[1], small)
+    assert not get_strategy(f"{SDPA}.cuda.flash_tiles").applies(_gemma_e2b()[1], small)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
@@ -401,7 +401,7 @@ def test_the_cuda_design_builds_for_sm90():
     mask on SDPA, grouped heads."""
     extra = [CASES[name].on("cuda:0") for name in ("chain_filled_float16", "added_mask", "gqa")]
     for variant in _gemma_e2b() + extra:
-        (strategy,) = strategies_for(variant.op, "cuda")
+        strategy = get_strategy(f"{variant.op}.cuda.flash_tiles")
         compile_source(strategy.render(variant, strategy.default(variant, H100), H100), "cuda", "sm_90")
 
 
@@ -413,7 +413,7 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
     info = device_info("cuda")
     variant = CASES[name].on("cuda:0")
     spec = get_spec(variant.op)
-    (strategy,) = strategies_for(variant.op, "cuda")
+    strategy = get_strategy(f"{variant.op}.cuda.flash_tiles")
     ins = [None if t is None else t.cuda() for t in spec.random_inputs(CASES[name], seed=3)]
     ref = spec.reference(ins, variant.param_dict)
     rtol, atol = spec.tolerance(variant.outputs[0].dtype)

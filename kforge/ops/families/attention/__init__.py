@@ -5,7 +5,8 @@ reads and writes the whole score matrix.
 
 Both are one kernel design (``strategies``): a flash-style loop over the keys with an online softmax, scores never
 stored, float accumulation. Masks are inputs (a model's causal or sliding-window mask arrives as one; ``is_causal``
-is computed), grouped-query attention reads each key and value head once for its group of query heads. The
+is computed), grouped-query attention reads each key and value head once for its group of query heads. On Hopper,
+``wgmma_tiles`` runs the same design's SDPA on the tensor cores (16-bit inputs, widths 64-256). The
 written-out chain is found in the model's ATen graph (``pattern``) and placed there; its kernel rounds the scores
 at each step as eager's operators do.
 """
@@ -17,7 +18,7 @@ from ..._family import Family, register_family
 from . import _spec
 from ._pattern import PATTERN
 
-_STRATEGIES = (f"{__name__}.strategies",)   # NB: the proposers layer's, imported by name only
+_STRATEGIES = (f"{__name__}.strategies", f"{__name__}.wgmma_tiles")   # NB: the proposers layer's, imported by name only
 
 SDPA = register_family(Family(
     _spec.AttentionSpec(name="scaled_dot_product_attention", kind="vendor", vendor="flash",
