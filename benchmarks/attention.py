@@ -10,9 +10,10 @@ Cases, each one attention card's exact signature (``kforge.ops.families.attentio
   x values);
 - on a CPU, the same kinds at small sizes (float32), so the script itself is checked where there is no GPU.
 
-For each case: every configuration of kforge's strategy for that device is rendered and built (CUDA: the
-flash-style tiles, in parallel with nvcc; CPU: the C/OpenMP rows kernel), run on fresh inputs (three seeds, outputs
-poisoned with NaN) and held to the card's tolerance against eager's output; then eager (for SDPA: the backend
+For each case: every configuration of each of kforge's strategies that applies on that device is rendered and built
+(CUDA: the flash-style tiles, and on Hopper for 16-bit SDPA the tensor-core tiles, ``wgmma_tiles``, in parallel with
+nvcc; CPU: the C/OpenMP rows kernel), run on fresh inputs (three seeds, outputs poisoned with NaN) and held to the
+card's tolerance against eager's output; then eager (for SDPA: the backend
 torch chose for these inputs), each compile mode and every correct configuration are timed interleaved, repetition
 by repetition (``kforge.timing.bench_many``: CUDA events or the host clock, L2 flushed, rounds until two agree;
 a timing whose rounds never agreed is marked noisy).
@@ -94,29 +95,39 @@ def _build(strategy, variant: Variant, config: dict, info) -> Any:
     return DeployedKernel(variant, Kernel(built.path)), built
 
 
+def configurations(variant: Variant, info) -> list[tuple[Any, dict]]:
+    """(strategy, configuration) for every configuration of every built-in strategy that applies to ``variant`` on
+    the device ``info`` describes: what a case builds, checks and times."""
+    from kforge.proposers.builtin import strategies_for
+
+    return [(s, c) for s in strategies_for(variant.op, info.backend) if s.applies(variant, info)
+            for c in s.configs(variant, info)]
+
+
 def run_case(name: str, variant: Variant, device: str, modes: list[str], seeds: int, budget_ms: float,
              jobs: int) -> dict:
     from kforge.kernels import device_info
-    from kforge.proposers.builtin import strategies_for
 
     spec = get_spec(variant.op)
     info = device_info(device)
     row: dict = {"case": name, "signature": variant.signature}
     params = variant.param_dict
-    (strategy,) = strategies_for(variant.op, info.backend)
-    if not strategy.applies(variant, info):
-        row["error"] = f"{strategy.name} does not apply to this signature on {info.name}"
+    candidates = configurations(variant, info)
+    if not candidates:
+        row["error"] = f"no {info.backend} strategy of {variant.op} applies to this signature on {info.name}"
         return row
-    configs = list(strategy.configs(variant, info))
+    strategies = {s.name for s, _ in candidates}
     start = time.perf_counter()
     with futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        built = list(pool.map(lambda c: _try(lambda: _build(strategy, variant, c, info)), configs))
+        built = list(pool.map(lambda sc: _try(lambda: _build(sc[0], variant, sc[1], info)), candidates))
     row["build_s"] = round(time.perf_counter() - start, 1)
     kernels: list[tuple[str, Any]] = []
     row["configs"] = []
-    for config, result in zip(configs, built):
+    for (strategy, config), result in zip(candidates, built):
         label = ",".join(f"{k}={v}" for k, v in sorted(config.items())) or "default"
-        entry: dict = {"config": label}
+        if len(strategies) > 1:   # NB: the design's name only where there is more than one
+            label = f"{strategy.name.rsplit('.', 1)[-1]}:{label}"
+        entry: dict = {"config": label, "strategy": strategy.name}
         row["configs"].append(entry)
         if isinstance(result, str):
             entry["error"] = result
