@@ -1,0 +1,221 @@
+"""The tensor-core attention strategy for Hopper (``wgmma_tiles``, issue 45): where it applies and where it leaves
+the card to ``flash_tiles``; every configuration of the seed shapes renders, passes the screen and builds for sm_90a
+through kforge's compile path (screen, jail, binary wall); on a GPU, every configuration matches eager."""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from kforge.deploy import DeployedKernel
+from kforge.evaluate._checks import compare
+from kforge.kernels import DeviceInfo, Kernel, compile_source, device_info
+from kforge.kernels._compile import find_nvcc
+from kforge.kernels._cutlass import cutlass_root, target_arch
+from kforge.kernels._screen import screen
+from kforge.ops import Variant, get_spec
+from kforge.ops.families.attention.wgmma_tiles import smem_bytes
+from kforge.proposers.builtin import BuiltinProposer, get_strategy
+
+from test_attention import H100, _gemma_e2b, _qkv, _variant, _window
+
+SDPA = "scaled_dot_product_attention"
+WGMMA = get_strategy(f"{SDPA}.cuda.wgmma_tiles")
+FLASH = get_strategy(f"{SDPA}.cuda.flash_tiles")
+A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", "sm_80", 108, 2000.0, 40 << 20, 163 << 10)
+needs_cutlass = pytest.mark.skipif(find_nvcc() is None or cutlass_root() is None,
+                                   reason='needs nvcc and the CUTLASS headers: pip install "kforge[cutlass]"')
+
+
+def _seeds() -> dict[str, Variant]:
+    """The seed cards it is for: Gemma 4's sliding layer (8 query heads of 256, one key head expanded, the window's
+    boolean mask, 512 tokens) and SD3.5's joint attention (24 heads of 64, 4429 tokens, [batch, tokens, heads, 64])."""
+    sliding, _, joint, _ = _gemma_e2b()
+    return {"gemma4_sliding_256": sliding, "sd35_joint_64": joint}
+
+
+SEEDS = _seeds()
+
+
+def _small() -> dict[str, Variant]:
+    """Small cards of every kind it takes, 16-bit, at sizes that leave partial tiles (rows past L, keys past S)."""
+    bf, f16 = torch.bfloat16, torch.float16
+    q, k, v = _qkv(b=2, h=3, L=70, S=70, e=64, dtype=bf)
+    qm, km, vm = _qkv(b=1, h=2, L=100, S=150, e=128, dtype=bf, seed=1)
+    qa, ka, va = _qkv(b=2, h=2, L=65, S=200, e=64, dtype=f16, seed=2)
+    qw, kw, vw = _qkv(b=1, h=4, L=130, S=130, e=256, dtype=bf, kv_heads=1, seed=3)
+    qg, kg, vg = _qkv(b=1, h=4, L=96, S=80, e=128, dtype=bf, kv_heads=2, seed=4)
+    qv, kv, vv = _qkv(b=1, h=2, L=64, S=96, e=64, ev=128, dtype=f16, seed=5)
+    # the query's width not contiguous: its tiles come element by element, not 16 bytes at a time
+    qt = torch.randn(1, 2, 64, 77, dtype=bf).transpose(-1, -2)
+    _, kt, vt = _qkv(b=1, h=2, L=77, S=77, e=64, dtype=bf, seed=6)
+    x3 = _qkv(b=3, h=1, L=50, S=60, e=64, dtype=bf, seed=7)
+    return {
+        "causal_64": _variant(SDPA, q, k, v, is_causal=True),
+        "bool_mask_128": _variant(SDPA, qm, km, vm, attn_mask=torch.rand(100, 150) > 0.3),
+        "added_mask_float16_64": _variant(SDPA, qa, ka, va, attn_mask=torch.randn(2, 1, 65, 200).half()),
+        "window_expanded_key_head_256": _variant(SDPA, qw, kw.expand(1, 4, 130, 256), vw.expand(1, 4, 130, 256),
+                                                 attn_mask=_window(130, 130, 48)),
+        "gqa_128": _variant(SDPA, qg, kg, vg, enable_gqa=True, scale=0.3),
+        "value_width_128_float16": _variant(SDPA, qv, kv, vv),
+        "strided_query_64": _variant(SDPA, qt, kt, vt),
+        "3d_64": _variant(SDPA, *(t[:, 0] for t in x3)),
+    }
+
+
+SMALL = _small()
+
+
+def _on_gpu(variant: Variant) -> Variant:
+    return variant.on("cuda:0")
+
+
+# ----------------------------------------------------------------------------- where it applies
+
+
+def test_it_takes_the_seed_cards_and_the_kinds_it_implements_and_leaves_the_rest_to_flash_tiles():
+    for name, variant in {**SEEDS, **SMALL}.items():
+        assert WGMMA.applies(_on_gpu(variant), H100), name
+    sliding, full, joint, chain = (_on_gpu(v) for v in _gemma_e2b())
+    assert not WGMMA.applies(sliding, A100), "GMMA is Hopper's (sm_90a) only"
+    # Gemma's full layer (width 512), the written-out chain, float32, widths it has no tiles for: flash_tiles' cards
+    f32 = _on_gpu(_variant(SDPA, *_qkv(L=70, S=70, e=64), is_causal=True))
+    narrow = _on_gpu(_variant(SDPA, *_qkv(e=32, dtype=torch.bfloat16)))
+    for refused in (full, chain, f32, narrow):
+        assert not WGMMA.applies(refused, H100), refused.signature
+        assert get_strategy(f"{refused.op}.cuda.flash_tiles").applies(refused, H100), refused.signature
+    # where it applies it is the built-in proposer's first choice; flash_tiles still applies there
+    proposer = BuiltinProposer()
+    assert proposer.ranked(sliding, H100)[:2] == [WGMMA, FLASH]
+    assert proposer.ranked(joint, H100)[:2] == [WGMMA, FLASH]
+    assert proposer.ranked(full, H100)[0] == FLASH
+
+
+def test_every_configuration_of_the_seed_cards_fits_the_device_renders_and_passes_the_screen():
+    for name, variant in SEEDS.items():
+        configs = list(WGMMA.configs(variant, H100))
+        assert len(configs) > 1 and configs[0]["stages"] == 2, (name, configs)
+        sources = set()
+        for config in configs:
+            assert smem_bytes(variant, config) <= H100.max_shared_per_block, (name, config)
+            src = WGMMA.render(variant, config, H100)
+            assert screen(src, "cuda") == (), (name, config)
+            assert target_arch(src, "sm_90") == "sm_90a"
+            for key, define in (("block_q", "BQ"), ("block_k", "BK"), ("stages", "STAGES")):
+                assert f"#define {define} {config[key]}\n" in src
+            sources.add(src)
+        assert len(sources) == len(configs), "each configuration is its own kernel"
+    # heads of 256: a 128-key tile's scores do not fit beside the output's registers; the Gemma card keeps 64-key tiles
+    assert {c["block_k"] for c in WGMMA.configs(SEEDS["gemma4_sliding_256"], H100)} == {64}
+    # shared memory bounds the space: 100 KiB leaves the 256-wide card one-stage or 64-row blocks only
+    small = DeviceInfo("cuda", "small", "sm_90", 132, 3000.0, 50 << 20, 100 << 10)
+    for config in WGMMA.configs(SEEDS["gemma4_sliding_256"], small):
+        assert smem_bytes(SEEDS["gemma4_sliding_256"], config) <= 100 << 10
+        assert config["stages"] == 1 or config["block_q"] == 64
+
+
+def test_the_source_follows_the_cards_mask_layout_and_dtype():
+    def defines(variant: Variant) -> str:
+        return WGMMA.render(variant, WGMMA.default(variant, H100), H100)
+
+    assert "#define MASK 1\n" in defines(SEEDS["gemma4_sliding_256"])          # boolean, keeps
+    assert "#define MASK 3\n" in defines(SMALL["added_mask_float16_64"])        # added
+    assert "typedef cutlass::half_t q_t;" in defines(SMALL["added_mask_float16_64"])
+    src = defines(SEEDS["sd35_joint_64"])
+    assert "#define MASK 0\n" in src and "#define CAUSAL 0\n" in src and "#define SCALE 0.125f\n" in src
+    assert "#define VEC_STRIDES 1\n" in src and "#define QSL 1536L\n" in src
+    assert "#define CAUSAL 1\n" in defines(SMALL["causal_64"])
+    assert "#define KOFF(bh) 0L\n" in defines(SEEDS["gemma4_sliding_256"]), "the one key head, read by every head"
+    assert "#define VEC_STRIDES 0\n" in defines(SMALL["strided_query_64"]), "a strided width is loaded element-wise"
+
+
+def test_the_attention_benchmark_times_its_configurations_beside_flash_tiles():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("kforge_bench_attention_wgmma", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cases = bench.cases("cuda")
+    for name in ("gemma4_sliding_window_256", "sd35_joint"):
+        picked = bench.configurations(cases[name], H100)
+        ours = [c for s, c in picked if s == WGMMA]
+        assert ours == list(WGMMA.configs(cases[name], H100)), name
+        assert any(s == FLASH for s, _ in picked), name
+    assert all(s == FLASH for s, _ in bench.configurations(cases["gemma4_full_causal_512"], H100))
+
+
+# ----------------------------------------------------------------------------- builds (nvcc, sm_90a)
+
+
+def _build(variant: Variant, config: dict, info: DeviceInfo = H100):
+    return compile_source(WGMMA.render(variant, config, info), "cuda", info.arch)
+
+
+@needs_cutlass
+@pytest.mark.slow
+def test_every_configuration_of_the_seed_cards_builds_for_sm90a_through_the_compile_path():
+    """Screen, jail, nvcc for sm_90a and the binary wall, for every configuration: the source's static checks (P
+    takes S's accumulator in order, the tiles dense) hold for each."""
+    jobs = [(v, c) for v in SEEDS.values() for c in WGMMA.configs(v, H100)]
+    with futures.ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda j: _build(*j), jobs))
+    assert all(b.path.is_file() for b in built)
+    assert len({b.sha256 for b in built}) == len(jobs)
+
+
+@needs_cutlass
+@pytest.mark.slow
+def test_the_kinds_beyond_the_seed_cards_build_for_sm90a():
+    """float16, an added mask, is_causal, grouped heads, two widths, a strided query (their default configuration)."""
+    names = ("causal_64", "added_mask_float16_64", "gqa_128", "value_width_128_float16", "strided_query_64")
+    with futures.ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda n: _build(SMALL[n], WGMMA.default(SMALL[n], H100)), names))
+    assert all(b.path.is_file() for b in built)
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+
+def _fully_masked_rows(variant: Variant, ins: list) -> list:
+    """A boolean mask with some query rows that keep no key (eager's kernels give zeros there)."""
+    mask = ins[3]
+    if mask is not None and mask.dtype == torch.bool:
+        mask = mask.clone()
+        mask[..., 3, :] = False
+        mask[..., -1, :] = False
+        ins = [*ins[:3], mask]
+    return ins
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [*SMALL, *SEEDS])
+def test_on_the_gpu_every_configuration_matches_eager(name):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    info = device_info("cuda")
+    if not info.arch.startswith("sm_90"):
+        pytest.skip(f"wgmma_tiles is for sm_90a; this GPU is {info.arch}")
+    card = {**SMALL, **SEEDS}[name]
+    variant = _on_gpu(card)
+    spec = get_spec(SDPA)
+    assert WGMMA.applies(variant, info)
+    configs = list(WGMMA.configs(variant, info))
+    with futures.ThreadPoolExecutor(8) as pool:
+        built = list(pool.map(lambda c: _build(variant, c, info), configs))
+    for seed in (3, 4):
+        ins = [None if t is None else t.cuda() for t in spec.random_inputs(card, seed=seed)]
+        if name == "bool_mask_128":
+            ins = _fully_masked_rows(variant, ins)
+        before = [None if t is None else t.clone() for t in ins]
+        ref = spec.reference(ins, variant.param_dict)
+        for config, lib in zip(configs, built):
+            kernel = DeployedKernel(variant, Kernel(lib.path))
+            (got,) = kernel(tuple(ins))
+            torch.cuda.synchronize()
+            verdict = compare(spec, got, ref, "output")
+            assert verdict.ok, (name, config, seed, verdict.message)
+            assert all(a is None or torch.equal(a, b) for a, b in zip(ins, before)), "inputs unchanged"
+            if name == "bool_mask_128":
+                assert bool((got[..., 3, :] == 0).all()) and bool((got[..., -1, :] == 0).all())
