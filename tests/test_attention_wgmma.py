@@ -31,10 +31,11 @@ needs_cutlass = pytest.mark.skipif(find_nvcc() is None or cutlass_root() is None
 
 
 def _seeds() -> dict[str, Variant]:
-    """The seed cards it is for: Gemma 4's sliding layer (8 query heads of 256, one key head expanded, the window's
-    boolean mask, 512 tokens) and SD3.5's joint attention (24 heads of 64, 4429 tokens, [batch, tokens, heads, 64])."""
-    sliding, _, joint, _ = _gemma_e2b()
-    return {"gemma4_sliding_256": sliding, "sd35_joint_64": joint}
+    """The seed cards it is for: Gemma 4's layers at 512 tokens, sliding (8 query heads of 256, one key head
+    expanded, the window's boolean mask) and full (heads of 512, causal), and SD3.5's joint attention (24 heads of 64,
+    4429 tokens, [batch, tokens, heads, 64])."""
+    sliding, full, joint, _ = _gemma_e2b()
+    return {"gemma4_sliding_256": sliding, "gemma4_full_512": full, "sd35_joint_64": joint}
 
 
 SEEDS = _seeds()
@@ -53,6 +54,7 @@ def _small() -> dict[str, Variant]:
     qt = torch.randn(1, 2, 64, 77, dtype=bf).transpose(-1, -2)
     _, kt, vt = _qkv(b=1, h=2, L=77, S=77, e=64, dtype=bf, seed=6)
     x3 = _qkv(b=3, h=1, L=50, S=60, e=64, dtype=bf, seed=7)
+    qw5, kw5, vw5 = _qkv(b=1, h=2, L=100, S=100, e=512, dtype=bf, kv_heads=1, seed=8)
     return {
         "causal_64": _variant(SDPA, q, k, v, is_causal=True),
         "bool_mask_128": _variant(SDPA, qm, km, vm, attn_mask=torch.rand(100, 150) > 0.3),
@@ -63,6 +65,8 @@ def _small() -> dict[str, Variant]:
         "value_width_128_float16": _variant(SDPA, qv, kv, vv),
         "strided_query_64": _variant(SDPA, qt, kt, vt),
         "3d_64": _variant(SDPA, *(t[:, 0] for t in x3)),
+        "causal_expanded_key_head_512": _variant(SDPA, qw5, kw5.expand(1, 2, 100, 512), vw5.expand(1, 2, 100, 512),
+                                                 is_causal=True),
     }
 
 
@@ -81,17 +85,19 @@ def test_it_takes_the_seed_cards_and_the_kinds_it_implements_and_leaves_the_rest
         assert WGMMA.applies(_on_gpu(variant), H100), name
     sliding, full, joint, chain = (_on_gpu(v) for v in _gemma_e2b())
     assert not WGMMA.applies(sliding, A100), "GMMA is Hopper's (sm_90a) only"
-    # Gemma's full layer (width 512), the written-out chain, float32, widths it has no tiles for: flash_tiles' cards
+    # the written-out chain, float32, widths it has no tiles for: flash_tiles' cards
     f32 = _on_gpu(_variant(SDPA, *_qkv(L=70, S=70, e=64), is_causal=True))
     narrow = _on_gpu(_variant(SDPA, *_qkv(e=32, dtype=torch.bfloat16)))
-    for refused in (full, chain, f32, narrow):
+    wider = _on_gpu(_variant(SDPA, *_qkv(e=64, ev=1024, dtype=torch.bfloat16)))
+    for refused in (chain, f32, narrow, wider):
         assert not WGMMA.applies(refused, H100), refused.signature
         assert get_strategy(f"{refused.op}.cuda.flash_tiles").applies(refused, H100), refused.signature
     # where it applies it is the built-in proposer's first choice; flash_tiles still applies there
     proposer = BuiltinProposer()
     assert proposer.ranked(sliding, H100)[:2] == [WGMMA, FLASH]
     assert proposer.ranked(joint, H100)[:2] == [WGMMA, FLASH]
-    assert proposer.ranked(full, H100)[0] == FLASH
+    assert proposer.ranked(full, H100)[:2] == [WGMMA, FLASH]
+    assert proposer.ranked(chain, H100)[0] == get_strategy("softmax_attention.cuda.flash_tiles")
 
 
 def test_every_configuration_of_the_seed_cards_fits_the_device_renders_and_passes_the_screen():
@@ -110,6 +116,10 @@ def test_every_configuration_of_the_seed_cards_fits_the_device_renders_and_passe
         assert len(sources) == len(configs), "each configuration is its own kernel"
     # heads of 256: a 128-key tile's scores do not fit beside the output's registers; the Gemma card keeps 64-key tiles
     assert {c["block_k"] for c in WGMMA.configs(SEEDS["gemma4_sliding_256"], H100)} == {64}
+    # heads of 512: two warpgroups share 64 rows, 256 values each; 64-key tiles leave room for one stage only
+    full = list(WGMMA.configs(SEEDS["gemma4_full_512"], H100))
+    assert {(c["block_q"], c["block_k"], c["stages"]) for c in full} == {(64, 32, 2), (64, 32, 1), (64, 64, 1)}
+    assert "#define NV 2\n" in WGMMA.render(SEEDS["gemma4_full_512"], full[0], H100)
     # shared memory bounds the space: 100 KiB leaves the 256-wide card one-stage or 64-row blocks only
     small = DeviceInfo("cuda", "small", "sm_90", 132, 3000.0, 50 << 20, 100 << 10)
     for config in WGMMA.configs(SEEDS["gemma4_sliding_256"], small):
@@ -138,12 +148,13 @@ def test_the_attention_benchmark_times_its_configurations_beside_flash_tiles():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     cases = bench.cases("cuda")
-    for name in ("gemma4_sliding_window_256", "sd35_joint"):
+    for name in ("gemma4_sliding_window_256", "gemma4_full_causal_512", "sd35_joint"):
         picked = bench.configurations(cases[name], H100)
         ours = [c for s, c in picked if s == WGMMA]
         assert ours == list(WGMMA.configs(cases[name], H100)), name
         assert any(s == FLASH for s, _ in picked), name
-    assert all(s == FLASH for s, _ in bench.configurations(cases["gemma4_full_causal_512"], H100))
+    assert {s.name for s, _ in bench.configurations(cases["chain_softcap_added"], H100)} == {
+        "softmax_attention.cuda.flash_tiles"}
 
 
 # ----------------------------------------------------------------------------- builds (nvcc, sm_90a)
@@ -169,13 +180,20 @@ def test_every_configuration_of_the_seed_cards_builds_for_sm90a_through_the_comp
 @pytest.mark.slow
 def test_the_kinds_beyond_the_seed_cards_build_for_sm90a():
     """float16, an added mask, is_causal, grouped heads, two widths, a strided query (their default configuration)."""
-    names = ("causal_64", "added_mask_float16_64", "gqa_128", "value_width_128_float16", "strided_query_64")
+    names = ("causal_64", "added_mask_float16_64", "gqa_128", "value_width_128_float16", "strided_query_64",
+             "3d_64")
     with futures.ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda n: _build(SMALL[n], WGMMA.default(SMALL[n], H100)), names))
     assert all(b.path.is_file() for b in built)
 
 
 # ----------------------------------------------------------------------------- on the GPU
+
+
+# NB: the sampled masks are random; a window's own mask has key tiles that no row keeps (skipped) and tiles that every
+# row keeps whole (not tested element by element)
+_WINDOWS = {"window_expanded_key_head_256": lambda: _window(130, 130, 48),
+            "gemma4_sliding_256": lambda: _window(512, 512, 512)}
 
 
 def _fully_masked_rows(variant: Variant, ins: list) -> list:
@@ -204,10 +222,14 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
     configs = list(WGMMA.configs(variant, info))
     with futures.ThreadPoolExecutor(8) as pool:
         built = list(pool.map(lambda c: _build(variant, c, info), configs))
-    for seed in (3, 4):
-        ins = [None if t is None else t.cuda() for t in spec.random_inputs(card, seed=seed)]
+    for seed in (3, 4, "window"):
+        if seed == "window" and name not in _WINDOWS:
+            continue
+        ins = [None if t is None else t.cuda() for t in spec.random_inputs(card, seed=seed if seed != "window" else 5)]
         if name == "bool_mask_128":
             ins = _fully_masked_rows(variant, ins)
+        if seed == "window":
+            ins[3] = _WINDOWS[name]().cuda()
         before = [None if t is None else t.clone() for t in ins]
         ref = spec.reference(ins, variant.param_dict)
         for config, lib in zip(configs, built):

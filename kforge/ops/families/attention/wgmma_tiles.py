@@ -27,7 +27,7 @@ from ....proposers.builtin._strategy import fill, strategy
 from .strategies import _DEFINES, _SDPA, _TENSORS, _common
 from .strategies import _applies as _family_applies
 
-WIDTHS = (64, 128, 256)
+WIDTHS = (64, 128, 256, 512)
 _ELEM = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
 _MASK_T = {"bool": "unsigned char", "float32": "float", "bfloat16": "cutlass::bfloat16_t",
            "float16": "cutlass::half_t"}
@@ -48,34 +48,40 @@ typedef {{MASK_T}} m_t;
 #define BQ {{BQ}}
 #define BK {{BK}}
 #define STAGES {{STAGES}}
-#define NWG (BQ / 64)
+#define NV {{NV}}
+#define EVW (EV / NV)
+#define RG (BQ / 64)
+#define NWG (RG * NV)
 #define NT (128 * NWG)
 #define NQT ((L + BQ - 1) / BQ)
 #define NKT ((S + BK - 1) / BK)
 #define VEC_STRIDES {{VEC}}
 #define SKIP_TILES (MASK == 1 || MASK == 3)
+#define KEEP_ALL (1 << 24)
 
 namespace kf_wgmma {
 using namespace cute;
 using T = q_t;
 
-/* Shared memory, as the GMMA descriptors read it: a warpgroup's query rows [64][E] and a key tile [BK][E] with the
-   width contiguous, a value tile viewed as [EV][BK] (each key's values contiguous), all 128-byte swizzled. */
+/* Shared memory, as the GMMA descriptors read it: a row group's query rows [64][E] and a key tile [BK][E] with the
+   width contiguous, a value tile viewed as NV slices [EVW][BK] (each key's values contiguous), all 128-byte
+   swizzled. */
 using SmemQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, Int<E>>{}));
 using SmemK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<BK>, Int<E>>{}));
-using SmemV = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<EV>, Int<BK>>{}));
+using SmemV = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<EVW>, Int<BK>>{}));
 /* S = Q K^T: both operands from shared memory; O += P V: P from registers (K-major), V key-contiguous (MN-major). */
 using MmaS = decltype(make_tiled_mma(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BK>, Int<E>>,
                                                           GMMA::Major::K, GMMA::Major::K>()));
-using MmaO = decltype(make_tiled_mma(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<EV>, Int<BK>>,
+using MmaO = decltype(make_tiled_mma(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<EVW>, Int<BK>>,
                                                           GMMA::Major::K, GMMA::Major::MN>()));
-constexpr int QN = 64 * E, KN = BK * E, VN = EV * BK;
+constexpr int QN = 64 * E, KN = BK * E, VN = EVW * BK;
 static_assert(cosize_v<SmemQ> == QN && cosize_v<SmemK> == KN && cosize_v<SmemV> == VN, "dense tiles");
 static_assert(size(MmaS{}) == 128 && size(MmaO{}) == 128, "one warpgroup per MMA");
 /* P is S's accumulator converted element by element: for each thread, fragment element x + 8 kb of S (a 64 x BK float
    accumulator) must be element x of P's k-block kb (a 64 x 16 RS operand), the same row and key. Checked on the
    layouts the atoms declare (thread and value to m + 64 n): the same threads, and S's values equal to P's values
-   over BK / 16 k-blocks once both are coalesced; a CuTe whose layouts differ refuses to build instead of mixing keys. */
+   over BK / 16 k-blocks once both are coalesced; a CuTe whose layouts differ refuses to build instead of mixing
+   keys. */
 using SC = typename MmaS::LayoutC_TV;
 using OA = typename MmaO::LayoutA_TV;
 static_assert(std::is_same_v<decltype(coalesce(layout<0>(SC{}))), decltype(coalesce(layout<0>(OA{})))>,
@@ -83,7 +89,7 @@ static_assert(std::is_same_v<decltype(coalesce(layout<0>(SC{}))), decltype(coale
 static_assert(std::is_same_v<decltype(coalesce(layout<1>(SC{}))),
                              decltype(coalesce(make_layout(layout<1>(OA{}), Layout<Int<BK / 16>, Int<64 * 16>>{})))>,
               "S's accumulator and P's operand list a thread's values in one order");
-constexpr size_t SMEM_BYTES = 1024 + sizeof(T) * (size_t)(NWG * QN + STAGES * (KN + VN)) + sizeof(int) * NKT;
+constexpr size_t SMEM_BYTES = 1024 + sizeof(T) * (size_t)(RG * QN + STAGES * (KN + NV * VN)) + sizeof(int) * NKT;
 
 __device__ __forceinline__ float m_ld(const m_t* p, long i) { return (float)p[i]; }
 
@@ -109,22 +115,24 @@ __device__ __forceinline__ void load_rows(STensor s, const T* g, long base, long
     }
 }
 
-/* keys [j0, j0 + BK) of the values into the MN-major tile s (s(c, j) = value c of key j0 + j). */
-template <class STensor>
-__device__ __forceinline__ void load_values(STensor s, const T* g, long base, long j0, bool vec) {
+/* keys [j0, j0 + BK) of the values into the NV MN-major slices at sv (slice c / EVW, element (c % EVW, j) = value c
+   of key j0 + j). */
+__device__ __forceinline__ void load_values(T* sv, const T* g, long base, long j0, bool vec) {
     if (vec) {
         constexpr int CH = EV / 8;
         for (int x = threadIdx.x; x < BK * CH; x += NT) {
             const int j = x / CH, c = (x % CH) * 8;
             const bool in = j0 + j < S;
             const T* src = g + base + (in ? (j0 + j) * VSS : 0L) + c;
+            Tensor s = make_tensor(make_smem_ptr(sv + (c / EVW) * VN), SmemV{});
             SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(src),
-                                                             *reinterpret_cast<uint128_t*>(&s(c, j)), in);
+                                                             *reinterpret_cast<uint128_t*>(&s(c % EVW, j)), in);
         }
     } else {
         for (int x = threadIdx.x; x < BK * EV; x += NT) {
             const int j = x / EV, c = x % EV;
-            s(c, j) = j0 + j < S ? g[base + (j0 + j) * VSS + c * VSE] : T(0.f);
+            Tensor s = make_tensor(make_smem_ptr(sv + (c / EVW) * VN), SmemV{});
+            s(c % EVW, j) = j0 + j < S ? g[base + (j0 + j) * VSS + c * VSE] : T(0.f);
         }
     }
 }
@@ -139,54 +147,59 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-/* One block: BQ query rows of one head (64 a warpgroup). The grid runs the query tiles of every head, the last tiles
-   (under is_causal the longest) first. */
+/* One block: BQ query rows of one head, 64 a row group; a row group's NV warpgroups each own EVW of the output's
+   values (each computes the group's scores itself: the same instructions on the same data, so the same S). The grid
+   runs the query tiles of every head, the last tiles (under is_causal the longest) first. */
 __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q, const T* __restrict__ k,
                                                          const T* __restrict__ v, const m_t* __restrict__ mk,
                                                          T* __restrict__ o, bool vec) {
     extern __shared__ unsigned char smem_raw[];
     T* base = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
     T* pQ = base;
-    T* pK = pQ + NWG * QN;
+    T* pK = pQ + RG * QN;
     T* pV = pK + STAGES * KN;
-    int* tiles = reinterpret_cast<int*>(pV + STAGES * VN);
+    int* tiles = reinterpret_cast<int*>(pV + STAGES * NV * VN);
     const long bh = blockIdx.x % BH, i0 = (NQT - 1 - (long)(blockIdx.x / BH)) * BQ;
-    const int wg = threadIdx.x / 128, wt = threadIdx.x % 128;
+    const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, rg = wg / NV, vs = wg % NV;
     const long qb = QOFF(bh), kb = KOFF(bh), vb = VOFF(bh), mb = MOFF(bh);
     (void)mb;
 
     /* the key tiles this block visits: under is_causal those that reach the diagonal; with a mask those where it
-       keeps some key for some of the block's rows (read from the mask, tile by tile) */
+       keeps some key for some of the block's rows (read from the mask, tile by tile), flagged (KEEP_ALL) where a
+       boolean mask keeps every key of the tile for every row, so that the tile is not tested element by element */
     const long jend = CAUSAL ? (i0 + BQ < S ? i0 + BQ : S) : S;
     const int nkt = (int)((jend + BK - 1) / BK);
     int ntiles = nkt;
 #if SKIP_TILES
     ntiles = 0;
     for (int t = 0; t < nkt; ++t) {
-        int live = 0;
-        for (int x = threadIdx.x; x < BQ * BK && !live; x += NT) {
+        int live = 0, blocked = 0;
+        for (int x = threadIdx.x; x < BQ * BK && !(live && blocked); x += NT) {
             const long i = i0 + x / BK, j = (long)t * BK + x % BK;
             if (i < L && j < S) {
                 const float m = m_ld(mk, mb + i * MSL + j * MSS);
-                live = MASK == 1 ? m != 0.f : m != KF_NEG_INF;
+                const bool keeps = MASK == 1 ? m != 0.f : m != KF_NEG_INF;
+                live |= keeps;
+                blocked |= !keeps;
             }
         }
-        if (__syncthreads_or(live)) {
-            if (threadIdx.x == 0) tiles[ntiles] = t;
+        const int any_live = __syncthreads_or(live), any_blocked = __syncthreads_or(blocked);
+        if (any_live) {
+            if (threadIdx.x == 0) tiles[ntiles] = t | (MASK == 1 && !any_blocked ? KEEP_ALL : 0);
             ++ntiles;
         }
     }
     __syncthreads();
 #endif
-    auto tile_of = [&](int t) -> long { return SKIP_TILES ? (long)tiles[t] : (long)t; };
+    auto tile_of = [&](int t) -> long { return SKIP_TILES ? (long)(tiles[t] & (KEEP_ALL - 1)) : (long)t; };
     auto load_kv = [&](int t) {
         const int st = t % STAGES;
         const long j0 = tile_of(t) * BK;
         load_rows<BK, E>(make_tensor(make_smem_ptr(pK + st * KN), SmemK{}), k, kb, j0, S, KSS, KSE, vec);
-        load_values(make_tensor(make_smem_ptr(pV + st * VN), SmemV{}), v, vb, j0, vec);
+        load_values(pV + st * NV * VN, v, vb, j0, vec);
     };
 
-    for (int w = 0; w < NWG; ++w)
+    for (int w = 0; w < RG; ++w)
         load_rows<64, E>(make_tensor(make_smem_ptr(pQ + w * QN), SmemQ{}), q, qb, i0 + 64 * w, L, QSL, QSE, vec);
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < ntiles) load_kv(t);
@@ -197,17 +210,17 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
     MmaO mma_o;
     auto thr_s = mma_s.get_thread_slice(wt);
     auto thr_o = mma_o.get_thread_slice(wt);
-    Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(pQ + wg * QN), SmemQ{}));
+    Tensor tSrQ = thr_s.partition_fragment_A(make_tensor(make_smem_ptr(pQ + rg * QN), SmemQ{}));
     Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<_64, Int<BK>>{}));
-    Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<_64, Int<EV>>{}));
-    Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, Int<EV>>{});
+    Tensor tOcO = thr_o.partition_C(make_identity_tensor(Shape<_64, Int<EVW>>{}));
+    Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, Int<EVW>>{});
     Tensor tOrP = make_tensor<T>(partition_shape_A(mma_o, Shape<_64, Int<BK>>{}));
     // NB: a 16-bit RS operand lists a 64 x BK fragment's values in the order the float accumulator lists them
     static_assert(size(tOrP) == size(tScS), "P takes S's fragment element by element");
     clear(tOrO);
     /* a thread holds parts of two rows, 8 apart; the four lanes lane ^ 1, lane ^ 2 hold the rest of them */
     float row_m[2] = {KF_NEG_INF, KF_NEG_INF}, row_l[2] = {0.f, 0.f};
-    const long rbase = i0 + 64 * wg;
+    const long rbase = i0 + 64 * rg;
 
     for (int t = 0; t < ntiles; ++t) {
         if (t + STAGES - 1 < ntiles) load_kv(t + STAGES - 1);
@@ -217,8 +230,10 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
         __syncthreads();
         const int st = t % STAGES;
         const long j0 = tile_of(t) * BK;
+        const bool keep_all = SKIP_TILES && (tiles[t] & KEEP_ALL);
+        (void)keep_all;
         Tensor tSrK = thr_s.partition_fragment_B(make_tensor(make_smem_ptr(pK + st * KN), SmemK{}));
-        Tensor tOrV = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pV + st * VN), SmemV{}));
+        Tensor tOrV = thr_o.partition_fragment_B(make_tensor(make_smem_ptr(pV + (st * NV + vs) * VN), SmemV{}));
         Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<BK>>{});
 
         mma_s.accumulate_ = GMMA::ScaleOut::Zero;
@@ -235,18 +250,23 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
 
         /* scale, mask, the rows' new maxima */
         float mx[2] = {KF_NEG_INF, KF_NEG_INF};
+        /* a tile inside the rows and keys, below the causal diagonal and without a mask to read needs no test */
+        const bool edge = j0 + BK > S || rbase + 64 > L || (CAUSAL && j0 + BK - 1 > rbase) || (MASK != 0 && !keep_all);
         CUTE_UNROLL
         for (int x = 0; x < size(tSrS); ++x) {
             const int r = get<0>(tScS(x)), c = get<1>(tScS(x));
-            const long i = rbase + r, j = j0 + c;
-            float s = KF_NEG_INF;
-            if (i < L && j < S && (!CAUSAL || j <= i)) {
-                s = tSrS(x) * (float)SCALE;
+            float s = tSrS(x) * (float)SCALE;
+            if (edge) {
+                const long i = rbase + r, j = j0 + c;
+                if (i < L && j < S && (!CAUSAL || j <= i)) {
 #if MASK == 1
-                if (m_ld(mk, mb + i * MSL + j * MSS) == 0.f) s = KF_NEG_INF;
+                    if (!keep_all && m_ld(mk, mb + i * MSL + j * MSS) == 0.f) s = KF_NEG_INF;
 #elif MASK == 3
-                s = s + m_ld(mk, mb + i * MSL + j * MSS);
+                    s = s + m_ld(mk, mb + i * MSL + j * MSS);
 #endif
+                } else {
+                    s = KF_NEG_INF;
+                }
             }
             tSrS(x) = s;
             mx[(r >> 3) & 1] = fmaxf(mx[(r >> 3) & 1], s);
@@ -292,7 +312,7 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
         const long i = rbase + r;
         if (i < L) {
             const float l = row_l[(r >> 3) & 1];
-            o[OOFF(bh) + i * OSL + c * OSE] = T(l > 0.f ? tOrO(x) / l : 0.f);
+            o[OOFF(bh) + i * OSL + (c + vs * EVW) * OSE] = T(l > 0.f ? tOrO(x) / l : 0.f);
         }
     }
 }
@@ -301,8 +321,9 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
 
 KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* outputs, int n_outputs,
                        const double* params, int n_params, void* workspace, void* stream) {
-""" + _TENSORS + r"""    const bool vec = VEC_STRIDES && ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
-                                      reinterpret_cast<uintptr_t>(v)) & 15u) == 0;
+""" + _TENSORS + r"""    const uintptr_t bases = reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) |
+                            reinterpret_cast<uintptr_t>(v);
+    const bool vec = VEC_STRIDES && (bases & 15u) == 0;
     const size_t smem = kf_wgmma::SMEM_BYTES;
     cudaError_t err = cudaFuncSetAttribute(kf_wgmma::attention_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem);
@@ -312,7 +333,13 @@ KF_ENTRY int kf_launch(const kf_tensor* inputs, int n_inputs, const kf_tensor* o
 }
 """
 
-_SPACE = {"block_q": (64, 128), "block_k": (64, 128), "stages": (2, 1)}
+_SPACE = {"block_q": (64, 128), "block_k": (64, 128, 32), "stages": (2, 1)}
+
+
+def value_split(v: Variant) -> int:
+    """Warpgroups that share a row group's output, each ``EV / n`` values wide: one GMMA is at most 256 wide, and a
+    64 x 512 float accumulator is more registers than a thread has."""
+    return 2 if v.inputs[2].shape[-1] > 256 else 1
 
 
 def smem_bytes(v: Variant, c: dict) -> int:
@@ -324,13 +351,18 @@ def smem_bytes(v: Variant, c: dict) -> int:
 
 
 def _registers_fit(v: Variant, c: dict) -> bool:
-    # NB: a thread holds EV / 2 output and BK / 2 score floats plus BK / 4 registers of P; past ~200 ptxas spills
-    return v.inputs[2].shape[-1] // 2 + c["block_k"] * 3 // 4 <= 176
+    # NB: a thread holds EV / NV / 2 output and BK / 2 score floats plus BK / 4 registers of P (past ~200 ptxas
+    # spills), and an SM's 64K registers hold at most 2 warpgroups at that size
+    nv = value_split(v)
+    return (v.inputs[2].shape[-1] // nv // 2 + c["block_k"] * 3 // 4 <= 176
+            and c["block_q"] // 64 * nv <= 2)
 
 
 def _valid(v: Variant, c: dict, d: DeviceInfo) -> bool:
+    # NB: 32-key tiles only for widths past 256, where 64-key tiles leave room for one stage only
+    wide = v.inputs[0].shape[-1] + v.inputs[2].shape[-1] > 512
     return (smem_bytes(v, c) <= (d.max_shared_per_block or 48 << 10) and _registers_fit(v, c)
-            and all(c[k] in vals for k, vals in _SPACE.items()))
+            and all(c[k] in vals for k, vals in _SPACE.items()) and (c["block_k"] != 32 or wide))
 
 
 def _applies(v: Variant, d: DeviceInfo) -> bool:
@@ -343,27 +375,24 @@ def _applies(v: Variant, d: DeviceInfo) -> bool:
         return False
     if q.shape[-1] not in WIDTHS or val.shape[-1] not in WIDTHS:
         return False
-    return any(_valid(v, c, d) for c in _configs(v))
+    return any(_valid(v, c, d) for c in _configs())
 
 
-def _configs(v: Variant):
-    for bq in _SPACE["block_q"]:
+def _configs():
+    for st in _SPACE["stages"]:
         for bk in _SPACE["block_k"]:
-            for st in _SPACE["stages"]:
+            for bq in _SPACE["block_q"]:
                 yield {"block_q": bq, "block_k": bk, "stages": st}
 
 
 def _default(v: Variant, d: DeviceInfo) -> dict:
-    """Two stages; 128 keys a tile where the registers allow it (64 where the values are 256 wide); 128 query rows
-    (two warpgroups) where there are enough rows for the GPU's SMs at that size, else 64."""
-    g_rows = math.prod(v.inputs[0].shape[:-1])
-    big = g_rows // 128 >= 2 * max(d.sm_count, 1)
-    order = [{"block_q": bq, "block_k": bk, "stages": 2} for bq in ((128, 64) if big else (64, 128))
-             for bk in (128, 64)]
-    for c in order:
-        if _valid(v, c, d):
-            return c
-    return next(c for c in _configs(v) if _valid(v, c, d))
+    """Two stages where they fit, the widest key tile the registers allow (128 keys; 64 where the values are 256
+    wide, 32 past that); 128 query rows (two warpgroups) where there are enough rows to fill the GPU's SMs twice at
+    that size, else 64."""
+    rows = math.prod(v.inputs[0].shape[:-1])
+    big = rows // 128 >= 2 * max(d.sm_count, 1)
+    order = sorted(_configs(), key=lambda c: (-c["stages"], -c["block_k"], c["block_q"] != (128 if big else 64)))
+    return next(c for c in order if _valid(v, c, d))
 
 
 def _vec_strides(v: Variant) -> bool:
@@ -374,8 +403,10 @@ def _vec_strides(v: Variant) -> bool:
 
 
 def _explain(v: Variant, c: dict) -> str:
-    return (f"tensor cores: {c['block_q']} query rows a block ({c['block_q'] // 64} warpgroups), {c['block_k']} keys "
-            f"a tile, {c['stages']} stage{'s' if c['stages'] > 1 else ''}")
+    nv = value_split(v)
+    return (f"tensor cores: {c['block_q']} query rows a block ({c['block_q'] // 64 * nv} warpgroups"
+            + (f", {nv} on each row's values" if nv > 1 else "") + f"), {c['block_k']} keys a tile, "
+            f"{c['stages']} stage{'s' if c['stages'] > 1 else ''}")
 
 
 @strategy(_SDPA, "cuda", "wgmma_tiles", level=2,
@@ -385,4 +416,5 @@ def _explain(v: Variant, c: dict) -> str:
 def _attention_wgmma(v: Variant, c: dict, d: DeviceInfo) -> str:
     mask = v.inputs[3]
     return fill(_CUDA, ELEM=_ELEM[v.inputs[0].dtype], MASK_T=_MASK_T[mask.dtype] if mask is not None else "float",
-                BQ=c["block_q"], BK=c["block_k"], STAGES=c["stages"], VEC=_vec_strides(v), **_common(v))
+                BQ=c["block_q"], BK=c["block_k"], STAGES=c["stages"], NV=value_split(v), VEC=_vec_strides(v),
+                **_common(v))
