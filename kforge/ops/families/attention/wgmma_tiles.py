@@ -1,21 +1,23 @@
 """Attention on Hopper's tensor cores (``wgmma_tiles``): ``flash_tiles``' algorithm, ABI and numerics, with both
 products on warpgroup matrix instructions (CuTe's GMMA atoms, sm_90a).
 
-A block holds ``block_q`` query rows of one head, 64 a warpgroup (128 threads). Key and value tiles of ``block_k``
-keys come into shared memory in a ring of ``stages`` buffers (``cp.async``, 16 bytes a thread, where every stride and
-base pointer allows it; element by element where not), laid out as the GMMA descriptors read them (128-byte swizzle;
-query and key width-contiguous, values key-contiguous). Per tile each warpgroup computes S = Q K^T into float
-registers (SS GMMA), scales and masks S where it lies, updates its rows' running maximum and sum (a row is spread over
-four lanes), rounds the unnormalised probabilities to the input dtype in registers and adds P V to its float output
-(RS GMMA: P never leaves registers). Exactly ``flash_tiles``' online softmax: the sum takes the float
-probabilities, the product their 16-bit rounding; a row with no key left is zero.
+A block holds ``block_q`` query rows of one head, 64 a warpgroup (128 threads); values 512 wide take two warpgroups
+per 64 rows, each owning 256 of the output's values and computing the rows' scores itself (``value_split``: one GMMA
+is at most 256 wide, and a 64 x 512 float accumulator is more registers than a thread has). Key and value tiles of
+``block_k`` keys come into shared memory in a ring of ``stages`` buffers (``cp.async``, 16 bytes a thread, where
+every stride and base pointer allows it; element by element where not), laid out as the GMMA descriptors read them
+(128-byte swizzle; query and key width-contiguous, values key-contiguous). Per tile each warpgroup computes S = Q
+K^T into float registers (SS GMMA), scales and masks S where it lies, updates its rows' running maximum and sum (a
+row is spread over four lanes), rounds the unnormalised probabilities to the input dtype in registers and adds P V
+to its float output (RS GMMA: P never leaves registers). Exactly ``flash_tiles``' online softmax: the sum takes the
+float probabilities, the product their 16-bit rounding; a row with no key left is zero.
 
 Covered (``applies``; ``flash_tiles`` keeps the rest): ``scaled_dot_product_attention`` on sm_90 with bfloat16 or
-float16 query, key, value and output, query/key width and value width 64, 128 or 256, no mask, ``is_causal``, a
-boolean mask that keeps or a floating one that is added (a key tile whose mask removes every key of the block's rows
-is skipped, as the values read say, never a window's formula), grouped or expanded key heads, any strides. Not
-covered: the written-out chain (its per-step rounding and second sweep), float32, widths of 512 (a 64 x 512 float
-accumulator needs more registers than a thread has) or not a multiple of 64.
+float16 query, key, value and output, query/key width and value width 64, 128, 256 or 512, no mask, ``is_causal``,
+a boolean mask that keeps or a floating one that is added (a key tile whose mask removes every key of the block's
+rows is skipped, and one a boolean mask keeps whole is not tested element by element, as the values read say, never
+a window's formula), grouped or expanded key heads, any strides. Not covered: the written-out chain (its per-step
+rounding and second sweep), float32, other widths.
 """
 from __future__ import annotations
 
@@ -404,7 +406,8 @@ def _vec_strides(v: Variant) -> bool:
 
 def _explain(v: Variant, c: dict) -> str:
     nv = value_split(v)
-    return (f"tensor cores: {c['block_q']} query rows a block ({c['block_q'] // 64 * nv} warpgroups"
+    wgs = c["block_q"] // 64 * nv
+    return (f"tensor cores: {c['block_q']} query rows a block ({wgs} warpgroup{'s' if wgs > 1 else ''}"
             + (f", {nv} on each row's values" if nv > 1 else "") + f"), {c['block_k']} keys a tile, "
             f"{c['stages']} stage{'s' if c['stages'] > 1 else ''}")
 
