@@ -22,9 +22,17 @@ from kforge.proposers.builtin import BuiltinProposer, get_strategy
 
 from test_attention import H100, _gemma_e2b, _qkv, _variant, _window
 
-SDPA = "scaled_dot_product_attention"
+SDPA, CHAIN = "scaled_dot_product_attention", "softmax_attention"
 WGMMA = get_strategy(f"{SDPA}.cuda.wgmma_tiles")
 FLASH = get_strategy(f"{SDPA}.cuda.flash_tiles")
+
+
+def _wgmma(variant: Variant):
+    return get_strategy(f"{variant.op}.cuda.wgmma_tiles")
+
+
+def _flash(variant: Variant):
+    return get_strategy(f"{variant.op}.cuda.flash_tiles")
 A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", "sm_80", 108, 2000.0, 40 << 20, 163 << 10)
 needs_cutlass = pytest.mark.skipif(find_nvcc() is None or cutlass_root() is None,
                                    reason='needs nvcc and the CUTLASS headers: pip install "kforge[cutlass]"')
@@ -32,10 +40,11 @@ needs_cutlass = pytest.mark.skipif(find_nvcc() is None or cutlass_root() is None
 
 def _seeds() -> dict[str, Variant]:
     """The seed cards it is for: Gemma 4's layers at 512 tokens, sliding (8 query heads of 256, one key head
-    expanded, the window's boolean mask) and full (heads of 512, causal), and SD3.5's joint attention (24 heads of 64,
-    4429 tokens, [batch, tokens, heads, 64])."""
-    sliding, full, joint, _ = _gemma_e2b()
-    return {"gemma4_sliding_256": sliding, "gemma4_full_512": full, "sd35_joint_64": joint}
+    expanded, the window's boolean mask) and full (heads of 512, causal), SD3.5's joint attention (24 heads of 64,
+    4429 tokens, [batch, tokens, heads, 64]) and Gemma 2's written-out chain (soft-capped at 50, an added mask)."""
+    sliding, full, joint, chain = _gemma_e2b()
+    return {"gemma4_sliding_256": sliding, "gemma4_full_512": full, "sd35_joint_64": joint,
+            "chain_softcap_added_256": chain}
 
 
 SEEDS = _seeds()
@@ -55,6 +64,8 @@ def _small() -> dict[str, Variant]:
     _, kt, vt = _qkv(b=1, h=2, L=77, S=77, e=64, dtype=bf, seed=6)
     x3 = _qkv(b=3, h=1, L=50, S=60, e=64, dtype=bf, seed=7)
     qw5, kw5, vw5 = _qkv(b=1, h=2, L=100, S=100, e=512, dtype=bf, kv_heads=1, seed=8)
+    qc, kc, vc = _qkv(b=2, h=2, L=70, S=90, e=64, dtype=bf, seed=9)
+    qf, kf, vf = _qkv(b=1, h=3, L=80, S=80, e=128, dtype=f16, seed=10)
     return {
         "causal_64": _variant(SDPA, q, k, v, is_causal=True),
         "bool_mask_128": _variant(SDPA, qm, km, vm, attn_mask=torch.rand(100, 150) > 0.3),
@@ -67,6 +78,10 @@ def _small() -> dict[str, Variant]:
         "3d_64": _variant(SDPA, *(t[:, 0] for t in x3)),
         "causal_expanded_key_head_512": _variant(SDPA, qw5, kw5.expand(1, 2, 100, 512), vw5.expand(1, 2, 100, 512),
                                                  is_causal=True),
+        "chain_softcap_added_64": _variant(CHAIN, qc, kc, vc, torch.randn(1, 1, 70, 90).bfloat16(), 0.125, 5.0),
+        "chain_float32_mask_on_bfloat16_64": _variant(CHAIN, qc, kc, vc, torch.randn(1, 1, 70, 90), 0.125, 30.0),
+        "chain_filled_float16_128": _variant(CHAIN, qf, kf, vf, ~_window(80, 80, 16), 0.125, None, -65504.0),
+        "chain_filled_minus_inf_64": _variant(CHAIN, qc, kc, vc, ~_window(70, 90, 8), 0.125, None, float("-inf")),
     }
 
 
@@ -82,32 +97,35 @@ def _on_gpu(variant: Variant) -> Variant:
 
 def test_it_takes_the_seed_cards_and_the_kinds_it_implements_and_leaves_the_rest_to_flash_tiles():
     for name, variant in {**SEEDS, **SMALL}.items():
-        assert WGMMA.applies(_on_gpu(variant), H100), name
+        assert _wgmma(variant).applies(_on_gpu(variant), H100), name
     sliding, full, joint, chain = (_on_gpu(v) for v in _gemma_e2b())
     assert not WGMMA.applies(sliding, A100), "GMMA is Hopper's (sm_90a) only"
-    # the written-out chain, float32, widths it has no tiles for: flash_tiles' cards
+    # float32, widths it has no tiles for: flash_tiles' cards
     f32 = _on_gpu(_variant(SDPA, *_qkv(L=70, S=70, e=64), is_causal=True))
     narrow = _on_gpu(_variant(SDPA, *_qkv(e=32, dtype=torch.bfloat16)))
     wider = _on_gpu(_variant(SDPA, *_qkv(e=64, ev=1024, dtype=torch.bfloat16)))
-    for refused in (chain, f32, narrow, wider):
-        assert not WGMMA.applies(refused, H100), refused.signature
-        assert get_strategy(f"{refused.op}.cuda.flash_tiles").applies(refused, H100), refused.signature
+    f32_chain = _on_gpu(_variant(CHAIN, *_qkv(L=70, S=70, e=64), None, 0.125))
+    for refused in (f32, narrow, wider, f32_chain):
+        assert not _wgmma(refused).applies(refused, H100), refused.signature
+        assert _flash(refused).applies(refused, H100), refused.signature
     # where it applies it is the built-in proposer's first choice; flash_tiles still applies there
     proposer = BuiltinProposer()
     assert proposer.ranked(sliding, H100)[:2] == [WGMMA, FLASH]
     assert proposer.ranked(joint, H100)[:2] == [WGMMA, FLASH]
     assert proposer.ranked(full, H100)[:2] == [WGMMA, FLASH]
-    assert proposer.ranked(chain, H100)[0] == get_strategy("softmax_attention.cuda.flash_tiles")
+    assert proposer.ranked(chain, H100)[:2] == [_wgmma(chain), _flash(chain)]
+    assert proposer.ranked(f32_chain, H100)[0] == _flash(f32_chain)
 
 
 def test_every_configuration_of_the_seed_cards_fits_the_device_renders_and_passes_the_screen():
     for name, variant in SEEDS.items():
-        configs = list(WGMMA.configs(variant, H100))
+        strategy = _wgmma(variant)
+        configs = list(strategy.configs(variant, H100))
         assert len(configs) > 1 and configs[0]["stages"] == 2, (name, configs)
         sources = set()
         for config in configs:
             assert smem_bytes(variant, config) <= H100.max_shared_per_block, (name, config)
-            src = WGMMA.render(variant, config, H100)
+            src = strategy.render(variant, config, H100)
             assert screen(src, "cuda") == (), (name, config)
             assert target_arch(src, "sm_90") == "sm_90a"
             for key, define in (("block_q", "BQ"), ("block_k", "BK"), ("stages", "STAGES")):
@@ -129,7 +147,8 @@ def test_every_configuration_of_the_seed_cards_fits_the_device_renders_and_passe
 
 def test_the_source_follows_the_cards_mask_layout_and_dtype():
     def defines(variant: Variant) -> str:
-        return WGMMA.render(variant, WGMMA.default(variant, H100), H100)
+        strategy = _wgmma(variant)
+        return strategy.render(variant, strategy.default(variant, H100), H100)
 
     assert "#define MASK 1\n" in defines(SEEDS["gemma4_sliding_256"])          # boolean, keeps
     assert "#define MASK 3\n" in defines(SMALL["added_mask_float16_64"])        # added
@@ -140,6 +159,12 @@ def test_the_source_follows_the_cards_mask_layout_and_dtype():
     assert "#define CAUSAL 1\n" in defines(SMALL["causal_64"])
     assert "#define KOFF(bh) 0L\n" in defines(SEEDS["gemma4_sliding_256"]), "the one key head, read by every head"
     assert "#define VEC_STRIDES 0\n" in defines(SMALL["strided_query_64"]), "a strided width is loaded element-wise"
+    chain = defines(SEEDS["chain_softcap_added_256"])
+    assert "#define CHAIN 1\n" in chain and "#define SOFTCAP 1\n" in chain and "#define CAP 50.0f\n" in chain
+    assert "typedef cutlass::bfloat16_t s_t;" in chain, "bf16 scores plus a bf16 mask round to bf16"
+    assert "typedef float s_t;" in defines(SMALL["chain_float32_mask_on_bfloat16_64"]), "a float32 mask promotes"
+    filled = defines(SMALL["chain_filled_minus_inf_64"])
+    assert "#define MASK 2\n" in filled and "#define FILL KF_NEG_INF\n" in filled
 
 
 def test_the_attention_benchmark_times_its_configurations_beside_flash_tiles():
@@ -148,20 +173,19 @@ def test_the_attention_benchmark_times_its_configurations_beside_flash_tiles():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     cases = bench.cases("cuda")
-    for name in ("gemma4_sliding_window_256", "gemma4_full_causal_512", "sd35_joint"):
-        picked = bench.configurations(cases[name], H100)
-        ours = [c for s, c in picked if s == WGMMA]
-        assert ours == list(WGMMA.configs(cases[name], H100)), name
-        assert any(s == FLASH for s, _ in picked), name
-    assert {s.name for s, _ in bench.configurations(cases["chain_softcap_added"], H100)} == {
-        "softmax_attention.cuda.flash_tiles"}
+    assert set(cases) == {"gemma4_sliding_window_256", "gemma4_full_causal_512", "sd35_joint", "chain_softcap_added"}
+    for name, variant in cases.items():
+        picked = bench.configurations(variant, H100)
+        ours = [c for s, c in picked if s == _wgmma(variant)]
+        assert ours == list(_wgmma(variant).configs(variant, H100)), name
+        assert any(s == _flash(variant) for s, _ in picked), name
 
 
 # ----------------------------------------------------------------------------- builds (nvcc, sm_90a)
 
 
 def _build(variant: Variant, config: dict, info: DeviceInfo = H100):
-    return compile_source(WGMMA.render(variant, config, info), "cuda", info.arch)
+    return compile_source(_wgmma(variant).render(variant, config, info), "cuda", info.arch)
 
 
 @needs_cutlass
@@ -169,7 +193,7 @@ def _build(variant: Variant, config: dict, info: DeviceInfo = H100):
 def test_every_configuration_of_the_seed_cards_builds_for_sm90a_through_the_compile_path():
     """Screen, jail, nvcc for sm_90a and the binary wall, for every configuration: the source's static checks (P
     takes S's accumulator in order, the tiles dense) hold for each."""
-    jobs = [(v, c) for v in SEEDS.values() for c in WGMMA.configs(v, H100)]
+    jobs = [(v, c) for v in SEEDS.values() for c in _wgmma(v).configs(v, H100)]
     with futures.ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda j: _build(*j), jobs))
     assert all(b.path.is_file() for b in built)
@@ -179,17 +203,19 @@ def test_every_configuration_of_the_seed_cards_builds_for_sm90a_through_the_comp
 @needs_cutlass
 @pytest.mark.slow
 def test_the_kinds_beyond_the_seed_cards_build_for_sm90a():
-    """float16, an added mask, is_causal, grouped heads, two widths, a strided query (their default configuration)."""
+    """float16, an added mask, is_causal, grouped heads, two widths, a strided query, the chain with a float32 mask and
+    with a filled one (their default configuration)."""
     names = ("causal_64", "added_mask_float16_64", "gqa_128", "value_width_128_float16", "strided_query_64",
-             "3d_64")
+             "3d_64", "chain_float32_mask_on_bfloat16_64", "chain_filled_float16_128")
     with futures.ThreadPoolExecutor(2) as pool:
-        built = list(pool.map(lambda n: _build(SMALL[n], WGMMA.default(SMALL[n], H100)), names))
+        built = list(pool.map(lambda n: _build(SMALL[n], _wgmma(SMALL[n]).default(SMALL[n], H100)), names))
     assert all(b.path.is_file() for b in built)
 
 
 # ----------------------------------------------------------------------------- on the GPU
 
 
+_FULLY_MASKED = ("bool_mask_128", "chain_filled_minus_inf_64")
 # NB: the sampled masks are random; a window's own mask has key tiles that no row keeps (skipped) and tiles that every
 # row keeps whole (not tested element by element)
 _WINDOWS = {"window_expanded_key_head_256": lambda: _window(130, 130, 48),
@@ -197,14 +223,13 @@ _WINDOWS = {"window_expanded_key_head_256": lambda: _window(130, 130, 48),
 
 
 def _fully_masked_rows(variant: Variant, ins: list) -> list:
-    """A boolean mask with some query rows that keep no key (eager's kernels give zeros there)."""
-    mask = ins[3]
-    if mask is not None and mask.dtype == torch.bool:
-        mask = mask.clone()
-        mask[..., 3, :] = False
-        mask[..., -1, :] = False
-        ins = [*ins[:3], mask]
-    return ins
+    """A boolean mask with some query rows that keep no key: SDPA's (False everywhere) gives zeros there, the chain's
+    (filled everywhere with -inf) NaN, as eager's softmax gives."""
+    mask = ins[3].clone()
+    blocked = variant.op == CHAIN
+    mask[..., 3, :] = blocked
+    mask[..., -1, :] = blocked
+    return [*ins[:3], mask]
 
 
 @pytest.mark.gpu
@@ -217,16 +242,17 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
         pytest.skip(f"wgmma_tiles is for sm_90a; this GPU is {info.arch}")
     card = {**SMALL, **SEEDS}[name]
     variant = _on_gpu(card)
-    spec = get_spec(SDPA)
-    assert WGMMA.applies(variant, info)
-    configs = list(WGMMA.configs(variant, info))
+    spec = get_spec(variant.op)
+    strategy = _wgmma(variant)
+    assert strategy.applies(variant, info)
+    configs = list(strategy.configs(variant, info))
     with futures.ThreadPoolExecutor(8) as pool:
         built = list(pool.map(lambda c: _build(variant, c, info), configs))
     for seed in (3, 4, "window"):
         if seed == "window" and name not in _WINDOWS:
             continue
         ins = [None if t is None else t.cuda() for t in spec.random_inputs(card, seed=seed if seed != "window" else 5)]
-        if name == "bool_mask_128":
+        if name in _FULLY_MASKED:
             ins = _fully_masked_rows(variant, ins)
         if seed == "window":
             ins[3] = _WINDOWS[name]().cuda()
@@ -239,5 +265,6 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
             verdict = compare(spec, got, ref, "output")
             assert verdict.ok, (name, config, seed, verdict.message)
             assert all(a is None or torch.equal(a, b) for a, b in zip(ins, before)), "inputs unchanged"
-            if name == "bool_mask_128":
-                assert bool((got[..., 3, :] == 0).all()) and bool((got[..., -1, :] == 0).all())
+            if name in _FULLY_MASKED:
+                rows = got[..., [3, -1], :]
+                assert bool((rows == 0).all()) if variant.op == SDPA else bool(rows.isnan().all())

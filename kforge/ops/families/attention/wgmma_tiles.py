@@ -12,12 +12,17 @@ row is spread over four lanes), rounds the unnormalised probabilities to the inp
 to its float output (RS GMMA: P never leaves registers). Exactly ``flash_tiles``' online softmax: the sum takes the
 float probabilities, the product their 16-bit rounding; a row with no key left is zero.
 
-Covered (``applies``; ``flash_tiles`` keeps the rest): ``scaled_dot_product_attention`` on sm_90 with bfloat16 or
-float16 query, key, value and output, query/key width and value width 64, 128, 256 or 512, no mask, ``is_causal``,
-a boolean mask that keeps or a floating one that is added (a key tile whose mask removes every key of the block's
-rows is skipped, and one a boolean mask keeps whole is not tested element by element, as the values read say, never
-a window's formula), grouped or expanded key heads, any strides. Not covered: the written-out chain (its per-step
-rounding and second sweep), float32, other widths.
+The written-out chain (``softmax_attention``) as ``flash_tiles`` computes it: two sweeps over the key tiles (the
+rows' maximum and sum from S alone, then the values), every step rounded on the fragment as eager's operators round
+it (the product, the scaling, the soft-capping's three steps, the mask filled or added in the scores' dtype), the
+probabilities normalised in float and rounded to the query's dtype; a row that is -inf everywhere is NaN.
+
+Covered (``applies``; ``flash_tiles`` keeps the rest): on sm_90, bfloat16 or float16 query, key, value and output,
+query/key width and value width 64, 128, 256 or 512; SDPA with no mask, ``is_causal``, a boolean mask that keeps or
+a floating one that is added (a key tile whose mask removes every key of the block's rows is skipped, and one a
+boolean mask keeps whole is not tested element by element, as the values read say, never a window's formula),
+grouped or expanded key heads; the chain with or without soft-capping and a mask filled or added; any strides. Not
+covered: float32, other widths.
 """
 from __future__ import annotations
 
@@ -26,13 +31,15 @@ import math
 from ....kernels import DeviceInfo
 from ....ops import Variant
 from ....proposers.builtin._strategy import fill, strategy
-from .strategies import _DEFINES, _SDPA, _TENSORS, _common
+from ._spec import score_dtype
+from .strategies import _CHAIN, _DEFINES, _SDPA, _TENSORS, _common
 from .strategies import _applies as _family_applies
 
 WIDTHS = (64, 128, 256, 512)
 _ELEM = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
 _MASK_T = {"bool": "unsigned char", "float32": "float", "bfloat16": "cutlass::bfloat16_t",
            "float16": "cutlass::half_t"}
+_SCORE_T = {"float32": "float", "bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
 
 _CUDA = r"""#include "kforge.h"
 #include "cute/tensor.hpp"
@@ -46,6 +53,7 @@ _CUDA = r"""#include "kforge.h"
 typedef {{ELEM}} q_t;
 typedef q_t o_t;
 typedef {{MASK_T}} m_t;
+typedef {{SCORE_T}} s_t;
 """ + _DEFINES + r"""
 #define BQ {{BQ}}
 #define BK {{BK}}
@@ -58,7 +66,8 @@ typedef {{MASK_T}} m_t;
 #define NQT ((L + BQ - 1) / BQ)
 #define NKT ((S + BK - 1) / BK)
 #define VEC_STRIDES {{VEC}}
-#define SKIP_TILES (MASK == 1 || MASK == 3)
+#define SKIP_TILES (MASK == 1 || (MASK == 3 && !CHAIN))
+#define SWEEPS (CHAIN ? 2 : 1)
 #define KEEP_ALL (1 << 24)
 
 namespace kf_wgmma {
@@ -94,6 +103,8 @@ static_assert(std::is_same_v<decltype(coalesce(layout<1>(SC{}))),
 constexpr size_t SMEM_BYTES = 1024 + sizeof(T) * (size_t)(RG * QN + STAGES * (KN + NV * VN)) + sizeof(int) * NKT;
 
 __device__ __forceinline__ float m_ld(const m_t* p, long i) { return (float)p[i]; }
+__device__ __forceinline__ float q_rd(float x) { return float(T(x)); }
+__device__ __forceinline__ float s_rd(float x) { return float(s_t(x)); }
 
 /* rows [row0, row0 + ROWS) of a row-major source (row stride rs, element stride es) into the K-major tile s; rows at
    or past nrows are zero. */
@@ -194,17 +205,19 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
     __syncthreads();
 #endif
     auto tile_of = [&](int t) -> long { return SKIP_TILES ? (long)(tiles[t] & (KEEP_ALL - 1)) : (long)t; };
-    auto load_kv = [&](int t) {
-        const int st = t % STAGES;
-        const long j0 = tile_of(t) * BK;
+    /* the steps: the chain sweeps the tiles twice (the rows' maximum and sum, then the values), SDPA once */
+    const int nsteps = SWEEPS * ntiles;
+    auto load_kv = [&](int step) {
+        const int st = step % STAGES;
+        const long j0 = tile_of(step % ntiles) * BK;
         load_rows<BK, E>(make_tensor(make_smem_ptr(pK + st * KN), SmemK{}), k, kb, j0, S, KSS, KSE, vec);
-        load_values(pV + st * NV * VN, v, vb, j0, vec);
+        if (step >= (SWEEPS - 1) * ntiles) load_values(pV + st * NV * VN, v, vb, j0, vec);
     };
 
     for (int w = 0; w < RG; ++w)
         load_rows<64, E>(make_tensor(make_smem_ptr(pQ + w * QN), SmemQ{}), q, qb, i0 + 64 * w, L, QSL, QSE, vec);
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < ntiles) load_kv(t);
+    for (int step = 0; step < STAGES - 1; ++step) {
+        if (step < nsteps) load_kv(step);
         cp_async_fence();
     }
 
@@ -224,13 +237,14 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
     float row_m[2] = {KF_NEG_INF, KF_NEG_INF}, row_l[2] = {0.f, 0.f};
     const long rbase = i0 + 64 * rg;
 
-    for (int t = 0; t < ntiles; ++t) {
-        if (t + STAGES - 1 < ntiles) load_kv(t + STAGES - 1);
+    for (int step = 0; step < nsteps; ++step) {
+        if (step + STAGES - 1 < nsteps) load_kv(step + STAGES - 1);
         cp_async_fence();
         cp_async_wait<STAGES - 1>();
         cutlass::arch::fence_view_async_shared();   // the tiles' generic writes, before the tensor cores read them
         __syncthreads();
-        const int st = t % STAGES;
+        const int st = step % STAGES, t = step % ntiles;
+        const bool stats = CHAIN && step < ntiles;   // the chain's first sweep: the rows' maximum and sum only
         const long j0 = tile_of(t) * BK;
         const bool keep_all = SKIP_TILES && (tiles[t] & KEEP_ALL);
         (void)keep_all;
@@ -250,21 +264,32 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
 
-        /* scale, mask, the rows' new maxima */
+        /* scale (the chain: each step rounded as eager rounds it, soft-capped), mask, the rows' new maxima */
         float mx[2] = {KF_NEG_INF, KF_NEG_INF};
         /* a tile inside the rows and keys, below the causal diagonal and without a mask to read needs no test */
         const bool edge = j0 + BK > S || rbase + 64 > L || (CAUSAL && j0 + BK - 1 > rbase) || (MASK != 0 && !keep_all);
         CUTE_UNROLL
         for (int x = 0; x < size(tSrS); ++x) {
             const int r = get<0>(tScS(x)), c = get<1>(tScS(x));
+#if CHAIN
+            float s = q_rd(q_rd(tSrS(x)) * (float)SCALE);
+#if SOFTCAP
+            s = q_rd(s / (float)CAP);
+            s = q_rd(tanhf(s));
+            s = q_rd(s * (float)CAP);
+#endif
+#else
             float s = tSrS(x) * (float)SCALE;
+#endif
             if (edge) {
                 const long i = rbase + r, j = j0 + c;
                 if (i < L && j < S && (!CAUSAL || j <= i)) {
 #if MASK == 1
                     if (!keep_all && m_ld(mk, mb + i * MSL + j * MSS) == 0.f) s = KF_NEG_INF;
+#elif MASK == 2
+                    if (m_ld(mk, mb + i * MSL + j * MSS) != 0.f) s = q_rd((float)FILL);
 #elif MASK == 3
-                    s = s + m_ld(mk, mb + i * MSL + j * MSS);
+                    s = CHAIN ? s_rd(s + m_ld(mk, mb + i * MSL + j * MSS)) : s + m_ld(mk, mb + i * MSL + j * MSS);
 #endif
                 } else {
                     s = KF_NEG_INF;
@@ -273,28 +298,44 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
             tSrS(x) = s;
             mx[(r >> 3) & 1] = fmaxf(mx[(r >> 3) & 1], s);
         }
-        float mnew[2], corr[2], sum[2] = {0.f, 0.f};
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-            mnew[h] = fmaxf(row_m[h], quad_max(mx[h]));
-            corr[h] = mnew[h] == KF_NEG_INF ? 1.f : expf(row_m[h] - mnew[h]);
+        if (CHAIN && !stats) {
+            /* the chain's second sweep: probabilities normalised by the first sweep's maximum and sum, rounded as
+               softmax(...).to(dtype) rounds them (a row that is -inf everywhere: NaN, as eager's softmax) */
+            CUTE_UNROLL
+            for (int x = 0; x < size(tSrS); ++x) {
+                const int h = (get<0>(tScS(x)) >> 3) & 1;
+                tOrP(x) = T(expf(tSrS(x) - row_m[h]) / row_l[h]);
+            }
+        } else {
+            float mnew[2], corr[2], sum[2] = {0.f, 0.f};
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                mnew[h] = fmaxf(row_m[h], quad_max(mx[h]));
+                corr[h] = mnew[h] == KF_NEG_INF ? 1.f : expf(row_m[h] - mnew[h]);
+            }
+            /* the probabilities: summed in float, rounded to the input dtype as the product's operand */
+            CUTE_UNROLL
+            for (int x = 0; x < size(tSrS); ++x) {
+                const int h = (get<0>(tScS(x)) >> 3) & 1;
+                const float s = tSrS(x);
+                const float p = s == KF_NEG_INF ? 0.f : expf(s - mnew[h]);
+                sum[h] += p;
+                tOrP(x) = T(p);
+            }
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                row_l[h] = row_l[h] * corr[h] + quad_sum(sum[h]);
+                row_m[h] = mnew[h];
+            }
+            if (!CHAIN) {
+                CUTE_UNROLL
+                for (int x = 0; x < size(tOrO); ++x) tOrO(x) *= corr[(get<0>(tOcO(x)) >> 3) & 1];
+            }
         }
-        /* the probabilities: summed in float, rounded to the input dtype as the product's operand */
-        CUTE_UNROLL
-        for (int x = 0; x < size(tSrS); ++x) {
-            const int h = (get<0>(tScS(x)) >> 3) & 1;
-            const float s = tSrS(x);
-            const float p = s == KF_NEG_INF ? 0.f : expf(s - mnew[h]);
-            sum[h] += p;
-            tOrP(x) = T(p);
+        if (stats) {
+            __syncthreads();   // every warpgroup is done with this stage before it is loaded again
+            continue;
         }
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-            row_l[h] = row_l[h] * corr[h] + quad_sum(sum[h]);
-            row_m[h] = mnew[h];
-        }
-        CUTE_UNROLL
-        for (int x = 0; x < size(tOrO); ++x) tOrO(x) *= corr[(get<0>(tOcO(x)) >> 3) & 1];
 
         warpgroup_fence_operand(tOrP);
         warpgroup_fence_operand(tOrO);
@@ -314,7 +355,7 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
         const long i = rbase + r;
         if (i < L) {
             const float l = row_l[(r >> 3) & 1];
-            o[OOFF(bh) + i * OSL + (c + vs * EVW) * OSE] = T(l > 0.f ? tOrO(x) / l : 0.f);
+            o[OOFF(bh) + i * OSL + (c + vs * EVW) * OSE] = T(CHAIN ? tOrO(x) : l > 0.f ? tOrO(x) / l : 0.f);
         }
     }
 }
@@ -368,7 +409,7 @@ def _valid(v: Variant, c: dict, d: DeviceInfo) -> bool:
 
 
 def _applies(v: Variant, d: DeviceInfo) -> bool:
-    if v.op != _SDPA or not _family_applies(v) or not d.arch.startswith("sm_90"):
+    if v.op not in (_SDPA, _CHAIN) or not _family_applies(v) or not d.arch.startswith("sm_90"):
         return False
     q, k, val, mask = v.inputs
     if not q.dtype == k.dtype == val.dtype == v.outputs[0].dtype or q.dtype not in _ELEM:
@@ -412,12 +453,14 @@ def _explain(v: Variant, c: dict) -> str:
             f"{c['stages']} stage{'s' if c['stages'] > 1 else ''}")
 
 
-@strategy(_SDPA, "cuda", "wgmma_tiles", level=2,
+@strategy((_SDPA, _CHAIN), "cuda", "wgmma_tiles", level=2,
           doc="flash-style on Hopper's tensor cores: S = Q K^T and O += P V by warpgroup MMA (GMMA) with float "
               "accumulators, P kept in registers, key and value tiles by cp.async into swizzled shared memory",
           space=_SPACE, applies=lambda v, d: _applies(v, d), default=_default, valid=_valid, explain=_explain)
 def _attention_wgmma(v: Variant, c: dict, d: DeviceInfo) -> str:
     mask = v.inputs[3]
+    score = score_dtype(v) if v.op == _CHAIN else "float32"
     return fill(_CUDA, ELEM=_ELEM[v.inputs[0].dtype], MASK_T=_MASK_T[mask.dtype] if mask is not None else "float",
+                SCORE_T=_SCORE_T[score],
                 BQ=c["block_q"], BK=c["block_k"], STAGES=c["stages"], NV=value_split(v), VEC=_vec_strides(v),
                 **_common(v))
