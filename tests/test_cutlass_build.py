@@ -146,6 +146,18 @@ def test_the_wall_admits_cutlass_host_imports_and_nothing_beside_them(tmp_path):
     assert [f.rule for f in check_library(data)] == ["library"]
 
 
+def test_the_wall_admits_iostreams_initialiser_of_every_libstdcxx_and_no_stream_that_opens_a_file():
+    from kforge.kernels._binary import allowed_import
+
+    # <iostream> in a CUTLASS header: gcc 12 imports the static ios_base::Init's constructor and destructor,
+    # gcc 13 and later one initialiser; both set up std::cout and std::cerr, nothing else
+    for name in ("_ZNSt8ios_base4InitC1Ev", "_ZNSt8ios_base4InitD1Ev", "_ZSt21ios_base_library_initv"):
+        assert allowed_import(name), name
+    for name in ("_ZNSt14basic_ofstreamIcSt11char_traitsIcEEC1EPKcSt13_Ios_Openmode",
+                 "_ZNSt13basic_filebufIcSt11char_traitsIcEE4openEPKcSt13_Ios_Openmode", "_ZSt3cin"):
+        assert not allowed_import(name), name
+
+
 # ----------------------------------------------------------------------------- built through the judge's path
 
 

@@ -223,17 +223,22 @@ def test_deploy_under_cuda_graph_and_torch_compile(tmp_path):
     s.close()
 
 
-def test_c_dispatch_launches_on_the_current_stream(tmp_path):
+@pytest.mark.parametrize("replay", ["1", "0"])
+def test_a_deployed_cuda_kernel_launches_on_the_current_stream(tmp_path, monkeypatch, replay):
+    # NB: both ways a CUDA winner is served: its recorded plan replayed by kforge's launcher (the default), and the
+    # library loaded in this process behind the C launcher (KFORGE_CUDA_REPLAY=0)
     from kforge.deploy._fast import launcher_type, unavailable_reason
+    from kforge.deploy._replay import REPLAY_ENV, PlanReplay
 
-    if launcher_type() is None:
+    monkeypatch.setenv(REPLAY_ENV, replay)
+    if replay == "0" and launcher_type() is None:
         pytest.skip(f"no C launcher on this machine: {unavailable_reason()}")
     s, model = _winner_session(tmp_path)
     x = torch.randn(64, 4096, device="cuda")
     expected = model(x)
     with s.apply(all_winners=True) as dep:
         (dk,) = dep.kernels
-        assert dk.fast
+        assert isinstance(dk.served, PlanReplay) if replay == "1" else dk.fast
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

@@ -54,6 +54,9 @@ IMPORTS = frozenset({
     "__cxa_finalize", "__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable",
     "__gxx_personality_v0", "_Unwind_Resume", "_Znwm", "_Znam", "_ZdlPv", "_ZdlPvm", "_ZdaPv", "_ZdaPvm",
     "_ZSt9terminatev", "__errno_location", "_ZNSt8ios_base4InitC1Ev", "_ZNSt8ios_base4InitD1Ev",
+    # ... <iostream>'s one initialiser of the standard streams as libstdc++ 13 and later emit it in place of the
+    # static ios_base::Init object above (every CUTLASS build on the H100's g++ imported it, 2026-12-07)
+    "_ZSt21ios_base_library_initv",
     # OpenMP (gcc -fopenmp): the queries and locks of omp.h
     "omp_get_thread_num", "omp_get_num_threads", "omp_get_max_threads", "omp_get_num_procs", "omp_in_parallel",
     "omp_get_level", "omp_get_active_level", "omp_get_team_size", "omp_get_ancestor_thread_num", "omp_get_wtime",
