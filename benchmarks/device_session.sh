@@ -3,6 +3,7 @@
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
 #   device run: bash benchmarks/device_session.sh s28a      session 28: the GPU suite, the CUDA attacks and replay, attention45
 #   device run: bash benchmarks/device_session.sh s28b      session 28: every vendor-headed chain (carry [".carry"])
+#   device run: bash benchmarks/device_session.sh s28c      session 28: the dispatch cost's warning, wgmma_tiles' GPU test, two CUTLASS chains
 #   device run: bash benchmarks/device_session.sh vendor41  issues 45/41: vendor chains (carry build/cutlass), a seed model's repeatability
 #   device run: bash benchmarks/device_session.sh rewrites45  issue 45: batch-norm folding on ResNet-50, eager and compile
 #   device run: bash benchmarks/device_session.sh attention45  issue 45: the attention cards at the seed shapes against SDPA
@@ -450,6 +451,16 @@ PY
         --budget-s "${KF_VENDOR_BUDGET_S:-470}" --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG" \
         | grep -v "^AUTOTUNE\|^  triton_\|^  mm \|^  addmm\|^  bmm\|^  convolution\|^strides:\|^dtypes:\|^SingleProcess\|^Autotune\|num_choices" \
         | tee "$OUT/vendor.txt" | tail -60 ;;
+  s28c)
+    # session 28's last call (little budget left): why the dispatch cost fell back, the tensor-core attention design's
+    # GPU test, then two vendor chains through CUTLASS (the wall's fix) against eager and compile default
+    KFORGE_CUDA_REPLAY=1 timeout 40 python3 -W always -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "^DEBUG" | tail -6 | cut -c1-600 | tee "$OUT/dispatch_cost.txt"
+    gpu_tests "${KF_WGMMA_S:-100}" "-m gpu tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s28_c 24
+    if [ -f .carry/cutlass.tar.xz ]; then mkdir -p build/cutlass && tar xJf .carry/cutlass.tar.xz -C build/cutlass; fi
+    KFORGE_CACHE=/tmp/kcache timeout "${KF_VENDOR_S:-110}" python3 benchmarks/vendor_chains.py --device cuda \
+        --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-gemm_bias_relu,conv_bn_relu_resnet3x3}" --modes default --jobs 15 \
+        --budget-s 60 --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG\|^E1\|AUTOTUNE" \
+        | tee "$OUT/vendor.txt" | tail -8 ;;
   vendor41)
     # issues 45 and 41 (2026-12-07): vendor-headed chains (CUTLASS through kforge's compile path, in parallel, then
     # eager / compile default / max-autotune / kforge; carry build/cutlass), then a seed model's repeatability
