@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -51,37 +52,32 @@ SEEDS = _seeds()
 
 
 def _small() -> dict[str, Variant]:
-    """Small cards of every kind it takes, 16-bit, at sizes that leave partial tiles (rows past L, keys past S)."""
+    """Small cards that cover every kind it takes, 16-bit, at sizes that leave partial tiles (rows past L, keys past
+    S); each card combines kinds, so that the GPU test builds few sources."""
     bf, f16 = torch.bfloat16, torch.float16
-    q, k, v = _qkv(b=2, h=3, L=70, S=70, e=64, dtype=bf)
-    qm, km, vm = _qkv(b=1, h=2, L=100, S=150, e=128, dtype=bf, seed=1)
-    qa, ka, va = _qkv(b=2, h=2, L=65, S=200, e=64, dtype=f16, seed=2)
+    # 3-d (no head dimension), causal, the query's width not contiguous: its tiles come element by element
+    qt = torch.randn(3, 64, 70, dtype=bf).transpose(-1, -2)
+    _, kt, vt = (t[:, 0] for t in _qkv(b=3, h=1, L=70, S=70, e=64, dtype=bf))
+    qm, km, vm = _qkv(b=1, h=4, L=100, S=150, e=128, dtype=bf, kv_heads=2, seed=1)
+    qa, ka, va = _qkv(b=2, h=2, L=65, S=200, e=64, ev=128, dtype=f16, seed=2)
     qw, kw, vw = _qkv(b=1, h=4, L=130, S=130, e=256, dtype=bf, kv_heads=1, seed=3)
-    qg, kg, vg = _qkv(b=1, h=4, L=96, S=80, e=128, dtype=bf, kv_heads=2, seed=4)
-    qv, kv, vv = _qkv(b=1, h=2, L=64, S=96, e=64, ev=128, dtype=f16, seed=5)
-    # the query's width not contiguous: its tiles come element by element, not 16 bytes at a time
-    qt = torch.randn(1, 2, 64, 77, dtype=bf).transpose(-1, -2)
-    _, kt, vt = _qkv(b=1, h=2, L=77, S=77, e=64, dtype=bf, seed=6)
-    x3 = _qkv(b=3, h=1, L=50, S=60, e=64, dtype=bf, seed=7)
-    qw5, kw5, vw5 = _qkv(b=1, h=2, L=100, S=100, e=512, dtype=bf, kv_heads=1, seed=8)
-    qc, kc, vc = _qkv(b=2, h=2, L=70, S=90, e=64, dtype=bf, seed=9)
-    qf, kf, vf = _qkv(b=1, h=3, L=80, S=80, e=128, dtype=f16, seed=10)
+    qw5, kw5, vw5 = _qkv(b=1, h=2, L=100, S=100, e=512, dtype=bf, kv_heads=1, seed=4)
+    qc, kc, vc = _qkv(b=2, h=2, L=70, S=90, e=64, dtype=bf, seed=5)
+    qf, kf, vf = _qkv(b=1, h=3, L=80, S=80, e=128, dtype=f16, seed=6)
     return {
-        "causal_64": _variant(SDPA, q, k, v, is_causal=True),
-        "bool_mask_128": _variant(SDPA, qm, km, vm, attn_mask=torch.rand(100, 150) > 0.3),
-        "added_mask_float16_64": _variant(SDPA, qa, ka, va, attn_mask=torch.randn(2, 1, 65, 200).half()),
+        "causal_3d_strided_query_64": _variant(SDPA, qt, kt, vt, is_causal=True),
+        "gqa_bool_mask_128": _variant(SDPA, qm, km, vm, attn_mask=torch.rand(100, 150) > 0.3, enable_gqa=True,
+                                      scale=0.3),
+        "added_mask_float16_value_width_128": _variant(SDPA, qa, ka, va,
+                                                       attn_mask=torch.randn(2, 1, 65, 200).half()),
         "window_expanded_key_head_256": _variant(SDPA, qw, kw.expand(1, 4, 130, 256), vw.expand(1, 4, 130, 256),
                                                  attn_mask=_window(130, 130, 48)),
-        "gqa_128": _variant(SDPA, qg, kg, vg, enable_gqa=True, scale=0.3),
-        "value_width_128_float16": _variant(SDPA, qv, kv, vv),
-        "strided_query_64": _variant(SDPA, qt, kt, vt),
-        "3d_64": _variant(SDPA, *(t[:, 0] for t in x3)),
         "causal_expanded_key_head_512": _variant(SDPA, qw5, kw5.expand(1, 2, 100, 512), vw5.expand(1, 2, 100, 512),
                                                  is_causal=True),
-        "chain_softcap_added_64": _variant(CHAIN, qc, kc, vc, torch.randn(1, 1, 70, 90).bfloat16(), 0.125, 5.0),
-        "chain_float32_mask_on_bfloat16_64": _variant(CHAIN, qc, kc, vc, torch.randn(1, 1, 70, 90), 0.125, 30.0),
-        "chain_filled_float16_128": _variant(CHAIN, qf, kf, vf, ~_window(80, 80, 16), 0.125, None, -65504.0),
-        "chain_filled_minus_inf_64": _variant(CHAIN, qc, kc, vc, ~_window(70, 90, 8), 0.125, None, float("-inf")),
+        "chain_softcap_float32_mask_on_bfloat16_64": _variant(CHAIN, qc, kc, vc, torch.randn(1, 1, 70, 90), 0.125,
+                                                              30.0),
+        "chain_filled_minus_inf_float16_128": _variant(CHAIN, qf, kf, vf, ~_window(80, 80, 16), 0.125, None,
+                                                       float("-inf")),
     }
 
 
@@ -151,19 +147,19 @@ def test_the_source_follows_the_cards_mask_layout_and_dtype():
         return strategy.render(variant, strategy.default(variant, H100), H100)
 
     assert "#define MASK 1\n" in defines(SEEDS["gemma4_sliding_256"])          # boolean, keeps
-    assert "#define MASK 3\n" in defines(SMALL["added_mask_float16_64"])        # added
-    assert "typedef cutlass::half_t q_t;" in defines(SMALL["added_mask_float16_64"])
+    assert "#define MASK 3\n" in defines(SMALL["added_mask_float16_value_width_128"])        # added
+    assert "typedef cutlass::half_t q_t;" in defines(SMALL["added_mask_float16_value_width_128"])
     src = defines(SEEDS["sd35_joint_64"])
     assert "#define MASK 0\n" in src and "#define CAUSAL 0\n" in src and "#define SCALE 0.125f\n" in src
     assert "#define VEC_STRIDES 1\n" in src and "#define QSL 1536L\n" in src
-    assert "#define CAUSAL 1\n" in defines(SMALL["causal_64"])
+    assert "#define CAUSAL 1\n" in defines(SMALL["causal_3d_strided_query_64"])
     assert "#define KOFF(bh) 0L\n" in defines(SEEDS["gemma4_sliding_256"]), "the one key head, read by every head"
-    assert "#define VEC_STRIDES 0\n" in defines(SMALL["strided_query_64"]), "a strided width is loaded element-wise"
+    assert "#define VEC_STRIDES 0\n" in defines(SMALL["causal_3d_strided_query_64"]), "a strided width: element-wise"
     chain = defines(SEEDS["chain_softcap_added_256"])
     assert "#define CHAIN 1\n" in chain and "#define SOFTCAP 1\n" in chain and "#define CAP 50.0f\n" in chain
     assert "typedef cutlass::bfloat16_t s_t;" in chain, "bf16 scores plus a bf16 mask round to bf16"
-    assert "typedef float s_t;" in defines(SMALL["chain_float32_mask_on_bfloat16_64"]), "a float32 mask promotes"
-    filled = defines(SMALL["chain_filled_minus_inf_64"])
+    assert "typedef float s_t;" in defines(SMALL["chain_softcap_float32_mask_on_bfloat16_64"]), "float32 promotes"
+    filled = defines(SMALL["chain_filled_minus_inf_float16_128"])
     assert "#define MASK 2\n" in filled and "#define FILL KF_NEG_INF\n" in filled
 
 
@@ -203,19 +199,18 @@ def test_every_configuration_of_the_seed_cards_builds_for_sm90a_through_the_comp
 @needs_cutlass
 @pytest.mark.slow
 def test_the_kinds_beyond_the_seed_cards_build_for_sm90a():
-    """float16, an added mask, is_causal, grouped heads, two widths, a strided query, the chain with a float32 mask and
-    with a filled one (their default configuration)."""
-    names = ("causal_64", "added_mask_float16_64", "gqa_128", "value_width_128_float16", "strided_query_64",
-             "3d_64", "chain_float32_mask_on_bfloat16_64", "chain_filled_float16_128")
+    """The small cards' kinds (their default configuration): 3-d, causal and a strided query; grouped heads and a
+    boolean mask; float16, an added mask and a value width of its own; the chain with a float32 mask and with a
+    filled one."""
     with futures.ThreadPoolExecutor(2) as pool:
-        built = list(pool.map(lambda n: _build(SMALL[n], _wgmma(SMALL[n]).default(SMALL[n], H100)), names))
+        built = list(pool.map(lambda v: _build(v, _wgmma(v).default(v, H100)), SMALL.values()))
     assert all(b.path.is_file() for b in built)
 
 
 # ----------------------------------------------------------------------------- on the GPU
 
 
-_FULLY_MASKED = ("bool_mask_128", "chain_filled_minus_inf_64")
+_FULLY_MASKED = ("gqa_bool_mask_128", "chain_filled_minus_inf_float16_128")
 # NB: the sampled masks are random; a window's own mask has key tiles that no row keeps (skipped) and tiles that every
 # row keeps whole (not tested element by element)
 _WINDOWS = {"window_expanded_key_head_256": lambda: _window(130, 130, 48),
@@ -232,9 +227,32 @@ def _fully_masked_rows(variant: Variant, ins: list) -> list:
     return [*ins[:3], mask]
 
 
+def _try_build(variant: Variant, config: dict, info: DeviceInfo):
+    try:
+        return _build(variant, config, info)
+    except Exception as exc:  # noqa: BLE001 - raised in the test of the card it belongs to
+        return exc
+
+
+@pytest.fixture(scope="module")
+def gpu_builds() -> dict:
+    """Every configuration of every card, built at once on all of the machine's cores (~20 s of CPU a build)."""
+    info = device_info("cuda")
+    if not info.arch.startswith("sm_90"):
+        return {}
+    jobs = [(name, _on_gpu(card), config) for name, card in {**SMALL, **SEEDS}.items()
+            for config in _wgmma(card).configs(_on_gpu(card), info)]
+    with futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+        libs = list(pool.map(lambda j: _try_build(j[1], j[2], info), jobs))
+    out: dict = {}
+    for (name, _, config), lib in zip(jobs, libs):
+        out.setdefault(name, []).append((config, lib))
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [*SMALL, *SEEDS])
-def test_on_the_gpu_every_configuration_matches_eager(name):
+def test_on_the_gpu_every_configuration_matches_eager(name, gpu_builds):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     info = device_info("cuda")
@@ -243,11 +261,13 @@ def test_on_the_gpu_every_configuration_matches_eager(name):
     card = {**SMALL, **SEEDS}[name]
     variant = _on_gpu(card)
     spec = get_spec(variant.op)
-    strategy = _wgmma(variant)
-    assert strategy.applies(variant, info)
-    configs = list(strategy.configs(variant, info))
-    with futures.ThreadPoolExecutor(8) as pool:
-        built = list(pool.map(lambda c: _build(variant, c, info), configs))
+    assert _wgmma(variant).applies(variant, info)
+    configs = [c for c, _ in gpu_builds[name]]
+    assert configs == list(_wgmma(variant).configs(variant, info))
+    for config, lib in gpu_builds[name]:
+        if isinstance(lib, Exception):
+            raise AssertionError(f"{name} {config} did not build") from lib
+    built = [lib for _, lib in gpu_builds[name]]
     for seed in (3, 4, "window"):
         if seed == "window" and name not in _WINDOWS:
             continue

@@ -456,7 +456,7 @@ def _explain(v: Variant, c: dict) -> str:
 @strategy((_SDPA, _CHAIN), "cuda", "wgmma_tiles", level=2,
           doc="flash-style on Hopper's tensor cores: S = Q K^T and O += P V by warpgroup MMA (GMMA) with float "
               "accumulators, P kept in registers, key and value tiles by cp.async into swizzled shared memory",
-          space=_SPACE, applies=lambda v, d: _applies(v, d), default=_default, valid=_valid, explain=_explain)
+          space=_SPACE, applies=_applies, default=_default, valid=_valid, explain=_explain)
 def _attention_wgmma(v: Variant, c: dict, d: DeviceInfo) -> str:
     mask = v.inputs[3]
     score = score_dtype(v) if v.op == _CHAIN else "float32"
