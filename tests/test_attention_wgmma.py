@@ -240,6 +240,9 @@ def gpu_builds() -> dict:
     info = device_info("cuda")
     if not info.arch.startswith("sm_90"):
         return {}
+    if find_nvcc() is None or cutlass_root() is None:
+        pytest.fail("the GPU check builds with nvcc and the CUTLASS headers: pip install nvidia-cutlass or set "
+                    "CUTLASS_PATH (device_session.sh: tar xJf .carry/cutlass.tar.xz -C build/cutlass)")
     jobs = [(name, _on_gpu(card), config) for name, card in {**SMALL, **SEEDS}.items()
             for config in _wgmma(card).configs(_on_gpu(card), info)]
     with futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
