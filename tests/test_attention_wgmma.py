@@ -34,6 +34,8 @@ def _wgmma(variant: Variant):
 
 def _flash(variant: Variant):
     return get_strategy(f"{variant.op}.cuda.flash_tiles")
+
+
 A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", "sm_80", 108, 2000.0, 40 << 20, 163 << 10)
 needs_cutlass = pytest.mark.skipif(find_nvcc() is None or cutlass_root() is None,
                                    reason='needs nvcc and the CUTLASS headers: pip install "kforge[cutlass]"')
