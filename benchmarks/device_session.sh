@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call each (every step under its own timeout, the whole call well inside 10 minutes).
 #   device run: bash benchmarks/device_session.sh gpu44     issue 44: the GPU suite on the refactored code, the dispatch cost
+#   device run: bash benchmarks/device_session.sh s29a      the dispatch cost's reason, the GPU tests session 28 did not reach, attention45
 #   device run: bash benchmarks/device_session.sh s28a      session 28: the GPU suite, the CUDA attacks and replay, attention45
 #   device run: bash benchmarks/device_session.sh s28b      session 28: every vendor-headed chain (carry [".carry"])
 #   device run: bash benchmarks/device_session.sh s28c      session 28: the dispatch cost's warning, wgmma_tiles' GPU test, two CUTLASS chains
@@ -432,6 +433,15 @@ PY
     done | tee "$OUT/dispatch_cost.txt"
     gpu_tests "${KF_GPU_A_S:-250}" "-m gpu tests/test_gpu.py tests/test_regions_gpu.py tests/test_compile.py tests/test_eager_regions.py tests/test_functions.py tests/test_linear_gelu.py tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py" gpu44_a 30
     gpu_tests "${KF_GPU_B_S:-230}" "${KF_GPU_B_FILES:-tests/test_gpu_attacks.py tests/test_gpu_replay.py}" gpu44_b 20 ;;
+  s29a)
+    # what session 28's calls did not reach: why the dispatch cost fell back (warnings shown), the GPU tests its suite
+    # was cut before (moe_experts, rms_norm_rope, the ABI, attention with both CUDA designs, the current stream both
+    # ways), then the attention cards with flash_tiles and wgmma_tiles against eager's SDPA and compile
+    KFORGE_CUDA_REPLAY=1 timeout 40 python3 -W always -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "^DEBUG" | tail -6 | cut -c1-600 | tee "$OUT/dispatch_cost.txt"
+    gpu_tests "${KF_GPU_A_S:-260}" "-m gpu tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py tests/test_attention.py tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s29_a 30
+    timeout "${KF_ATT_S:-200}" python3 benchmarks/attention.py --device cuda --modes "${KF_ATT_MODES:-default}" \
+        --jobs 15 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
+        | tail -12 ;;
   s28a)
     # session 28's first call: the GPU suite on the current code (the attention family's GPU test in it), the judge's
     # CUDA attacks and replay, then the attention cards at the seed shapes against eager's SDPA and compile

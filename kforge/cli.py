@@ -443,18 +443,24 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         "outside": dict(cards.outside),
         "resume": resume_cmd,
     }
+    checked: list = []   # the table's eager verdicts of the rewrites, which the export states
     if (summary["winners"] or rewrites) and not interrupted and run.error is None and modes is not None:
         # NB: the cards' speedups are each card's calls alone; what the model gets is timed here, whole
         try:
-            summary["model"] = session.end_to_end(compile=bool(modes), modes=modes, progress=True,
-                                                  rewrites=rewrites).to_json()
+            table = session.end_to_end(compile=bool(modes), modes=modes, progress=True, rewrites=rewrites)
+            summary["model"] = table.to_json()
+            # NB: the export states the eager verdicts the table showed rather than timing the model again (two
+            # timings of one rewrite could disagree on a noisy machine); a row that failed leaves it to the export
+            eager = [r for r in table.rows if r.rewrite is not None and r.rewrite.mode == "eager"]
+            if rewrites and len(eager) == len(rewrites) and not any(r.error for r in eager):
+                checked = [r.rewrite for r in eager]
         except Exception as exc:  # noqa: BLE001 - the search's results are stored; say why the model was not timed
             summary["model"] = {"error": f"{type(exc).__name__}: {exc}", "headline": []}
     exported = None
     if args.export and not interrupted and run.error is None:
         from .deploy import read_manifest, rewrites_of
 
-        exported = str(session.export(args.export, rewrites=rewrites))
+        exported = str(session.export(args.export, rewrites=rewrites, checked=checked))
         manifest = read_manifest(exported)
         summary["exported"] = {"path": exported, "kernels": len(manifest["kernels"]),
                                "rewrites": [v.to_json() for v in rewrites_of(manifest)[0]]}

@@ -13,7 +13,7 @@ from .rewrites import as_rewrites
 from .store import Store, WorkdirError
 
 if TYPE_CHECKING:
-    from .deploy import Deployment, DeploymentPlan, DispatchCost, EndToEnd, ReadyKernels
+    from .deploy import Deployment, DeploymentPlan, DispatchCost, EndToEnd, ReadyKernels, RewriteVerdict
     from .evaluate import Evaluator
     from .kernels import DeviceInfo
     from .search import OptimizationRun, Results
@@ -53,6 +53,33 @@ def resolve_device(device: str | torch.device | None) -> str:
         raise CaptureError(f"device {device!r} is not supported: use 'cuda', 'cuda:N' or 'cpu'")
     return device
 
+
+
+def _checked_verdicts(names: tuple[str, ...], checked: Sequence[Any]) -> list | None:
+    """``Session.export``'s ``checked``, one eager verdict per name in ``names`` in their order, or None where none was
+    given. Raises ValueError, saying what to pass, for anything else."""
+    from .deploy import RewriteVerdict
+
+    if not checked:
+        return None
+    by_name: dict[str, Any] = {}
+    for v in checked:
+        if not isinstance(v, RewriteVerdict):
+            raise ValueError(f"checked: {v!r} is not a rewrite verdict; pass the eager rows' verdicts of "
+                             "end_to_end(rewrites=...): [r.rewrite for r in table.rows if r.rewrite]")
+        if v.mode != "eager":
+            continue   # NB: a compiled mode's verdict is not what apply() and kforge.load() install
+        if v.rewrite in by_name:
+            raise ValueError(f"checked: two eager verdicts for {v.rewrite!r}; pass one")
+        by_name[v.rewrite] = v
+    missing = [n for n in names if n not in by_name]
+    extra = sorted(set(by_name) - set(names))
+    if missing or extra:
+        raise ValueError(f"checked: give one eager verdict for each rewrite exported ({', '.join(names) or 'none'})"
+                         + (f"; none for {', '.join(missing)}" if missing else "")
+                         + (f"; {', '.join(extra)} not exported" if extra else "")
+                         + ": time them with end_to_end(rewrites=...) (its eager rows), or leave checked out")
+    return [by_name[n] for n in names]
 
 class Session:
     """One model, the inputs it runs on, and everything kforge learns about it.
@@ -436,7 +463,7 @@ class Session:
         return table
 
     def export(self, path: str | Path, *, all_winners: bool = False, dispatch_cost: DispatchCost | None = None,
-               rewrites: Sequence[str] = ()) -> Path:
+               rewrites: Sequence[str] = (), checked: Sequence["RewriteVerdict"] = ()) -> Path:
         """Write the winners to a self-contained artifact folder that kforge.load() installs (region and
         fused-operator winners too: ``kforge.load(model, path)`` runs them as ``apply()`` does).
 
@@ -450,25 +477,32 @@ class Session:
         the inputs (shapes, dtypes, value ranges; not their values). ``kforge.load`` makes the kept ones again on
         the model it loads into, once the model's output with them checks equal to its output without them.
         Nothing is exported for rewrites unless they are named here: a rewrite kept by an earlier ``apply()`` is not
-        carried by itself.
+        carried by itself. ``checked``: eager verdicts already decided for these rewrites on this session's model and
+        inputs (the eager rows of ``end_to_end(rewrites=...)``: ``[r.rewrite for r in table.rows if r.rewrite]``),
+        written as they are instead of timing the model again, so that the artifact states the verdict its user was
+        shown; one for each name in ``rewrites``, or none.
         """
         from .deploy import export_plan
 
         names = as_rewrites(rewrites)
+        given = _checked_verdicts(names, checked)
         plan = self.deployment_plan(all_winners=all_winners, dispatch_cost=dispatch_cost, uncaptured=bool(names))
-        verdicts, probe = self._export_rewrites(names, all_winners, dispatch_cost) if names else ((), None)
+        verdicts, probe = (self._export_rewrites(names, all_winners, dispatch_cost, given) if names else ((), None))
         return export_plan(path, plan, self.device, self.evaluator if plan.kernels else None, rewrites=verdicts,
                            probe=probe)
 
-    def _export_rewrites(self, names: tuple[str, ...], all_winners: bool, dispatch_cost: DispatchCost | None
-                         ) -> tuple[list, Any]:
-        """Each rewrite's verdict for the session's model as ``apply`` would decide it, and the probe (``Probe``) its
-        inputs make, or why they make none."""
+    def _export_rewrites(self, names: tuple[str, ...], all_winners: bool, dispatch_cost: DispatchCost | None,
+                         given: list | None = None) -> tuple[list, Any]:
+        """Each rewrite's verdict for the session's model as ``apply`` would decide it (``given``: decided already),
+        and the probe (``Probe``) its inputs make, or why they make none."""
         from .deploy import Probe, RewriteVerdict
 
         if self.model is None:
             raise CaptureError("rewrites are checked on the session's model: Session.open(workdir, model=model, "
                                "inputs=inputs) to export them")
+        probe = Probe.of(*self._inputs()) if self.batches != [None] else "the exported session had no inputs"
+        if given:
+            return given, probe
         dep = self._deployment(self.model, "model", all_winners, dispatch_cost, names)
         try:
             checked = {v.rewrite: v for v in dep.rewrite_checks}
@@ -479,7 +513,6 @@ class Session:
                         for name in names]
         finally:
             dep.remove()   # NB: never installed; stops the workers its kernels started for the check
-        probe = Probe.of(*self._inputs()) if self.batches != [None] else "the exported session had no inputs"
         return verdicts, probe
 
     def __enter__(self) -> "Session":

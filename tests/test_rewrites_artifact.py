@@ -344,3 +344,29 @@ def test_the_command_line_takes_rewrites_for_the_table_and_the_export(tmp_path, 
     (exported,) = summary["exported"]["rewrites"]
     assert exported["name"] == FOLD and exported["kept"]
     assert read_manifest(tmp_path / "artifact")["rewrites"][0]["kept"]
+    # the export states the verdict the table showed: the fold was timed once, by the table, not again for the export
+    assert arms.count(((FOLD,), ())) == 1
+    assert exported["why"] == row["rewrite"]["why"] and exported["comparison"]["with_us"] == 80.0
+
+
+def test_export_states_the_eager_verdicts_it_is_given_and_refuses_any_that_do_not_fit(tmp_path, monkeypatch):
+    import kforge.deploy._fallback as fallback
+
+    monkeypatch.setattr(fallback, "interleaved", _timer(True, arms := []))
+    session = kforge.Session(_randomised(ConvBnRelu()), torch.randn(2, 3, 12, 12), device="cpu",
+                             workdir=tmp_path / "wd")
+    # as a table's eager row states it (here a slower fold), against a timer that would keep it
+    stated = RewriteVerdict(FOLD, "eager", False, ("bn",), "the model ran 0.900x with it",
+                            Comparison(111.0, 100.0, 2.0, paired_us=-11.0))
+    compiled = RewriteVerdict(FOLD, "default", True, ("bn",), "the model ran 1.2x with it")
+    path = session.export(tmp_path / "artifact", rewrites=(FOLD,), checked=[stated, compiled])
+    (written,) = read_manifest(path)["rewrites"]
+    assert arms == [] and written == stated.to_json()
+    assert read_manifest(path)["probe"]["leaves"][0]["tensor"]["shape"] == [2, 3, 12, 12]   # the load checks on it
+    for checked, what in (([compiled], f"none for {FOLD}"),
+                          ([stated, stated], "two eager verdicts"),
+                          ([stated, RewriteVerdict("channels_last", "eager", True, (), "")], "channels_last not exported"),
+                          (["kept"], "is not a rewrite verdict")):
+        with pytest.raises(ValueError, match=what):
+            session.export(tmp_path / "other", rewrites=(FOLD,), checked=checked)
+    session.close()

@@ -218,7 +218,8 @@ def rewrites_of(manifest: dict, root: str | Path = "the artifact") -> tuple[tupl
     except Exception as exc:  # noqa: BLE001 - whatever a damaged manifest makes the parsers raise (pytree raises
         # NotImplementedError for a type it does not know) is one malformed artifact
         raise ArtifactError(f"the rewrites recorded in {root}/manifest.json are malformed ({type(exc).__name__}: "
-                            f"{exc}): export it again") from None
+                            f"{exc}): export it again (a manifest damaged anywhere is not loaded, its kernels neither, "
+                            "whatever rewrites= asks)") from None
     return verdicts, probe
 
 

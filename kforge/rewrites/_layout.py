@@ -53,10 +53,6 @@ def _keeps_layout(node: torch.fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
 
 
-def _inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
-    return [a for a in node.all_input_nodes]
-
-
 def _fake_like(anchor: Any, fn) -> Any:
     """``fn`` applied to the fake tensor ``anchor`` in its own fake mode (the new node's meta), or None."""
     if anchor is None or not hasattr(anchor, "fake_mode"):
@@ -136,7 +132,7 @@ def channels_last(gm: torch.fx.GraphModule, values: Sequence[Any]) -> Rewritten 
             chain.add(node)
             lines.append(f"channels_last: conv weight {list(constant.shape)} "
                          f"{str(constant.dtype).replace('torch.', '')}")
-        elif _keeps_layout(node) and any(a in chain for a in _inputs(node)) and (
+        elif _keeps_layout(node) and any(a in chain for a in node.all_input_nodes) and (
                 _is_4d(node) or isinstance(_val(node), (tuple, list))):
             chain.add(node)
     # where a tensor leaves the chain, the contiguous layout again (once per tensor)
