@@ -436,9 +436,12 @@ PY
   s29a)
     # what session 28's calls did not reach: why the dispatch cost fell back (warnings shown), the GPU tests its suite
     # was cut before (moe_experts, rms_norm_rope, the ABI, attention with both CUDA designs, the current stream both
-    # ways), then the attention cards with flash_tiles and wgmma_tiles against eager's SDPA and compile
+    # ways), then the attention cards with flash_tiles and wgmma_tiles against eager's SDPA and compile. wgmma_tiles
+    # builds with CuTe: the CUTLASS headers carried compressed in .carry/cutlass.tar.xz (66 builds, ~2 min on 16 cores)
+    if [ -f .carry/cutlass.tar.xz ]; then mkdir -p build/cutlass && tar xJf .carry/cutlass.tar.xz -C build/cutlass; fi
+    [ -d build/cutlass ] && export CUTLASS_PATH=$PWD/build/cutlass
     KFORGE_CUDA_REPLAY=1 timeout 40 python3 -W always -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "^DEBUG" | tail -6 | cut -c1-600 | tee "$OUT/dispatch_cost.txt"
-    gpu_tests "${KF_GPU_A_S:-260}" "-m gpu tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py tests/test_attention.py tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s29_a 30
+    gpu_tests "${KF_GPU_A_S:-330}" "-m gpu tests/test_moe_experts.py tests/test_rms_norm_rope.py tests/test_abi.py tests/test_attention.py tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s29_a 30
     timeout "${KF_ATT_S:-200}" python3 benchmarks/attention.py --device cuda --modes "${KF_ATT_MODES:-default}" \
         --jobs 15 --json-out "$OUT/attention.json" 2>&1 | grep --line-buffered -v "^DEBUG" | tee "$OUT/attention.txt" \
         | tail -12 ;;
@@ -465,7 +468,7 @@ PY
     # session 28's last call (little budget left): why the dispatch cost fell back, the tensor-core attention design's
     # GPU test, then two vendor chains through CUTLASS (the wall's fix) against eager and compile default
     KFORGE_CUDA_REPLAY=1 timeout 40 python3 -W always -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "^DEBUG" | tail -6 | cut -c1-600 | tee "$OUT/dispatch_cost.txt"
-    gpu_tests "${KF_WGMMA_S:-100}" "-m gpu tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s28_c 24
+    gpu_tests "${KF_WGMMA_S:-300}" "-m gpu tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s28_c 24
     if [ -f .carry/cutlass.tar.xz ]; then mkdir -p build/cutlass && tar xJf .carry/cutlass.tar.xz -C build/cutlass; fi
     KFORGE_CACHE=/tmp/kcache timeout "${KF_VENDOR_S:-110}" python3 benchmarks/vendor_chains.py --device cuda \
         --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-gemm_bias_relu,conv_bn_relu_resnet3x3}" --modes default --jobs 15 \
