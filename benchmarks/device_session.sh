@@ -468,8 +468,9 @@ PY
     # session 28's last call (little budget left): why the dispatch cost fell back, the tensor-core attention design's
     # GPU test, then two vendor chains through CUTLASS (the wall's fix) against eager and compile default
     KFORGE_CUDA_REPLAY=1 timeout 40 python3 -W always -c "from kforge.deploy import measure_dispatch_cost as m; print('replayed plan:', m('cuda').describe())" 2>&1 | grep -v "^DEBUG" | tail -6 | cut -c1-600 | tee "$OUT/dispatch_cost.txt"
-    gpu_tests "${KF_WGMMA_S:-300}" "-m gpu tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s28_c 24
     if [ -f .carry/cutlass.tar.xz ]; then mkdir -p build/cutlass && tar xJf .carry/cutlass.tar.xz -C build/cutlass; fi
+    [ -d build/cutlass ] && export CUTLASS_PATH=$PWD/build/cutlass
+    gpu_tests "${KF_WGMMA_S:-300}" "-m gpu tests/test_attention_wgmma.py tests/test_gpu.py::test_a_deployed_cuda_kernel_launches_on_the_current_stream" s28_c 24
     KFORGE_CACHE=/tmp/kcache timeout "${KF_VENDOR_S:-110}" python3 benchmarks/vendor_chains.py --device cuda \
         --cutlass build/cutlass --cases "${KF_VENDOR_CASES:-gemm_bias_relu,conv_bn_relu_resnet3x3}" --modes default --jobs 15 \
         --budget-s 60 --json-out "$OUT/vendor.json" 2>&1 | grep --line-buffered -v "^DEBUG\|^E1\|AUTOTUNE" \
