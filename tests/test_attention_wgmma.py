@@ -18,7 +18,7 @@ from kforge.kernels._compile import find_nvcc
 from kforge.kernels._cutlass import cutlass_root, target_arch
 from kforge.kernels._screen import screen
 from kforge.ops import Variant, get_spec
-from kforge.ops.families.attention.wgmma_tiles import smem_bytes
+from kforge.ops.families.attention.strategies.wgmma_tiles import smem_bytes
 from kforge.proposers.builtin import BuiltinProposer, get_strategy
 
 from test_attention import H100, _gemma_e2b, _qkv, _variant, _window

@@ -340,9 +340,12 @@ def test_end_to_end_takes_the_modes_it_names_and_says_which_it_knows():
 def test_ctrl_c_stops_cleanly_and_prints_the_resume_command(tmp_path):
     wd = tmp_path / "wd"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    # NB: Ctrl-C as a terminal delivers it: a test run started in the background by a shell without job control
+    # inherits SIGINT ignored, and so would the command (it then ran to the end: CI run by hand, 2026-12-07)
     proc = subprocess.Popen([sys.executable, "-m", "kforge.cli", "optimize", "--device", "cpu", "--example",
                              "tiny_transformer", "--workdir", str(wd), "--iterations", "30", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     try:
         for line in proc.stderr:

@@ -18,7 +18,7 @@ from ..._family import Family, register_family
 from . import _spec
 from ._pattern import PATTERN
 
-_STRATEGIES = (f"{__name__}.strategies", f"{__name__}.wgmma_tiles")   # NB: the proposers layer's, imported by name only
+_STRATEGIES = (f"{__name__}.strategies", f"{__name__}.strategies.wgmma_tiles")   # NB: the proposers layer's, imported by name only
 
 SDPA = register_family(Family(
     _spec.AttentionSpec(name="scaled_dot_product_attention", kind="vendor", vendor="flash",

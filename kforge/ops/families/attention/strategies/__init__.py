@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 
-from ....kernels import DeviceInfo
-from ....kernels._offsets import lin
-from ....ops import TensorSig, Variant
-from ....ops.families.attention._spec import Geometry, geometry, score_dtype
-from ....proposers.builtin._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
-from ....proposers.builtin._strategy import CUDA_TYPES, FLOATS, fill, strategy
+from .....kernels import DeviceInfo
+from .....kernels._offsets import lin
+from .....ops import TensorSig, Variant
+from .....ops.families.attention._spec import Geometry, geometry, score_dtype
+from .....proposers.builtin._prelude import CPU, CUDA, cpu_io, cpu_round, cuda_types
+from .....proposers.builtin._strategy import CUDA_TYPES, FLOATS, fill, strategy
 
 _SDPA, _CHAIN = "scaled_dot_product_attention", "softmax_attention"
 

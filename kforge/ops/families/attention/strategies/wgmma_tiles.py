@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 
-from ....kernels import DeviceInfo
-from ....ops import Variant
-from ....proposers.builtin._strategy import fill, strategy
-from ._spec import score_dtype
-from .strategies import _CHAIN, _DEFINES, _SDPA, _TENSORS, _common
-from .strategies import _applies as _family_applies
+from .....kernels import DeviceInfo
+from .....ops import Variant
+from .....proposers.builtin._strategy import fill, strategy
+from .._spec import score_dtype
+from . import _CHAIN, _DEFINES, _SDPA, _TENSORS, _common
+from . import _applies as _family_applies
 
 WIDTHS = (64, 128, 256, 512)
 _ELEM = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
