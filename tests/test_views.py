@@ -593,3 +593,24 @@ def test_a_blocking_optimize_in_a_notebook_runs_in_a_thread_behind_its_live_view
         assert again.done and not getattr(again, "shown_live", False), "outside a kernel it runs in place"
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_a_card_searched_start_to_end_between_two_pushes_is_still_the_one_followed(session):
+    key = _softmax_key(session)
+    first = session.cards[0].key
+    assert first != key, "the default row must differ from the searched card for this test to mean anything"
+    events: list[Event] = [Event(EventKind.RUN_STARTED)]
+    run = SimpleNamespace(events=events, done=False)
+    table = CardTable(session.cards, session.store, run=run)
+    assert table.following and table.followed == "" and table.selected_key == first
+    # the whole card, and the run's end, in one batch: "searching" never shows it
+    events += [Event(EventKind.CARD_STARTED, key), Event(EventKind.EVALUATED, key), Event(EventKind.CARD_FINISHED, key),
+               Event(EventKind.RUN_FINISHED)]
+    run.done = True
+    table.apply(events[1:])
+    assert table.searching == ""
+    assert table.followed == key, "the front end moves the selection to the card followed"
+    assert table.shown_key == key, "and the static snapshot shows the same card"
+    # a user who pinned a row keeps it in the snapshot
+    table.following = False
+    assert table.shown_key == first

@@ -214,12 +214,12 @@ function renderCardTable(model, root, sel) {
           onclick: () => { sel.set("follow_search", true); choose(searching, false); } }, "Follow search"));
     }
   };
-  // the card being searched changes: follow it unless the user pinned a row
-  model.on("change:searching", () => {
-    const key = model.get("searching");
+  // the card followed (being searched, else started last) changes: show it unless the user pinned a row
+  model.on("change:followed", () => {
+    const key = model.get("followed");
     if (sel.get("follow_search") && key && key !== sel.get("card_key")) choose(key, false);
-    draw();
   });
+  model.on("change:searching", draw);
   wrap.addEventListener("keydown", (ev) => {
     if (!visible.length) return;
     const at = visible.findIndex((r) => r.key === sel.get("card_key"));

@@ -174,6 +174,9 @@ class CardTable(View):
     rows = t.List(t.Dict()).tag(sync=True)
     selection = t.Instance(Selection).tag(sync=True, **ipywidgets.widget_serialization)
     searching = t.Unicode("").tag(sync=True)
+    # NB: what "following the search" shows: the card searched, else the last one started. A card
+    # searched start to end between two pushes never shows in ``searching``; here it does
+    followed = t.Unicode("").tag(sync=True)
     sort_by = t.Unicode("share").tag(sync=True)
     sort_desc = t.Bool(True).tag(sync=True)
     filter_status = t.Unicode("").tag(sync=True)
@@ -188,6 +191,7 @@ class CardTable(View):
         self._cards, self._store, self._run = cards, store, run
         self.searching = _searching(run)
         self._last_started = _last_started(run)
+        self.followed = self.searching or self._last_started
         self.following = run is not None and not run.done   # NB: also before the run's first card starts
         self.model_us = cards.model_us
         self.refresh()
@@ -235,6 +239,7 @@ class CardTable(View):
                 searching = ""
         with self.hold_sync():
             self.searching = searching
+            self.followed = searching or self._last_started
             self.refresh()
 
     @property
@@ -243,8 +248,8 @@ class CardTable(View):
 
         NB: the kernel never moves ``selected_key`` itself (a busy kernel must not override a row the
         user picked), so a static snapshot asks this instead."""
-        if self.following and (self.searching or self._last_started):
-            return self.searching or self._last_started
+        if self.following and self.followed:
+            return self.followed
         return self.selected_key
 
     def to_html(self) -> str:
