@@ -149,32 +149,42 @@ _TENSORS = r"""    const q_t* q = (const q_t*)inputs[0].data;
     o_t* o = (o_t*)outputs[0].data;
 """
 
+
+def _lines(pad: str, *lines: str) -> str:
+    """C lines, each but the preprocessor's indented by ``pad``."""
+    return "".join(f"{'' if line.startswith('#') else pad}{line}\n" for line in lines)
+
+
+def _scaled(src: str = "s", decl: str = "", pad: str = "    ") -> str:
+    """C statements that give ``s`` the score ``src`` scaled as the operator scales it: the chain's steps rounded as
+    eager rounds them (``q_rd``), then soft-capped; SDPA's in float. ``decl`` declares ``s`` where it is new."""
+    return _lines(pad, "#if CHAIN", f"{decl}s = q_rd(q_rd({src}) * (float)SCALE);", "#if SOFTCAP",
+                  "s = q_rd(s / (float)CAP);", "s = q_rd(tanhf(s));", "s = q_rd(s * (float)CAP);", "#endif",
+                  "#else", f"{decl}s = {src} * (float)SCALE;", "#endif")
+
+
+def _masked(at: str, pad: str = "    ", truth: bool = False, guard: str = "") -> str:
+    """C statements that mask the score ``s`` with the mask's element ``at`` (``m_ld``), as ``MASK`` says: a boolean
+    one read by its truth (``truth``) or compared with zero; ``guard`` must hold for a keeping mask to remove a key."""
+    m = f"m_ld(mk, {at})"
+    dropped, filled = (f"!{m}", m) if truth else (f"{m} == 0.f", f"{m} != 0.f")
+    return _lines(pad, f"#if MASK == {MASK_KEEP}", f"if ({guard}{dropped}) s = KF_NEG_INF;",
+                  f"#elif MASK == {MASK_FILL}", f"if ({filled}) s = q_rd((float)FILL);", f"#elif MASK == {MASK_ADD}",
+                  f"s = CHAIN ? s_rd(s + {m}) : s + {m};", "#endif")
+
+
+def _transform(qualifiers: str, truth: bool = False) -> str:
+    """``transform``: key ``j``'s score ``s`` for a query row whose mask row starts at ``mo``, scaled and masked."""
+    return (f"{qualifiers} float transform(float s, const m_t* mk, long mo, long j) {{\n" + _scaled()
+            + _masked("mo + j * MSS", truth=truth) + "    return s;\n}\n")
+
+
 # ----------------------------------------------------------------------------- CPU
 
 _CPU = CPU + "{{io}}" + _DEFINES + r"""
 /* The score of key j for a query row (its dot product with the key, ``s``), transformed as the operator says:
    scaled; the chain's steps rounded as eager rounds them; soft-capped; masked. */
-static inline float transform(float s, const m_t* mk, long mo, long j) {
-#if CHAIN
-    s = q_rd(q_rd(s) * (float)SCALE);
-#if SOFTCAP
-    s = q_rd(s / (float)CAP);
-    s = q_rd(tanhf(s));
-    s = q_rd(s * (float)CAP);
-#endif
-#else
-    s = s * (float)SCALE;
-#endif
-#if MASK == 1
-    if (!m_ld(mk, mo + j * MSS)) s = KF_NEG_INF;
-#elif MASK == 2
-    if (m_ld(mk, mo + j * MSS)) s = q_rd((float)FILL);
-#elif MASK == 3
-    s = CHAIN ? s_rd(s + m_ld(mk, mo + j * MSS)) : s + m_ld(mk, mo + j * MSS);
-#endif
-    return s;
-}
-
+""" + _transform("static inline", truth=True) + r"""
 static inline float dot(const float* qr, const q_t* k, long ko) {
     float s = 0.f;
     for (long e = 0; e < E; ++e) s += qr[e] * q_ld(k, ko + e * KSE);
@@ -267,27 +277,7 @@ __device__ __forceinline__ float q_rd(float v) { return to_f(from_f<q_t>(v)); }
 __device__ __forceinline__ float s_rd(float v) { return to_f(from_f<s_t>(v)); }
 __device__ __forceinline__ float m_ld(const m_t* p, long i) { return {{MLOAD}}; }
 
-__device__ __forceinline__ float transform(float s, const m_t* mk, long mo, long j) {
-#if CHAIN
-    s = q_rd(q_rd(s) * (float)SCALE);
-#if SOFTCAP
-    s = q_rd(s / (float)CAP);
-    s = q_rd(tanhf(s));
-    s = q_rd(s * (float)CAP);
-#endif
-#else
-    s = s * (float)SCALE;
-#endif
-#if MASK == 1
-    if (m_ld(mk, mo + j * MSS) == 0.f) s = KF_NEG_INF;
-#elif MASK == 2
-    if (m_ld(mk, mo + j * MSS) != 0.f) s = q_rd((float)FILL);
-#elif MASK == 3
-    s = CHAIN ? s_rd(s + m_ld(mk, mo + j * MSS)) : s + m_ld(mk, mo + j * MSS);
-#endif
-    return s;
-}
-
+""" + _transform("__device__ __forceinline__") + r"""
 /* One block: BQ query rows of one head. Shared memory (floats): the query tile [BQ][E], a key tile [BK][E + 1],
    a value tile [BK][EV], the tile's scores then probabilities [BQ][BK], and per row its running maximum, sum and
    this tile's rescaling. Thread t keeps output elements t, t + NT, ... of the block's [BQ][EV] rows. The chain takes

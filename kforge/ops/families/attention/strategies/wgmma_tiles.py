@@ -32,7 +32,7 @@ from .....kernels import DeviceInfo
 from .....ops import Variant
 from .....proposers.builtin._strategy import fill, strategy
 from .._spec import score_dtype
-from . import _CHAIN, _DEFINES, _SDPA, _TENSORS, _common
+from . import _CHAIN, _DEFINES, _SDPA, _TENSORS, _common, _masked, _scaled
 from . import _applies as _family_applies
 
 WIDTHS = (64, 128, 256, 512)
@@ -271,27 +271,10 @@ __global__ void __launch_bounds__(NT, 1) attention_wgmma(const T* __restrict__ q
         CUTE_UNROLL
         for (int x = 0; x < size(tSrS); ++x) {
             const int r = get<0>(tScS(x)), c = get<1>(tScS(x));
-#if CHAIN
-            float s = q_rd(q_rd(tSrS(x)) * (float)SCALE);
-#if SOFTCAP
-            s = q_rd(s / (float)CAP);
-            s = q_rd(tanhf(s));
-            s = q_rd(s * (float)CAP);
-#endif
-#else
-            float s = tSrS(x) * (float)SCALE;
-#endif
-            if (edge) {
+""" + _scaled("tSrS(x)", "float ", " " * 12) + r"""            if (edge) {
                 const long i = rbase + r, j = j0 + c;
                 if (i < L && j < S && (!CAUSAL || j <= i)) {
-#if MASK == 1
-                    if (!keep_all && m_ld(mk, mb + i * MSL + j * MSS) == 0.f) s = KF_NEG_INF;
-#elif MASK == 2
-                    if (m_ld(mk, mb + i * MSL + j * MSS) != 0.f) s = q_rd((float)FILL);
-#elif MASK == 3
-                    s = CHAIN ? s_rd(s + m_ld(mk, mb + i * MSL + j * MSS)) : s + m_ld(mk, mb + i * MSL + j * MSS);
-#endif
-                } else {
+""" + _masked("mb + i * MSL + j * MSS", " " * 20, guard="!keep_all && ") + r"""                } else {
                     s = KF_NEG_INF;
                 }
             }
