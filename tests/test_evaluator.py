@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from kforge.capture import Card
 from kforge.evaluate import Evaluation, Evaluator, Status, bench_pair
+from kforge.evaluate._judge import _MIN_BATCHES
 from kforge.kernels import CompileError, Kernel, compile_source, param_vector
 from kforge.ops import get_spec
 from kernel_files import kernel_source
@@ -81,7 +83,12 @@ def test_correct_softmax_reports_timings_and_roofline(evaluator):
     # NB: no upper bound: the fraction is over the bandwidth measured on this CPU, which varies with load
     assert ev.candidate_spread is not None and ev.roofline_fraction > 0
     assert "second run at new addresses" in ev.checks and "random set 2" in ev.checks
-    assert "runner clock cross-checked" in ev.checks and any(c.startswith("timed calls checked") for c in ev.checks)
+    assert "runner clock cross-checked" in ev.checks
+    # every counted batch at the size the timing settled on, the first at that size a warm-up
+    timed = next(c for c in ev.checks if c.startswith("timed calls checked"))
+    batches, counted, sets = map(int, re.fullmatch(
+        r"timed calls checked \((\d+) batches, the last (\d+) counted, x (\d+) fresh sets\)", timed).groups())
+    assert _MIN_BATCHES["cpu"] <= counted < batches and sets >= 2
     assert ev.max_rel_error < 1e-5
 
 

@@ -52,6 +52,9 @@ _MAX_BATCHES = {"cpu": 50, "cuda": 20}
 # counted batches at least, after one warm-up batch. NB: 6 on the CPU so that the settled time (the
 # lower quartile, kforge.timing.settled_us) is the second lowest and one busy stretch cannot move it.
 _MIN_BATCHES = {"cpu": 6, "cuda": 2}
+# CPU: the first batches in which the sets a batch holds may still grow (``Judge._grown``); the batches timed at
+# another size than the last are not counted, and from then on every batch is
+_GROWTH_BATCHES = 4
 # NB: on the CPU a timed batch of the candidate lasts about this long (K >= 2 sets): on a shared
 # machine a batch shorter than a scheduler time slice is often not preempted at all, and the
 # settled time (a low quantile of the batches) picks those; fresh values and checks on every set,
@@ -584,6 +587,7 @@ class _Trial:
         budget_s = job.budget_ms / 1e3
         timed_s = 0.0     # NB: the budget counts the timed work only, not the checks around it
         batch = 0
+        warm_up = 0       # the last batch not counted
         # NB: the runner is stopped (SIGSTOP) from each batch's answer until the next batch's sets are written, and
         # resumed on the clocks: a thread of it that watched the sets would else compute each one's outputs while
         # the judge writes them, on neither clock, and the timed calls only copy them out (found by review 7)
@@ -591,7 +595,7 @@ class _Trial:
             raise self.fail(Status.TIMING_MISMATCH, "a thread of the runner was still running "
                             f"{_PAUSE_S:.0f} s after validation answered (it must be idle then)")
         try:
-            while batch < _MAX_BATCHES[job.backend] and (batch < least + 1 or timed_s < budget_s):
+            while batch < _MAX_BATCHES[job.backend] and (len(cand_means) < least or timed_s < budget_s):
                 with phases("timing: fresh sets"):
                     views, written = self.fresh_batch(timed, pool, batch)
                 cpu0 = self.runner.cpu_times()
@@ -634,19 +638,29 @@ class _Trial:
                 # judge's time even when the clocks agree: a candidate slow in validation got 2-set batches
                 # whose real work hid in the slack (attack_tiny_batches, 350x; 530x on a loaded machine, where
                 # the judge's own preemption kept its batches from growing).
-                if batch > 0:   # NB: the first batch warms up both
+                if batch > warm_up:   # NB: the first batch at each size warms up both (the sets it adds)
                     cand_means.append(cand_sum / k)
                     eager_means.append(eager_sum / k)
                 batch += 1
-                if not self.cuda:
-                    k = self._grown(k, allocated, max(wall - rtt_us, 0.0) / k, eager_sum / k)
-                    timed = replace(timed, count=k)
+                if not self.cuda and batch <= _GROWTH_BATCHES:
+                    grown = self._grown(k, allocated, max(wall - rtt_us, 0.0) / k, eager_sum / k)
+                    if grown != k:
+                        # NB: the batches before a growth and the first after it are not counted: sets a batch
+                        # touches for the first time cost it more a call (a 1 us add read 3.1, 2.2, 1.3 and 0.8 us
+                        # a call as its batches grew from 208 to 1383 sets, and 1.6 us in the first batch at 1676
+                        # sets, 0.66 in the next), and with k growing through the six counted batches the settled
+                        # time was a mix of sizes (session 29, docs/benchmarks.md)
+                        cand_means.clear()
+                        eager_means.clear()
+                        warm_up = batch
+                        k = grown
+                        timed = replace(timed, count=k)
         finally:
             self.runner.resume()
         # NB: one more round trip: a frame the candidate forged ahead of a real answer leaves that
         # answer queued, and it would arrive here instead of the ping's.
         self.ask(Op.PING, 0xC105E)
-        checks += [f"timed calls checked ({batch} batches x {k} fresh sets)",
+        checks += [f"timed calls checked ({batch} batches, the last {len(cand_means)} counted, x {k} fresh sets)",
                    ("timed inputs sealed" if self.arenas.inputs_sealed else "timed inputs unchanged")
                    + ", eager on the judge's own copy", "runner clock cross-checked"]
         if len(mismatches) * 2 > batch or not cand_means:
