@@ -295,3 +295,15 @@ def test_the_tables_baseline_is_the_judges_eager_time(tmp_path, capsys):
     assert cli.main(["show", "--workdir", str(tmp_path / "wd")]) == 0
     shown = capsys.readouterr().out
     assert "eager us (judge)" in shown.splitlines()[1] and "42.00" in shown
+
+
+def test_a_kernel_no_faster_than_eagers_least_time_on_the_card_says_so_not_a_negative_saving(tmp_path):
+    # the kernel at 5 us is 1.2x over the 6 us eager of its own timings, but eager read 4.4 us beside another
+    # candidate: the saving against eager's least time is negative, and the reason says what that means
+    s, _ = _searched(tmp_path, [(Status.FASTER, 5.0, 6.0, 0.02), (Status.NO_GAIN, 4.4, 4.4, 0.02),
+                                (Status.FASTER, 5.0, 6.0, 0.02)], n=2)
+    (r,) = s.results
+    assert r.status is CardStatus.NOISY and r.winner_speedup is None
+    assert "no faster than eager's least time on this card" in r.reason and "4.4 to 6.0 us" in r.reason
+    assert "saves -" not in r.reason
+    s.close()

@@ -254,12 +254,17 @@ def unresolved(cand: "Candidate", est: SpeedupEstimate, moved: tuple[float, floa
     eager = _pooled_eager(cand)
     if eager is None or moved is None:
         return None
-    gain, span = moved[0] - eager / est.speedup, moved[1] - moved[0]
+    kernel = eager / est.speedup
+    gain, span = moved[0] - kernel, moved[1] - moved[0]
     if gain > span:
         return None
-    return (f"candidate {cand.id}: {est.speedup:.2f}x saves {gain:.1f} us a call, no more than eager's own time "
-            f"moved between the card's evaluations ({moved[0]:.1f} to {moved[1]:.1f} us): below what the timer "
-            "resolves here, so eager stays (search again on a quieter machine)")
+    moves = (f"eager's own time moved between the card's evaluations ({moved[0]:.1f} to {moved[1]:.1f} us): below "
+             "what the timer resolves here, so eager stays (search again on a quieter machine)")
+    if gain <= 0:
+        # NB: the ratio is taken against the eager of the kernel's own timings; eager read faster elsewhere on the card
+        return (f"candidate {cand.id}: {est.speedup:.2f}x over the eager of its own timings, but its {kernel:.1f} us a "
+                f"call is no faster than eager's least time on this card, and {moves}")
+    return f"candidate {cand.id}: {est.speedup:.2f}x saves {gain:.1f} us a call, no more than {moves}"
 
 
 def contended(cand: "Candidate") -> str | None:
