@@ -65,12 +65,15 @@ CPU_ATTACKS = {a.name: a for a in [
     # found by review 4: the arenas' size (the judge's SIGBUS), threads that outlast the pause in the kernel
     Attack("attack_shrink_arena", "forbidden-call", statuses("WRONG_RESULT", "CRASHED")),
     Attack("attack_kernel_spin_eager", "forbidden-call", statuses("TIMING_MISMATCH", "CRASHED", *SLOW_BUT_CORRECT)),
+    # found by session 29's review: batches held at 2 sets, their outputs computed between the resume and the request
+    Attack("attack_prewindow", "forbidden-call", statuses("TIMING_MISMATCH", "WRONG_RESULT", "CRASHED",
+                                                          *SLOW_BUT_CORRECT)),
 ]}
 
 # NB: attacks on the runner's host clock, whose CUDA twin would time nothing the judge counts (events time CUDA),
 # and on eager's CPU timing by host threads spinning on its cores (on CUDA eager's time is the GPU's: host threads
 # are attack_thread_count.cu, work left on the GPU attack_kernel_spin_eager.cu)
-CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager"}
+CPU_ONLY = {"attack_clock_two_phase", "attack_tiny_batches", "attack_spin_during_eager", "attack_prewindow"}
 
 CUDA_ATTACKS = {**{n: a for n, a in CPU_ATTACKS.items() if n not in CPU_ONLY}, **{a.name: a for a in [
     Attack("attack_lingering_thread", None, statuses("WRONG_RESULT", "CRASHED", "TIMING_MISMATCH", "TIMED_OUT")),

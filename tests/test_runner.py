@@ -430,3 +430,15 @@ def test_doctor_can_ask_what_the_sandbox_holds():
 
     held = runner_sandbox("cpu")
     assert Sandbox.SECCOMP in held and Sandbox.LANDLOCK_FS in held and Sandbox.RO_INPUTS in held
+
+
+def test_a_batch_at_the_judges_time_counts_at_least_the_runners_cpu_time_over_it():
+    """attack_prewindow computed a 2-set batch's outputs in a thread woken by the resume, before the request was
+    sent and the judge's wall clock started: the batch counts at least the CPU time the runner's threads spent."""
+    from kforge.evaluate._judge import _judged_on_cpu
+    from kforge.evaluate._runner import CpuUse
+
+    assert _judged_on_cpu(40.0, 50.0, CpuUse(total_us=75.0, busiest_us=70.0), 2) == 70.0   # the wall saw nothing
+    assert _judged_on_cpu(900.0, 50.0, CpuUse(total_us=400.0, busiest_us=300.0), 1) == 850.0   # honest: the wall
+    assert _judged_on_cpu(100.0, 50.0, CpuUse(total_us=600.0, busiest_us=200.0), 2) == 300.0   # two threads' work
+    assert _judged_on_cpu(10.0, 50.0, CpuUse(total_us=0.0, busiest_us=0.0), 1) == 0.0
