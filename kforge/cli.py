@@ -86,13 +86,46 @@ def _session(args: argparse.Namespace):
     from .session import Session, as_flags, resolve_device
 
     if getattr(args, "resume", False):
-        return Session.open(args.workdir)
+        return _resumed(args)
     try:
         args.device = resolve_device(args.device)
     except CaptureError as exc:
         raise UsageError(as_flags(str(exc))) from None
     model, inputs = _load_model(args)
     return Session(model, inputs, device=args.device, workdir=args.workdir)
+
+
+def _resumed(args: argparse.Namespace):
+    """The session a resumed run continues, with the model its first run was made from (``--model`` given now, else
+    the built-in example or ``--model`` the store records), so that the run can time it; without one, the session
+    alone (its cards and candidates; the model is not timed)."""
+    from pathlib import Path
+
+    from .session import Session
+    from .store import Store
+
+    path = Path(args.workdir)
+    if not (path / "kforge.db").exists():
+        return Session.open(args.workdir)   # NB: says what to do
+    store = Store(path)
+    source = (store.get_meta(_RUN_META) or {}).get("model") or {}
+    device = store.get_meta("device") or "cpu"
+    store.close()
+    if args.model:
+        source = {"model": args.model}
+    if not source:
+        return Session.open(args.workdir)
+    args.model, args.example = source.get("model"), source.get("example") or args.example
+    args.device = device
+    model, inputs = _load_model(args)
+    return Session.open(args.workdir, model=model, inputs=inputs)
+
+
+def _model_source(args: argparse.Namespace, session) -> dict | None:
+    """What the session's model was made from, for a resume to make it again (None: not by this command line)."""
+    if session.model is None:
+        return None
+    return {"model": args.model} if args.model else {"example": args.example}
 
 
 # ----------------------------------------------------------------------------- a run's options
@@ -382,7 +415,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if session is None:
         session = _writable(_session(args))
     session.store.set_meta(_RUN_META, {"options": {k: getattr(args, k) for k in _RUN_OPTIONS},
-                                       "dollars_before": session.store.dollars() if since is None else since})
+                                       "dollars_before": session.store.dollars() if since is None else since,
+                                       "model": _model_source(args, session)})
     out = _out(args)
     if not resume or session._cards is None:
         session.capture(vendor_chains=getattr(args, "vendor_chains", None))
@@ -444,7 +478,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         "resume": resume_cmd,
     }
     checked: list = []   # the table's eager verdicts of the rewrites, which the export states
-    if (summary["winners"] or rewrites) and not interrupted and run.error is None and modes is not None:
+    if ((summary["winners"] or rewrites) and not interrupted and run.error is None and modes is not None
+            and session.model is not None):
         # NB: the cards' speedups are each card's calls alone; what the model gets is timed here, whole
         try:
             table = session.end_to_end(compile=bool(modes), modes=modes, progress=True, rewrites=rewrites)
@@ -456,6 +491,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                 checked = [r.rewrite for r in eager]
         except Exception as exc:  # noqa: BLE001 - the search's results are stored; say why the model was not timed
             summary["model"] = {"error": f"{type(exc).__name__}: {exc}", "headline": []}
+    elif not summary["winners"] and not rewrites and modes is not None and not interrupted and run.error is None:
+        summary["end_to_end"] = "no winner and no rewrite: it runs as it did, on eager"
     exported = None
     if args.export and not interrupted and run.error is None:
         from .deploy import read_manifest, rewrites_of
@@ -529,6 +566,8 @@ def _optimize_summary(summary: dict, cards) -> list[str]:
                      "alone); to time the whole model with the winners, eager and compiled: "
                      f"Session.open({summary['resume'].split('--workdir ')[-1]!r}, model=..., inputs=...).end_to_end() "
                      "in Python")
+    elif summary.get("end_to_end") is not None:
+        lines.append(f"the model: not timed ({summary['end_to_end']})")
     lines.append(f"store: {summary['resume'].split('--workdir ')[-1]}  (resume with: {summary['resume']})")
     if "exported" in summary:
         lines.append(f"exported {summary['exported']['kernels']} kernels to {summary['exported']['path']}")

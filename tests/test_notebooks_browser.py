@@ -736,6 +736,10 @@ def test_notebook_02_runs_to_the_end_without_a_key(lab):
     # NB: the tree's last push may come after the progress pill's; a search too quick for the table to
     # ever show it "searching" is still the card the dashboard follows
     panel.locator(".kf-search-tree .kf-node[data-id]").first.wait_for(timeout=30_000)
+    # a plain chart (not live) renders with no network: the offline renderer the notebook enables, not a CDN script
+    plain = panel.locator(".jp-CodeCell").filter(has_text="charts.time_breakdown(session)")
+    plain.locator(".vega-embed svg, .vega-embed canvas").first.wait_for(timeout=60_000)
+    assert panel.get_by_text("Error loading script").count() == 0
     assert panel.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
         has_text="Traceback").count() == 0
     lab.watch.check()

@@ -3,7 +3,8 @@
 Each function returns an ``alt.Chart`` (``chart.save("x.png")`` / ``.svg`` for reports, needs
 vl-convert-python). ``live(fn, session)`` shows one that redraws from the run's events and
 carries a PNG snapshot, which a saved notebook shows without a kernel. Without network call
-``alt.JupyterChart.enable_offline()`` first (the tutorials do).
+``alt.renderers.enable("jupyter", offline=True)`` and ``alt.JupyterChart.enable_offline()`` first (the tutorials
+do): else a plain chart asks a CDN for its JavaScript.
 """
 from __future__ import annotations
 
