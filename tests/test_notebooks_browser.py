@@ -419,6 +419,9 @@ def test_controls_and_selection_work_while_a_cell_is_running(lab):
     searching = table.locator("tbody tr[data-key]").filter(
         has=page.locator(".kf-pill[data-status='searching']")).get_attribute("data-key")
     assert first_key == searching, "the table follows the search"
+    shown, row = table.locator(".kf-table-wrap").bounding_box(), table.locator("tbody tr.kf-selected").bounding_box()
+    assert shown["y"] <= row["y"] and row["y"] + row["height"] <= shown["y"] + shown["height"] + 1, \
+        "the row followed is in sight in the table's box"
     rows = table.locator("tbody tr[data-key]")
     target = next(k for k in rows.evaluate_all("els => els.map(e => e.dataset.key)") if k != first_key)
     table.locator(f"tbody tr[data-key='{target}']").click()
@@ -736,6 +739,10 @@ def test_notebook_02_runs_to_the_end_without_a_key(lab):
     # NB: the tree's last push may come after the progress pill's; a search too quick for the table to
     # ever show it "searching" is still the card the dashboard follows
     panel.locator(".kf-search-tree .kf-node[data-id]").first.wait_for(timeout=30_000)
+    # the row the table followed is in sight (the softmax card sat below the table's scrolled box)
+    table = panel.locator(".kf-card-table").first
+    shown, row = table.locator(".kf-table-wrap").bounding_box(), table.locator("tbody tr.kf-selected").bounding_box()
+    assert shown["y"] <= row["y"] and row["y"] + row["height"] <= shown["y"] + shown["height"] + 1, (shown, row)
     # a plain chart (not live) renders with no network: the offline renderer the notebook enables, not a CDN script
     plain = panel.locator(".jp-CodeCell").filter(has_text="charts.time_breakdown(session)")
     plain.locator(".vega-embed svg, .vega-embed canvas").first.wait_for(timeout=60_000)

@@ -143,6 +143,16 @@ function renderCardTable(model, root, sel) {
     sel.set("card_key", key);
     sel.save();
   };
+  // the row followed, scrolled into the table's own box (never the page: the notebook must not jump as a run goes);
+  // NB: a view drawn before it is in the page has no box yet: try again until it has
+  let revealed = null;
+  const reveal = (key, tries = 50) => {
+    const row = body.querySelector(`tr[data-key="${CSS.escape(key)}"]`);
+    if (!row || key !== sel.get("card_key")) return;
+    if (!wrap.clientHeight) { if (tries > 0) setTimeout(() => reveal(key, tries - 1), 100); return; }
+    const r = row.getBoundingClientRect(), w = wrap.getBoundingClientRect(), top = w.top + head.offsetHeight;
+    if (r.top < top || r.bottom > w.bottom) wrap.scrollTop += r.top - top - (w.bottom - top - r.height) / 2;
+  };
   const drawFilters = () => {
     const rows = model.get("rows");
     const uniq = (f) => [...new Set(rows.map(f).filter(Boolean))].sort();
@@ -205,6 +215,10 @@ function renderCardTable(model, root, sel) {
     const searched = all.filter((r) => r.status !== "not searched").length;
     summary.textContent = `${all.length} cards · ${searched} searched · ${winners} with a winner` +
       (rows.length < all.length ? ` · ${rows.length} shown` : "");
+    if (sel.get("follow_search") && selected !== revealed) {
+      revealed = selected;
+      requestAnimationFrame(() => reveal(selected));
+    }
     const searching = model.get("searching");
     follow.replaceChildren();
     if (sel.get("follow_search")) follow.append(h("span", { class: "kf-badge", "data-follow": "on" }, "following the search"));
@@ -234,6 +248,7 @@ function renderCardTable(model, root, sel) {
   for (const name of ["rows", "sort_by", "sort_desc", "filter_status", "filter_op", "filter_vendor", "filter_text"]) {
     model.on(`change:${name}`, draw);
   }
+  sel.on("change:follow_search", () => { revealed = null; });
   sel.on("change:card_key change:follow_search", draw);
   for (const name of ["rows", "filter_status", "filter_op", "filter_vendor"]) model.on(`change:${name}`, drawFilters);
   drawFilters();
@@ -282,7 +297,7 @@ function renderSearchTree(model, root, sel) {
   svg.append(gEdges, gNodes);
   const legend = h("div", { class: "kf-legend" }, ["faster", "no_gain", "slower", "wrong_result", "compile_error", "pending"]
     .map((st) => h("span", {}, h("i", { style: `background: ${STATUS_COLORS[st]}` }), st.replace("_", " "))),
-    h("span", {}, h("i", { class: "kf-best-swatch" }), "path to the card's winner (else its fastest candidate)"),
+    h("span", {}, h("i", { class: "kf-best-swatch" }), "path to the card's winner (else its fastest candidate timed faster than eager; none if none was)"),
     h("span", { class: "kf-muted" }, "×: each candidate's own timings over the judge's eager"));
   const empty = h("div", { class: "kf-empty" }, "No candidates for this card yet.");
   const box = h("div", { class: "kf-tree-box" }, svg, empty);
