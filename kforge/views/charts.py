@@ -55,6 +55,10 @@ def _int_axis(title: str, largest: int) -> Any:
     return alt.Axis(title=title, values=list(range(1, largest + 1, step)), format="d")
 
 
+# NB: 20 colours: the default 10 gave two of a 17-card run's lines the same one
+_CARDS = {"scheme": "category20"}
+
+
 def speedup_over_iterations(session: "Session") -> Any:
     """The best candidate's timing so far, per searched card, against the candidates tried on it.
 
@@ -73,11 +77,17 @@ def speedup_over_iterations(session: "Session") -> Any:
     title = "Best candidate timing per card (unconfirmed; ◆ the card's speedup)"
     if not rows:
         return _themed(_no_data(title, "no candidate evaluated"))
+    # NB: on a log scale: a ratio's 0.5x and 2x lie as far from eager, and one noisy timing (a rejected candidate
+    # read 17x once) no longer flattens every other card's line; a card with no correct candidate yet has no point
+    rows = [r for r in rows if r["best speedup"] > 0]
+    if not rows:
+        return _themed(_no_data(title, "no correct candidate yet"))
     data = pd.DataFrame(rows, columns=["card", "iteration", "best speedup", "status"])
     base = alt.Chart(data).encode(
         x=alt.X("iteration:Q", axis=_int_axis("candidates tried", max(count.values()))),
-        y=alt.Y("best speedup:Q", title="best candidate over the judge's eager (×)"),
-        color=alt.Color("card:N", title="card"))
+        y=alt.Y("best speedup:Q", title="best candidate over the judge's eager (×, log scale)",
+                scale=alt.Scale(type="log")),
+        color=alt.Color("card:N", title="card", scale=alt.Scale(**_CARDS)))
     eager = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(strokeDash=[4, 4], color=_INK).encode(y="y:Q")
     chart = base.mark_line(interpolate="step-after") + base.mark_circle(size=40).encode(
         tooltip=["card:N", "iteration:Q", alt.Tooltip("best speedup:Q", format=".2f", title="best candidate"),
@@ -87,7 +97,7 @@ def speedup_over_iterations(session: "Session") -> Any:
     if won:
         chart += alt.Chart(pd.DataFrame(won, columns=["card", "iteration", "card speedup"])).mark_point(
             shape="diamond", size=120, filled=True).encode(
-            x="iteration:Q", y="card speedup:Q", color=alt.Color("card:N", title="card"),
+            x="iteration:Q", y="card speedup:Q", color=alt.Color("card:N", title="card", scale=alt.Scale(**_CARDS)),
             tooltip=["card:N", alt.Tooltip("card speedup:Q", format=".2f")])
     return _themed((chart + eager).properties(title=title, width=420, height=240))
 
