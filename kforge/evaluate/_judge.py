@@ -632,8 +632,9 @@ class _Trial:
                 reported = arenas.times[timed.first:timed.first + k].clone()
                 # NB: a batch whose clocks disagree counts at the judge's time, never the runner's: lying
                 # costs the candidate (dropping such batches let lies in a quarter of them set the quartile).
-                cand_sum = max(wall - rtt_us, 0.0) if self.cuda else _judged_on_cpu(wall, rtt_us, cpu, self.threads)
-                short = not self.cuda and min(max(wall - rtt_us, 0.0), cpu.total_us) < _CPU_CHECKED_BATCH_US
+                wall_us = max(wall - rtt_us, 0.0)
+                cand_sum = wall_us if self.cuda else _judged_on_cpu(wall, rtt_us, cpu, self.threads)
+                short = not self.cuda and min(wall_us, cpu.total_us) < _CPU_CHECKED_BATCH_US
                 if not bool(torch.isfinite(reported).all()) or float(reported.min()) < 0:
                     mismatches.append("reported per-call times that are negative or not finite")
                 elif not self.clocks_agree(float(reported.sum()), wall, cpu, k, floor_us, rtt_us):
@@ -652,13 +653,15 @@ class _Trial:
                     cand_means.append(cand_sum / k)
                     eager_means.append(eager_sum / k)
                 batch += 1
-                # NB: and later wherever a batch was still too short for the clock check: a candidate slow through
-                # the first four kept its batches at 2 sets for good, and each then counted at a judge's time
-                # that missed the work its thread did between the resume and the request (a softmax 5x slower
-                # than eager judged FASTER at 1.3-35x, session 29's attacker review: attack_prewindow)
+                # NB: in the first four batches, and later after a batch still too short for the clock check, to
+                # twice its sets or more: a candidate slow through the first four kept its batches at 2 sets for
+                # good, each counted at a judge's time that missed the work its thread did between the resume and
+                # the request (a softmax 5x slower than eager judged FASTER at 1.3-35x, session 29's attacker
+                # review: attack_prewindow); a batch the budget holds short would grow by a set or two whenever
+                # eager read a little faster, and each growth restart the count
                 if not self.cuda and (batch <= _GROWTH_BATCHES or short):
-                    grown = self._grown(k, allocated, max(wall - rtt_us, 0.0) / k, eager_sum / k)
-                    if grown != k:
+                    grown = self._grown(k, allocated, wall_us / k, eager_sum / k)
+                    if grown > k and (batch <= _GROWTH_BATCHES or grown >= 2 * k):
                         # NB: the batches before a growth and the first after it are not counted: sets a batch
                         # touches for the first time cost it more a call (a 1 us add read 3.1, 2.2, 1.3 and 0.8 us
                         # a call as its batches grew from 208 to 1383 sets, and 1.6 us in the first batch at 1676
@@ -677,7 +680,7 @@ class _Trial:
         checks += [f"timed calls checked ({batch} batches, the last {len(cand_means)} counted, x {k} fresh sets)",
                    ("timed inputs sealed" if self.arenas.inputs_sealed else "timed inputs unchanged")
                    + ", eager on the judge's own copy", "runner clock cross-checked"]
-        if not cand_means:   # NB: a candidate whose batches still grew at the last one (growth at least doubles them)
+        if not cand_means:   # NB: batches that still grew at the last one (a late growth at least doubles them)
             raise self.fail(Status.TIMING_MISMATCH, f"no timed batch counted in {batch}: the batches still grew at "
                             "the last one (calls faster in each batch than in the one before)")
         if len(mismatches) * 2 > batch:
